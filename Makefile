@@ -1,0 +1,36 @@
+# condmsg: the two commands are `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench services install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+services: $(STAMP)
+	$(BIN)/python -m condmsg.cli check-services
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: $(STAMP) services lint
+	$(BIN)/pytest -n 2 --dist loadgroup
+
+demo: $(STAMP) services
+	$(BIN)/python -m condmsg.demo
+
+bench: $(STAMP) services
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

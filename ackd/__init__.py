@@ -1,0 +1,1 @@
+"""ackd package."""

@@ -1,0 +1,1 @@
+"""Subcommands of the ``condmsg`` CLI; each module exposes ``register(subparsers)``."""

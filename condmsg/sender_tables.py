@@ -1,0 +1,131 @@
+"""The sender store (the paper's DS.SLOG.Q, DS.COMP.Q and the evaluator's ack log).
+
+SQLAlchemy Core tables, portable between SQLite and PostgreSQL. The ``Sender`` writes CMs,
+copies and compensations; the evaluator writes acks, anomalies and the decision columns of
+the CM row; the Spark audit reads them all (``condmsg export`` or JDBC). Timestamps are
+timezone-aware UTC; ``sent_at`` is the sender's clock, ack timestamps the receiver's.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+_TS = sa.DateTime(timezone=True)
+_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+class CmState(StrEnum):
+    PENDING = "pending"
+    SATISFIED = "satisfied"
+    VIOLATED = "violated"
+
+
+class AckStatus(StrEnum):
+    """How the evaluator treated a stored ack."""
+
+    COUNTED = "counted"  # before the decision, verified, for a destination of the tree
+    AFTER_DECISION = "after_decision"  # kept and reported, not counted
+    CHANGES_VERDICT = "changes_verdict"  # after the decision and would have changed it
+
+
+cms = sa.Table(
+    "condmsg_cm",
+    metadata,
+    sa.Column("cm_id", sa.String(36), primary_key=True),
+    sa.Column("sender", sa.String(255), nullable=False),
+    sa.Column("sent_at", _TS, nullable=False),
+    sa.Column("condition_json", sa.Text(), nullable=False),
+    sa.Column("evaluation_deadline", _TS, nullable=False),
+    sa.Column("content_type", sa.String(255)),
+    sa.Column("payload_size", sa.BigInteger(), nullable=False, default=0),
+    sa.Column("notify_success", sa.Boolean(), nullable=False, default=False),
+    sa.Column("sphere_id", sa.String(36)),
+    # Decision columns: written once by the evaluator with a conditional UPDATE
+    # (``WHERE state = 'pending'``), so of two racing instances exactly one wins.
+    sa.Column("state", sa.String(16), nullable=False, default=CmState.PENDING.value),
+    sa.Column("next_check_at", _TS),
+    sa.Column("decided_at", _TS),
+    sa.Column("effective_at", _TS),
+    sa.Column("reasons_json", sa.Text()),
+    sa.Column("facts_json", sa.Text()),
+    sa.Column("decided_by", sa.String(255)),
+)
+# Deadline sweeps read ``state = 'pending' AND next_check_at <= now`` through this partial
+# index: the cost of a sweep follows the CMs due, not the CMs pending.
+sa.Index(
+    "ix_condmsg_cm_due",
+    cms.c.next_check_at,
+    postgresql_where=cms.c.state == CmState.PENDING.value,
+    sqlite_where=cms.c.state == CmState.PENDING.value,
+)
+sa.Index("ix_condmsg_cm_sent_at", cms.c.sent_at)
+
+copies = sa.Table(
+    "condmsg_copy",
+    metadata,
+    sa.Column("cm_id", sa.String(36), sa.ForeignKey("condmsg_cm.cm_id"), primary_key=True),
+    sa.Column("destination", sa.String(255), primary_key=True),
+    sa.Column("recipient", sa.String(255)),
+    sa.Column("message_id", sa.String(64), nullable=False, unique=True),
+    sa.Column("exchange", sa.String(255), nullable=False),
+    sa.Column("routing_key", sa.String(255), nullable=False),
+    sa.Column("requires", sa.String(16), nullable=False),
+    sa.Column("parts", sa.Integer(), nullable=False, default=1),
+)
+
+compensations = sa.Table(
+    "condmsg_compensation",
+    metadata,
+    sa.Column("cm_id", sa.String(36), sa.ForeignKey("condmsg_cm.cm_id"), primary_key=True),
+    sa.Column("destination", sa.String(255), primary_key=True),
+    sa.Column("body", sa.LargeBinary(), nullable=False),
+    sa.Column("content_type", sa.String(255)),
+    sa.Column("system_generated", sa.Boolean(), nullable=False),
+    sa.Column("released_at", _TS),
+)
+
+acks = sa.Table(
+    "condmsg_ack",
+    metadata,
+    # The receiver's ack id: storing acks is idempotent on it (a redelivered ack is a
+    # duplicate, recorded as an anomaly, never counted twice).
+    sa.Column("ack_id", sa.String(64), primary_key=True),
+    sa.Column("cm_id", sa.String(36), nullable=False, index=True),
+    sa.Column("destination", sa.String(255), nullable=False),
+    sa.Column("recipient", sa.String(255)),
+    sa.Column("receiver", sa.String(255), nullable=False),
+    sa.Column("kind", sa.String(8), nullable=False),
+    sa.Column("read_at", _TS, nullable=False),
+    sa.Column("committed_at", _TS),
+    sa.Column("received_at", _TS, nullable=False),
+    sa.Column("status", sa.String(24), nullable=False),
+)
+
+anomalies = sa.Table(
+    "condmsg_anomaly",
+    metadata,
+    sa.Column("id", _ID, primary_key=True, autoincrement=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("cm_id", sa.String(36)),
+    sa.Column("ack_id", sa.String(64)),
+    sa.Column("destination", sa.String(255)),
+    sa.Column("recipient", sa.String(255)),
+    sa.Column("detail", sa.Text(), nullable=False),
+    sa.Column("recorded_at", _TS, nullable=False),
+)
+sa.Index("ix_condmsg_anomaly_recorded_at", anomalies.c.recorded_at)
+
+
+class AnomalyKind(StrEnum):
+    DUPLICATE = "duplicate"
+    UNKNOWN_CM = "unknown_cm"
+    BAD_TOKEN = "bad_token"
+    WRONG_DESTINATION = "wrong_destination"
+    WRONG_RECIPIENT = "wrong_recipient"
+    AFTER_DECISION = "after_decision"
+    LATE_CHANGES_VERDICT = "late_changes_verdict"
+    MALFORMED = "malformed"

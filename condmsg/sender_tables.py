@@ -32,6 +32,16 @@ class AckStatus(StrEnum):
     CHANGES_VERDICT = "changes_verdict"  # after the decision and would have changed it
 
 
+# Small key/value facts of the store. ``hmac_secret`` keys the copies' tokens when no
+# CONDMSG_SECRET is configured: generated once, shared by every sender and evaluator
+# process of this store, and never leaving it.
+meta = sa.Table(
+    "condmsg_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text(), nullable=False),
+)
+
 cms = sa.Table(
     "condmsg_cm",
     metadata,

@@ -1,0 +1,135 @@
+"""Reading the condmsg headers of an incoming AMQP message, strictly.
+
+A message without ``condmsg-version`` is a plain message and passes through. A message that
+claims to be condmsg's but whose headers are missing or malformed raises
+:class:`InvalidMessage` with the reason; the receiver moves it to the invalid-message queue.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from condmsg import protocol as p
+from condmsg.errors import CondmsgError, ProtocolError
+from condmsg.payloads import decode_payload
+
+_TOKEN = re.compile(r"^[0-9a-f]{64}$")
+
+
+class InvalidMessage(CondmsgError):
+    """A message that cannot be accepted as valid; ``str(exc)`` is the reason."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Inbound:
+    """The condmsg facts of one incoming message (``kind`` None: a plain message)."""
+
+    kind: p.MessageKind | None
+    cm_id: str | None = None
+    destination: str | None = None
+    recipient: str | None = None
+    sender: str | None = None
+    sent_at: datetime | None = None
+    token: str | None = None
+    reply_to: str | None = None
+    seq_id: str | None = None
+    seq_pos: int | None = None
+    seq_size: int | None = None
+
+
+def _text(headers: dict[str, Any], name: str, *, required: bool = True) -> str | None:
+    value = headers.get(name)
+    if isinstance(value, bytes):  # pika hands AMQP long strings over as bytes at times
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidMessage(f"header {name} is not UTF-8") from None
+    if value is None:
+        if required:
+            raise InvalidMessage(f"missing header {name}")
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidMessage(f"header {name} must be a non-empty string")
+    return value
+
+
+def _int(headers: dict[str, Any], name: str) -> int:
+    value = headers.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidMessage(f"header {name} must be an integer, got {value!r}")
+    return value
+
+
+def parse(headers: dict[str, Any] | None, reply_to: str | None) -> Inbound:
+    """The condmsg facts in ``headers``; raises :class:`InvalidMessage` if malformed."""
+    headers = headers or {}
+    if p.H_VERSION not in headers:
+        return Inbound(kind=None)
+    if headers[p.H_VERSION] != p.PROTOCOL_VERSION:
+        raise InvalidMessage(f"unsupported {p.H_VERSION} {headers[p.H_VERSION]!r}")
+    raw_kind = _text(headers, p.H_KIND)
+    try:
+        kind = p.MessageKind(str(raw_kind))
+    except ValueError:
+        raise InvalidMessage(f"unknown {p.H_KIND} {raw_kind!r}") from None
+    sent_raw = _text(headers, p.H_SENT_AT)
+    try:
+        sent_at = p.parse_instant(sent_raw, p.H_SENT_AT)
+    except ProtocolError as exc:
+        raise InvalidMessage(str(exc)) from None
+    token = _text(headers, p.H_TOKEN, required=kind is p.MessageKind.ORIGINAL)
+    if token is not None and not _TOKEN.match(token):
+        raise InvalidMessage(f"header {p.H_TOKEN} is not a 64-digit hex HMAC")
+    if kind is p.MessageKind.ORIGINAL and not reply_to:
+        raise InvalidMessage("an original copy needs reply_to (the sender's ack queue)")
+    inbound = Inbound(
+        kind=kind,
+        cm_id=_text(headers, p.H_CM_ID),
+        destination=_text(headers, p.H_DESTINATION),
+        recipient=_text(headers, p.H_RECIPIENT, required=False),
+        sender=_text(headers, p.H_SENDER),
+        sent_at=sent_at,
+        token=token,
+        reply_to=reply_to,
+    )
+    if p.H_SEQ_ID not in headers:
+        return inbound
+    seq_id = _text(headers, p.H_SEQ_ID)
+    pos, size = _int(headers, p.H_SEQ_POS), _int(headers, p.H_SEQ_SIZE)
+    if size < 2 or not 0 <= pos < size:
+        raise InvalidMessage(f"sequence position {pos} of size {size} is out of range")
+    return Inbound(
+        kind=inbound.kind,
+        cm_id=inbound.cm_id,
+        destination=inbound.destination,
+        recipient=inbound.recipient,
+        sender=inbound.sender,
+        sent_at=inbound.sent_at,
+        token=inbound.token,
+        reply_to=inbound.reply_to,
+        seq_id=seq_id,
+        seq_pos=pos,
+        seq_size=size,
+    )
+
+
+def check_token(inbound: Inbound, secret: bytes | None) -> None:
+    """With the deployment secret at hand, reject a copy whose token does not verify."""
+    if secret is None or inbound.kind is not p.MessageKind.ORIGINAL:
+        return
+    assert inbound.cm_id and inbound.destination and inbound.token
+    if not p.verify_token(
+        secret, inbound.token, inbound.cm_id, inbound.destination, inbound.recipient
+    ):
+        raise InvalidMessage("bad token: the copy's HMAC does not verify")
+
+
+def check_payload(body: bytes, content_type: str | None) -> None:
+    """Reject a body that does not decode as its content type says."""
+    try:
+        decode_payload(body, content_type)
+    except ProtocolError as exc:
+        raise InvalidMessage(str(exc)) from None

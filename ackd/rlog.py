@@ -1,0 +1,154 @@
+"""The receiver log (RLOG) decisions: deliver, drop as duplicate, or cancel out.
+
+RabbitMQ cannot delete an unread message from a queue, so cancel-out happens here. The row
+for (CM, destination) is unique and holds ``consumed`` or ``cancelled``; whichever of the
+original and its compensation inserts it first decides, and every interleaving of
+concurrent consumers ends in exactly one of: the app got the original and then the
+compensation, or the app got neither.
+
+Concurrency: the insert is ``INSERT ... ON CONFLICT DO NOTHING``. On PostgreSQL a second
+transaction inserting the same key waits for the first to end (the unique index holds the
+in-progress row), then either conflicts (the first committed) or inserts (it rolled back):
+exactly the serialisation cancel-out needs, even when the original is read inside a long
+application transaction. The follow-up ``SELECT ... FOR UPDATE`` locks the row so two
+compensations cannot both be delivered. On SQLite every write transaction is serialised
+(``BEGIN IMMEDIATE``), which gives the same outcome.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from ackd.inbound import Inbound
+from ackd.tables import RlogState, rlog
+
+
+class Decision(Enum):
+    DELIVER = "deliver"  # hand it to the application
+    DUPLICATE = "duplicate"  # seen before (redelivery after a commit): drop silently
+    DISCARD = "discard"  # an original whose compensation came first: drop, report
+    CANCELLED = "cancelled"  # a compensation for an unconsumed CM: drop, cancel the original
+
+
+def _insert(session: Session, values: dict[str, Any]) -> bool:
+    """Insert the RLOG row unless one exists; True if this call inserted it."""
+    dialect = session.get_bind().dialect.name
+    module: Any = postgresql if dialect == "postgresql" else sqlite
+    stmt = (
+        module.insert(rlog)
+        .values(**values)
+        .on_conflict_do_nothing(index_elements=[rlog.c.cm_id, rlog.c.destination])
+    )
+    result: Any = session.execute(stmt)
+    return bool(result.rowcount == 1)
+
+
+def _locked_row(session: Session, cm_id: str, destination: str) -> Any:
+    query = sa.select(rlog).where(rlog.c.cm_id == cm_id, rlog.c.destination == destination)
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    return session.execute(query).one()
+
+
+def _key(inbound: Inbound) -> tuple[str, str]:
+    assert inbound.cm_id is not None and inbound.destination is not None
+    return inbound.cm_id, inbound.destination
+
+
+def on_original(
+    session: Session,
+    inbound: Inbound,
+    *,
+    message_id: str | None,
+    recipient: str,
+    receiver: str,
+    read_at: datetime,
+    transactional: bool,
+) -> Decision:
+    cm_id, destination = _key(inbound)
+    inserted = _insert(
+        session,
+        {
+            "cm_id": cm_id,
+            "destination": destination,
+            "state": RlogState.CONSUMED.value,
+            "message_id": message_id,
+            "recipient": recipient,
+            "receiver": receiver,
+            "sender": inbound.sender,
+            "read_at": read_at,
+            "transactional": transactional,
+            "updated_at": read_at,
+        },
+    )
+    if inserted:
+        return Decision.DELIVER
+    row = _locked_row(session, cm_id, destination)
+    if row.state == RlogState.CONSUMED.value:
+        return Decision.DUPLICATE
+    if row.discarded_at is None:
+        _update(session, cm_id, destination, discarded_at=read_at, message_id=message_id)
+    return Decision.DISCARD
+
+
+def on_compensation(
+    session: Session, inbound: Inbound, *, receiver: str, now: datetime
+) -> Decision:
+    cm_id, destination = _key(inbound)
+    inserted = _insert(
+        session,
+        {
+            "cm_id": cm_id,
+            "destination": destination,
+            "state": RlogState.CANCELLED.value,
+            "receiver": receiver,
+            "sender": inbound.sender,
+            "compensated_at": now,
+            "updated_at": now,
+        },
+    )
+    if inserted:
+        return Decision.CANCELLED
+    row = _locked_row(session, cm_id, destination)
+    if row.state == RlogState.CONSUMED.value and row.compensated_at is None:
+        _update(session, cm_id, destination, compensated_at=now)
+        return Decision.DELIVER
+    return Decision.DUPLICATE
+
+
+def on_success(session: Session, inbound: Inbound, *, now: datetime) -> Decision:
+    """A success notice is delivered once where the original was consumed, and always
+    where it was not (there is nothing to deduplicate against)."""
+    cm_id, destination = _key(inbound)
+    query = sa.select(rlog.c.success_at).where(
+        rlog.c.cm_id == cm_id, rlog.c.destination == destination
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    found = session.execute(query).first()
+    if found is None:
+        return Decision.DELIVER
+    if found.success_at is not None:
+        return Decision.DUPLICATE
+    _update(session, cm_id, destination, success_at=now)
+    return Decision.DELIVER
+
+
+def mark_committed(session: Session, inbound: Inbound, committed_at: datetime) -> None:
+    cm_id, destination = _key(inbound)
+    _update(session, cm_id, destination, committed_at=committed_at)
+
+
+def _update(session: Session, cm_id: str, destination: str, **values: Any) -> None:
+    values.setdefault("updated_at", next(iter(v for v in values.values() if v is not None)))
+    session.execute(
+        sa.update(rlog)
+        .where(rlog.c.cm_id == cm_id, rlog.c.destination == destination)
+        .values(**values)
+    )

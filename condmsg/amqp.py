@@ -1,0 +1,46 @@
+"""Opening RabbitMQ connections, with errors a user can act on.
+
+pika's ``BlockingConnection`` is not thread-safe: every component (sender, receiver, relay,
+evaluator) opens its own connection and uses it from one thread only.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import pika
+import pika.exceptions
+
+from condmsg.errors import BrokerError
+
+
+def describe_url(url: str) -> str:
+    """``amqp://host:port/vhost`` without credentials (for messages and logs)."""
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+    return f"{parts.scheme or 'amqp'}://{host}:{port}{parts.path or '/'}"
+
+
+def connect(url: str, *, name: str = "condmsg", heartbeat: int = 30) -> pika.BlockingConnection:
+    """A blocking connection to ``url``; raises :class:`BrokerError` if it cannot be had."""
+    try:
+        params = pika.URLParameters(url)
+    except Exception as exc:  # pika raises a variety of errors for malformed URLs
+        raise BrokerError(f"invalid AMQP URL {describe_url(url)}: {exc}") from None
+    params.heartbeat = heartbeat
+    params.blocked_connection_timeout = 60
+    params.connection_attempts = 1
+    params.client_properties = {"connection_name": name}
+    try:
+        return pika.BlockingConnection(params)
+    except pika.exceptions.ProbableAuthenticationError:
+        raise BrokerError(
+            f"RabbitMQ at {describe_url(url)} refused the credentials; check the user and "
+            "password in the AMQP URL"
+        ) from None
+    except pika.exceptions.AMQPConnectionError as exc:
+        raise BrokerError(
+            f"cannot reach RabbitMQ at {describe_url(url)}: {exc.__class__.__name__}; "
+            "is the broker running? (rabbitmq-server -detached)"
+        ) from None

@@ -1,0 +1,95 @@
+"""``condmsg relay``: run the outbox relay as a service, or print the outbox status.
+
+Settings come from the environment (``CONDMSG_DB_URL``, ``CONDMSG_AMQP_URL``). SIGTERM and
+SIGINT stop the relay gracefully: no new claims, confirms in flight are awaited, rows
+settled, connections closed. ``--status`` prints the backlog and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from types import FrameType
+from typing import Any
+
+import sqlalchemy as sa
+
+import outbox
+from condmsg.settings import Settings
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "relay", help="publish outbox rows to RabbitMQ (CONDMSG_DB_URL -> CONDMSG_AMQP_URL)"
+    )
+    parser.add_argument("--status", action="store_true", help="print the outbox status, exit")
+    parser.add_argument("--table", default=outbox.DEFAULT_TABLE_NAME, help="outbox table name")
+    parser.add_argument("--create-tables", action="store_true", help="create the table first")
+    parser.add_argument("--batch-size", type=int, default=500, help="rows per claim")
+    parser.add_argument(
+        "--batches-in-flight", type=int, default=4, help="batches awaiting confirms at once"
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics on this port (0.0.0.0)"
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    parser.set_defaults(handler=run)
+
+
+def _print_status(store: outbox.OutboxStore) -> None:
+    status = store.status()
+    age = status.oldest_pending_age_s
+    print(f"table:              {store.table.name}")
+    print(f"pending:            {status.pending}")
+    print(f"failed:             {status.failed}")
+    print(f"oldest pending age: {'-' if age is None else f'{age:.3f} s'}")
+    for row in store.failed_rows(limit=10):
+        print(f"  failed #{row.id} ({row.exchange!r}, {row.routing_key!r}): {row.last_error}")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("pika").setLevel(logging.WARNING)
+    settings = Settings.from_env()
+    engine = sa.create_engine(settings.db_url, pool_size=args.batches_in_flight + 2)
+    try:
+        if args.create_tables:
+            outbox.create_tables(engine, table_name=args.table)
+        store = outbox.OutboxStore(engine, table_name=args.table)
+        if args.status:
+            _print_status(store)
+            return 0
+        relay = outbox.Relay(
+            engine,
+            settings.amqp_url,
+            table_name=args.table,
+            batch_size=args.batch_size,
+            max_batches_in_flight=args.batches_in_flight,
+        )
+        if args.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            start_http_server(args.metrics_port, registry=relay.registry)
+
+        def _stop(signum: int, _frame: FrameType | None) -> None:
+            logging.getLogger(__name__).info("signal %d: stopping the relay", signum)
+            relay.stop()
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        logging.getLogger(__name__).info("relay started on table %s", args.table)
+        relay.run()
+        return 0
+    except outbox.OutboxError as exc:
+        print(f"condmsg relay: {exc}", file=sys.stderr)
+        return 2
+    except sa.exc.ArgumentError as exc:
+        print(f"condmsg relay: bad CONDMSG_DB_URL: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        engine.dispose()

@@ -1,0 +1,140 @@
+"""Building the standard messages of one conditional message (pure; no I/O).
+
+One CM fans out to one copy per destination; a copy whose body exceeds the part size
+travels as a Message Sequence (sequence id, position, size) of several AMQP messages.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from condmsg import protocol as p
+from condmsg.conditions import Condition, Destination
+from condmsg.errors import ProtocolError
+from condmsg.timeutil import to_ms
+from outbox.message import OutboxMessage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CopyPlan:
+    """One destination's copy: its row in ``condmsg_copy`` and its AMQP messages."""
+
+    destination: Destination
+    message_id: str
+    exchange: str
+    routing_key: str
+    requires: p.Requirement
+    messages: tuple[OutboxMessage, ...]
+
+
+def requirement(condition: Condition) -> dict[str, p.Requirement]:
+    """What the condition asks of each destination (processing beats pickup)."""
+    needs: dict[str, p.Requirement] = {}
+
+    def visit(node: Condition, inherited: p.Requirement) -> None:
+        here = inherited
+        if node.process_within is not None:
+            here = p.Requirement.PROCESS
+        elif node.pickup_within is not None and here is p.Requirement.NONE:
+            here = p.Requirement.PICKUP
+        if isinstance(node, Destination):
+            needs[node.name] = here
+        for member in node.members:
+            visit(member, here)
+
+    visit(condition, p.Requirement.NONE)
+    return needs
+
+
+def check_app_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    out = dict(headers or {})
+    for key in out:
+        if not isinstance(key, str):
+            raise ProtocolError(f"header names must be str, got {type(key).__name__}")
+        if key.lower().startswith("condmsg-"):
+            raise ProtocolError(f"header {key!r}: the condmsg- prefix is reserved")
+    return out
+
+
+def plan_copies(
+    *,
+    cm_id: str,
+    condition: Condition,
+    sender: str,
+    sent_at: datetime,
+    secret: bytes,
+    body: bytes,
+    content_type: str,
+    app_headers: Mapping[str, Any],
+    part_bytes: int,
+) -> list[CopyPlan]:
+    """The copies of one CM, one per destination, each split into parts if large."""
+    delivery = condition.delivery()
+    needs = requirement(condition)
+    plans: list[CopyPlan] = []
+    for dest in condition.destinations():
+        props = delivery[dest.name]
+        message_id = uuid.uuid4().hex
+        exchange = dest.exchange or ""
+        routing_key = dest.routing_key or dest.name
+        headers: dict[str, Any] = {
+            **app_headers,
+            p.H_VERSION: p.PROTOCOL_VERSION,
+            p.H_KIND: p.MessageKind.ORIGINAL.value,
+            p.H_CM_ID: cm_id,
+            p.H_DESTINATION: dest.name,
+            p.H_REQUIRES: needs[dest.name].value,
+            p.H_SENDER: sender,
+            p.H_SENT_AT: p.format_instant(sent_at),
+            p.H_TOKEN: p.copy_token(secret, cm_id, dest.name, dest.recipient),
+        }
+        if dest.recipient is not None:
+            headers[p.H_RECIPIENT] = dest.recipient
+        chunks = split(body, part_bytes)
+        messages = []
+        for position, chunk in enumerate(chunks):
+            part_headers = dict(headers)
+            if len(chunks) > 1:
+                part_headers |= {
+                    p.H_SEQ_ID: message_id,
+                    p.H_SEQ_POS: position,
+                    p.H_SEQ_SIZE: len(chunks),
+                }
+            messages.append(
+                OutboxMessage(
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    body=chunk,
+                    message_id=message_id if len(chunks) == 1 else f"{message_id}.{position}",
+                    correlation_id=cm_id,
+                    reply_to=p.ack_queue(sender),
+                    content_type=content_type,
+                    message_type=f"condmsg.{p.MessageKind.ORIGINAL.value}",
+                    headers=part_headers,
+                    priority=props.priority,
+                    expiration_ms=to_ms(props.expiry) if props.expiry is not None else None,
+                    persistent=props.persistent,
+                )
+            )
+        plans.append(
+            CopyPlan(
+                destination=dest,
+                message_id=message_id,
+                exchange=exchange,
+                routing_key=routing_key,
+                requires=needs[dest.name],
+                messages=tuple(messages),
+            )
+        )
+    return plans
+
+
+def split(body: bytes, part_bytes: int) -> list[bytes]:
+    """``body`` in parts of at most ``part_bytes`` (one part, possibly empty, if it fits)."""
+    if len(body) <= part_bytes:
+        return [body]
+    return [body[i : i + part_bytes] for i in range(0, len(body), part_bytes)]

@@ -1,0 +1,272 @@
+"""``Sender``: send a payload with a condition, in one database transaction.
+
+``send`` records the CM (condition, ``sent_at``, evaluation deadline), one copy per
+destination, the compensation to release on failure, and the copies' outbox rows, all in
+one transaction: the caller's own when ``session`` is given (the send then commits or rolls
+back with the caller's writes), else a transaction of its own. Nothing is published here;
+the outbox relay publishes after the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from condmsg import protocol as p
+from condmsg import sender_tables as t
+from condmsg.amqp import connect
+from condmsg.conditions import Condition
+from condmsg.copies import check_app_headers, plan_copies
+from condmsg.db import make_engine
+from condmsg.errors import BrokerError, ConditionError, ConfigError
+from condmsg.evaluation import evaluate
+from condmsg.payloads import JSON, encode_payload
+from condmsg.settings import Settings
+from condmsg.timeutil import utcnow
+from condmsg.topology import declare_destination, declare_service_queue
+from outbox.enqueue import enqueue_many
+from outbox.relay import Relay
+from outbox.table import create_tables as create_outbox_tables
+
+log = logging.getLogger(__name__)
+
+#: Copies larger than this travel as a Message Sequence (bytes). RabbitMQ accepts far
+#: larger messages, but big ones stall a queue and its consumers; 1 MiB parts stay cheap.
+DEFAULT_PART_BYTES = 1024 * 1024
+
+
+class Sender:
+    """The sending side of conditional messaging for one sender identity (``name``).
+
+    ``name`` names the sender's ack queue (``condmsg.<name>.ack``) and outcome queue; the
+    evaluator for this sender consumes the former and writes the latter.
+    """
+
+    def __init__(
+        self,
+        *,
+        amqp_url: str,
+        db_url: str | None = None,
+        name: str,
+        engine: Engine | None = None,
+        secret: bytes | None = None,
+        part_bytes: int = DEFAULT_PART_BYTES,
+        clock: Callable[[], datetime] = utcnow,
+        declare_queues: bool = True,
+    ) -> None:
+        if engine is None and db_url is None:
+            raise ConfigError("Sender needs db_url (CONDMSG_DB_URL) or an engine")
+        if not name or not isinstance(name, str):
+            raise ConfigError("Sender needs a non-empty name")
+        self.name = name
+        self.amqp_url = amqp_url
+        self.engine = engine if engine is not None else make_engine(str(db_url))
+        self.part_bytes = part_bytes
+        self._clock = clock
+        self._declare = declare_queues
+        self._declared: set[str] = set()
+        create_tables(self.engine)
+        self.secret = secret or store_secret(self.engine)
+        if declare_queues:
+            self._declare_service_queues()
+
+    @classmethod
+    def from_env(cls, *, name: str, **overrides: Any) -> Sender:
+        settings = Settings.from_env()
+        options: dict[str, Any] = {
+            "amqp_url": settings.amqp_url,
+            "db_url": settings.db_url,
+            "secret": settings.secret,
+        }
+        options.update(overrides)
+        return cls(name=name, **options)
+
+    # -- sending --------------------------------------------------------------------
+
+    def send(
+        self,
+        payload: object,
+        condition: Condition,
+        *,
+        compensation: object | None = None,
+        notify_success: bool = False,
+        session: Session | None = None,
+        headers: Mapping[str, Any] | None = None,
+        content_type: str | None = None,
+    ) -> str:
+        """Record and (after commit) send ``payload`` under ``condition``; return the CM id.
+
+        ``compensation`` is what every destination that consumed the CM receives if it
+        fails; without it a system-generated notice is sent. With ``session`` (bound to
+        this sender's database) the send joins the caller's transaction and is published
+        only if that transaction commits.
+        """
+        if not isinstance(condition, Condition):
+            raise ConditionError(
+                f"condition must be a Destination or DestinationSet, got {type(condition).__name__}"
+            )
+        condition.validate()
+        body, ctype = encode_payload(payload, content_type)
+        app_headers = check_app_headers(headers)
+        cm_id = str(uuid.uuid4())
+        sent_at = self._clock()
+        plans = plan_copies(
+            cm_id=cm_id,
+            condition=condition,
+            sender=self.name,
+            sent_at=sent_at,
+            secret=self.secret,
+            body=body,
+            content_type=ctype,
+            app_headers=app_headers,
+            part_bytes=self.part_bytes,
+        )
+        self._ensure_destinations([plan.routing_key for plan in plans if not plan.exchange])
+        cm_row = {
+            "cm_id": cm_id,
+            "sender": self.name,
+            "sent_at": sent_at,
+            "condition_json": condition.to_json(),
+            "evaluation_deadline": sent_at + condition.evaluation_window(),
+            "content_type": ctype,
+            "payload_size": len(body),
+            "notify_success": notify_success,
+            "state": t.CmState.PENDING.value,
+            # With no ack yet, the first instant the verdict can change on its own.
+            "next_check_at": evaluate(condition, sent_at, (), sent_at).next_check_at,
+        }
+        copy_rows = [
+            {
+                "cm_id": cm_id,
+                "destination": plan.destination.name,
+                "recipient": plan.destination.recipient,
+                "message_id": plan.message_id,
+                "exchange": plan.exchange,
+                "routing_key": plan.routing_key,
+                "requires": plan.requires.value,
+                "parts": len(plan.messages),
+            }
+            for plan in plans
+        ]
+        comp_rows = [
+            self._compensation_row(cm_id, plan.destination.name, compensation) for plan in plans
+        ]
+        messages = [m for plan in plans for m in plan.messages]
+        with self._transaction(session) as s:
+            s.execute(sa.insert(t.cms), [cm_row])
+            s.execute(sa.insert(t.copies), copy_rows)
+            s.execute(sa.insert(t.compensations), comp_rows)
+            enqueue_many(s, messages)
+        return cm_id
+
+    @contextmanager
+    def _transaction(self, session: Session | None) -> Iterator[Session]:
+        if session is not None:
+            yield session  # the caller's transaction: the caller commits
+            return
+        with Session(self.engine) as own, own.begin():
+            yield own
+
+    def _compensation_row(self, cm_id: str, destination: str, payload: object) -> dict[str, Any]:
+        if payload is None:
+            notice = {"cm_id": cm_id, "destination": destination, "reason": "condition failed"}
+            return {
+                "cm_id": cm_id,
+                "destination": destination,
+                "body": json.dumps(notice, separators=(",", ":")).encode(),
+                "content_type": JSON,
+                "system_generated": True,
+            }
+        body, ctype = encode_payload(payload)
+        return {
+            "cm_id": cm_id,
+            "destination": destination,
+            "body": body,
+            "content_type": ctype,
+            "system_generated": False,
+        }
+
+    def relay(self, **options: Any) -> Relay:
+        """An in-process relay for this sender's outbox (copies), not started yet.
+
+        ``with x.relay() as relay:`` runs it in a background thread for the block;
+        ``condmsg relay`` is the stand-alone alternative. Options go to ``outbox.Relay``.
+        """
+        options.setdefault("connection_name", f"condmsg-sender-relay-{self.name}")
+        return Relay(self.engine, self.amqp_url, **options)
+
+    def start_relay(self, **options: Any) -> Relay:
+        """Start :meth:`relay` in a background thread; call ``stop()`` when done."""
+        return self.relay(**options).start()
+
+    # -- broker topology --------------------------------------------------------------
+
+    def _declare_service_queues(self) -> None:
+        try:
+            connection = connect(self.amqp_url, name=f"condmsg-sender-{self.name}")
+        except BrokerError as exc:
+            log.warning("not declaring the sender's queues now: %s", exc)
+            return
+        try:
+            channel = connection.channel()
+            for queue in (
+                p.ack_queue(self.name),
+                p.outcome_queue(self.name),
+                p.dead_letter_queue(self.name),
+            ):
+                declare_service_queue(channel, queue)
+        finally:
+            connection.close()
+
+    def _ensure_destinations(self, queues: list[str]) -> None:
+        """Declare destination queues not seen yet (best effort: the outbox keeps copies
+        for a broker that is down, and the relay parks copies for a missing queue)."""
+        missing = [q for q in queues if q not in self._declared]
+        if not missing or not self._declare:
+            return
+        try:
+            connection = connect(self.amqp_url, name=f"condmsg-sender-{self.name}")
+        except BrokerError as exc:
+            log.warning("destination queues not declared now: %s", exc)
+            return
+        try:
+            for queue in missing:
+                declare_destination(connection, queue)
+                self._declared.add(queue)
+        finally:
+            connection.close()
+
+
+def create_tables(engine: Engine) -> None:
+    """Create the sender store's tables and its outbox if missing."""
+    t.metadata.create_all(engine)
+    create_outbox_tables(engine)
+
+
+def store_secret(engine: Engine) -> bytes:
+    """The store's HMAC secret, generated once (first writer wins) and shared after."""
+    with engine.begin() as conn:
+        found = conn.execute(sa.select(t.meta.c.value).where(t.meta.c.key == "hmac_secret"))
+        value = found.scalar_one_or_none()
+        if value is None:
+            candidate = secrets.token_hex(32)
+            try:
+                with conn.begin_nested():
+                    conn.execute(sa.insert(t.meta), [{"key": "hmac_secret", "value": candidate}])
+                value = candidate
+            except sa.exc.IntegrityError:
+                # Another process stored one first: use theirs.
+                value = conn.execute(
+                    sa.select(t.meta.c.value).where(t.meta.c.key == "hmac_secret")
+                ).scalar_one()
+    return bytes.fromhex(value)

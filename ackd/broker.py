@@ -44,9 +44,10 @@ def _delivery(queue: str, method: Any, properties: Any, body: bytes | None) -> D
 class Broker:
     """Lazily connected; reconnects on the next call after the connection broke."""
 
-    def __init__(self, amqp_url: str, *, name: str) -> None:
+    def __init__(self, amqp_url: str, *, name: str, invalid_queue: str) -> None:
         self.amqp_url = amqp_url
         self.name = name
+        self.invalid_queue = invalid_queue
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
         self._confirm: BlockingChannel | None = None
@@ -132,7 +133,7 @@ class Broker:
         if self._confirm is None or not self._confirm.is_open:
             self._confirm = self._connection.channel()
             self._confirm.confirm_delivery()
-            declare_service_queue(self._confirm, p.INVALID_MESSAGE_QUEUE)
+            declare_service_queue(self._confirm, self.invalid_queue)
         return self._confirm
 
     def move_to_invalid(self, delivery: Delivery, reason: str) -> None:
@@ -144,7 +145,7 @@ class Broker:
         headers["condmsg-original-queue"] = delivery.queue
         confirm.basic_publish(
             "",
-            p.INVALID_MESSAGE_QUEUE,
+            self.invalid_queue,
             delivery.body,
             pika.BasicProperties(
                 content_type=props.content_type,
@@ -162,7 +163,7 @@ class Broker:
         confirm = self._confirm_channel()
         confirm.basic_publish(
             "",
-            p.INVALID_MESSAGE_QUEUE,
+            self.invalid_queue,
             body,
             pika.BasicProperties(
                 headers={**headers, p.H_REASON: reason[:1000]},

@@ -58,6 +58,7 @@ class ReceiverStats:
     cancelled: int = 0
     invalid: int = 0
     rolled_back: int = 0
+    parts: int = 0
 
 
 @dataclass(slots=True)
@@ -113,6 +114,7 @@ class Receiver:
         max_attempts: int = 5,
         sequence_timeout: timedelta = timedelta(minutes=5),
         poll_interval_s: float = 0.05,
+        invalid_queue: str = p.INVALID_MESSAGE_QUEUE,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         if engine is None and db_url is None:
@@ -129,7 +131,10 @@ class Receiver:
         self.poll_interval_s = poll_interval_s
         self.stats = ReceiverStats()
         self._clock = clock
-        self._broker = Broker(amqp_url, name=f"condmsg-receiver-{recipient}")
+        self.invalid_queue = invalid_queue
+        self._broker = Broker(
+            amqp_url, name=f"condmsg-receiver-{recipient}", invalid_queue=invalid_queue
+        )
         self._maybe_sequences = True
         self._next_expiry_check = 0.0
         metadata.create_all(self.engine)
@@ -304,14 +309,14 @@ class Receiver:
             self._invalid(delivery, str(exc))
             return None
         if inbound.seq_id is not None:
-            self._store_part(delivery, inbound, read_at)
+            self._store_part(delivery, inbound, read_at, tx)
             return None
         try:
             check_payload(delivery.body, props.content_type)
         except InvalidMessage as exc:
             self._invalid(delivery, str(exc))
             return None
-        if tx is not None and props.message_id and self._exhausted(props.message_id, delivery):
+        if tx is not None and props.message_id and self._exhausted(tx, props.message_id, delivery):
             return None
         incoming = _Incoming(
             queue=delivery.queue,
@@ -411,7 +416,7 @@ class Receiver:
             "moving message %s from %r to %s: %s",
             delivery.properties.message_id,
             delivery.queue,
-            p.INVALID_MESSAGE_QUEUE,
+            self.invalid_queue,
             reason,
         )
         self._broker.move_to_invalid(delivery, reason)
@@ -472,17 +477,20 @@ class Receiver:
                         )
                     )
 
-    def _exhausted(self, message_id: str, delivery: Delivery) -> bool:
-        """Dead-letter a message whose processing failed ``max_attempts`` times."""
-        with Session(self.engine) as session, session.begin():
-            row = session.execute(
-                sa.select(poison.c.attempts, poison.c.last_error).where(
-                    poison.c.message_id == message_id
-                )
-            ).first()
-            if row is None or row.attempts < self.max_attempts:
-                return False
-            session.execute(sa.delete(poison).where(poison.c.message_id == message_id))
+    def _exhausted(self, tx: ReceiverTransaction, message_id: str, delivery: Delivery) -> bool:
+        """Dead-letter a message whose processing failed ``max_attempts`` times.
+
+        Runs in the transaction's own session: on SQLite a second connection would wait for
+        the write lock this transaction holds.
+        """
+        row = tx.session.execute(
+            sa.select(poison.c.attempts, poison.c.last_error).where(
+                poison.c.message_id == message_id
+            )
+        ).first()
+        if row is None or row.attempts < self.max_attempts:
+            return False
+        tx.session.execute(sa.delete(poison).where(poison.c.message_id == message_id))
         self._invalid(
             delivery, f"poison message: processing failed {row.attempts} times: {row.last_error}"
         )
@@ -490,25 +498,45 @@ class Receiver:
 
     # -- message sequences --------------------------------------------------------------
 
-    def _store_part(self, delivery: Delivery, inbound: Inbound, read_at: datetime) -> None:
+    def _store_part(
+        self,
+        delivery: Delivery,
+        inbound: Inbound,
+        read_at: datetime,
+        tx: ReceiverTransaction | None,
+    ) -> None:
+        """Keep a part in the store. Inside a transaction it is stored (and acked) with the
+        transaction, so a rollback requeues it; otherwise at once."""
         assert inbound.seq_id and inbound.seq_pos is not None and inbound.seq_size
-        with Session(self.engine) as session, session.begin():
+
+        def store(session: Session) -> None:
             sequence.store_part(
                 session,
                 delivery,
-                seq_id=inbound.seq_id,
-                position=inbound.seq_pos,
-                size=inbound.seq_size,
+                seq_id=inbound.seq_id or "",
+                position=inbound.seq_pos or 0,
+                size=inbound.seq_size or 0,
                 now=read_at,
             )
-        self._broker.ack(delivery)
+
+        if tx is not None:
+            store(tx.session)
+            incoming = _Incoming(
+                delivery.queue, b"", None, None, delivery.headers, delivery.redelivered, delivery
+            )
+            tx.taken.append(_Taken(incoming, inbound, read_at, delivered=False))
+        else:
+            with Session(self.engine) as session, session.begin():
+                store(session)
+            self._broker.ack(delivery)
+        self.stats.parts += 1
         self._maybe_sequences = True
 
     def _from_store(self, queue: str, tx: ReceiverTransaction | None) -> Message | None:
         """Deliver a complete sequence of ``queue`` from the store, if there is one."""
-        self._expire_sequences()
         if tx is not None:
             return self._take_sequence(tx.session, queue, tx)
+        self._expire_sequences()
         with Session(self.engine) as session, session.begin():
             return self._take_sequence(session, queue, None)
 
@@ -570,6 +598,6 @@ class Receiver:
                     seq_id,
                     len(seen),
                     seen[0][1],
-                    p.INVALID_MESSAGE_QUEUE,
+                    self.invalid_queue,
                 )
                 self.stats.invalid += 1

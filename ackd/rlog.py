@@ -44,9 +44,11 @@ def _insert(session: Session, values: dict[str, Any]) -> bool:
         module.insert(rlog)
         .values(**values)
         .on_conflict_do_nothing(index_elements=[rlog.c.cm_id, rlog.c.destination])
+        # RETURNING says reliably whether this statement inserted; rowcount does not on
+        # every driver for ON CONFLICT DO NOTHING.
+        .returning(rlog.c.cm_id)
     )
-    result: Any = session.execute(stmt)
-    return bool(result.rowcount == 1)
+    return session.execute(stmt).first() is not None
 
 
 def _locked_row(session: Session, cm_id: str, destination: str) -> Any:

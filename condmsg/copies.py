@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from condmsg import protocol as p
-from condmsg.conditions import Condition, Destination
+from condmsg.conditions import COMPENSATION_PRIORITY, Condition, Destination
 from condmsg.errors import ProtocolError
 from condmsg.timeutil import to_ms
 from outbox.message import OutboxMessage
@@ -138,3 +138,46 @@ def split(body: bytes, part_bytes: int) -> list[bytes]:
     if len(body) <= part_bytes:
         return [body]
     return [body[i : i + part_bytes] for i in range(0, len(body), part_bytes)]
+
+
+def notice_message(
+    *,
+    kind: p.MessageKind,
+    cm_id: str,
+    destination: str,
+    recipient: str | None,
+    sender: str,
+    sent_at: datetime,
+    exchange: str,
+    routing_key: str,
+    body: bytes,
+    content_type: str | None,
+) -> OutboxMessage:
+    """A compensation or success notice for one destination of a decided CM.
+
+    Compensations travel at :data:`COMPENSATION_PRIORITY`, above any application priority,
+    so that they usually overtake an unread original (the receiver's RLOG then drops both).
+    """
+    if kind is p.MessageKind.ORIGINAL:
+        raise ValueError("notice_message builds compensations and success notices only")
+    headers: dict[str, Any] = {
+        p.H_VERSION: p.PROTOCOL_VERSION,
+        p.H_KIND: kind.value,
+        p.H_CM_ID: cm_id,
+        p.H_DESTINATION: destination,
+        p.H_SENDER: sender,
+        p.H_SENT_AT: p.format_instant(sent_at),
+    }
+    if recipient is not None:
+        headers[p.H_RECIPIENT] = recipient
+    return OutboxMessage(
+        exchange=exchange,
+        routing_key=routing_key,
+        body=body,
+        message_id=f"{cm_id}.{destination}.{kind.value}",
+        correlation_id=cm_id,
+        content_type=content_type,
+        message_type=f"condmsg.{kind.value}",
+        headers=headers,
+        priority=COMPENSATION_PRIORITY if kind is p.MessageKind.COMPENSATION else None,
+    )

@@ -1,0 +1,116 @@
+"""Helpers for the sender/receiver integration tests (real RabbitMQ, real databases)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import pika
+
+from condmsg import protocol as p
+from condmsg.conditions import Condition
+from condmsg.copies import notice_message, plan_copies
+from condmsg.protocol import AckMessage
+from outbox.message import OutboxMessage
+
+T = TypeVar("T")
+
+SECRET = b"integration-test-secret"
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def get_all(channel: Any, queue: str, *, settle_s: float = 0.3) -> list[tuple[Any, bytes]]:
+    """Everything in ``queue`` now, acked: waits until no message came for ``settle_s``."""
+    found: list[tuple[Any, bytes]] = []
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < settle_s:
+        method, props, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            time.sleep(0.02)
+            continue
+        found.append((props, body))
+        quiet_since = time.monotonic()
+    return found
+
+
+def acks_in(channel: Any, sender: str) -> list[AckMessage]:
+    return [AckMessage.from_json(body) for _, body in get_all(channel, p.ack_queue(sender))]
+
+
+def publish_copy(
+    channel: Any,
+    *,
+    cm_id: str,
+    condition: Condition,
+    sender: str,
+    sent_at: datetime,
+    body: bytes,
+    content_type: str = "application/octet-stream",
+    part_bytes: int = 1 << 20,
+) -> None:
+    """Publish the copies of a CM directly (as the relay would), for tests that need
+    precise control over timing."""
+    for plan in plan_copies(
+        cm_id=cm_id,
+        condition=condition,
+        sender=sender,
+        sent_at=sent_at,
+        secret=SECRET,
+        body=body,
+        content_type=content_type,
+        app_headers={},
+        part_bytes=part_bytes,
+    ):
+        for message in plan.messages:
+            publish(channel, message)
+
+
+def publish(channel: Any, message: OutboxMessage) -> None:
+    """Publish an outbox message directly (as the relay would)."""
+    channel.basic_publish(
+        message.exchange,
+        message.routing_key,
+        message.body,
+        pika.BasicProperties(
+            message_id=message.message_id,
+            correlation_id=message.correlation_id,
+            reply_to=message.reply_to,
+            content_type=message.content_type,
+            headers=dict(message.headers or {}),
+            priority=message.priority,
+            delivery_mode=2,
+        ),
+    )
+
+
+def publish_compensation(
+    channel: Any, *, queue: str, cm_id: str, destination: str, sender: str, body: bytes
+) -> None:
+    publish(
+        channel,
+        notice_message(
+            kind=p.MessageKind.COMPENSATION,
+            cm_id=cm_id,
+            destination=destination,
+            recipient=None,
+            sender=sender,
+            sent_at=datetime.now(UTC),
+            exchange="",
+            routing_key=queue,
+            body=body,
+            content_type="application/octet-stream",
+        ),
+    )

@@ -1,0 +1,66 @@
+"""Fixtures for integration tests: one broker connection per worker, factories for
+senders and receivers that are closed after the test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pika
+import pytest
+
+from ackd.receiver import Receiver
+from condmsg.sender import Sender
+
+from .condmsg_helpers import SECRET
+
+
+@pytest.fixture(scope="session")
+def amqp_connection(amqp_url: str) -> Iterator[pika.BlockingConnection]:
+    params = pika.URLParameters(amqp_url)
+    params.heartbeat = 0  # idle between tests; no I/O loop runs to answer heartbeats
+    connection = pika.BlockingConnection(params)
+    yield connection
+    if connection.is_open:
+        connection.close()
+
+
+@pytest.fixture
+def channel(amqp_connection: pika.BlockingConnection) -> Iterator[Any]:
+    """A fresh channel of the worker's connection (a 404 closes only this one)."""
+    ch = amqp_connection.channel()
+    yield ch
+    if ch.is_open:
+        ch.close()
+
+
+@pytest.fixture
+def make_sender(amqp_url: str) -> Iterator[Callable[..., Sender]]:
+    made: list[Sender] = []
+
+    def factory(db_url: str, name: str, **options: Any) -> Sender:
+        options.setdefault("secret", SECRET)
+        sender = Sender(amqp_url=amqp_url, db_url=db_url, name=name, **options)
+        made.append(sender)
+        return sender
+
+    yield factory
+    for sender in made:
+        sender.engine.dispose()
+
+
+@pytest.fixture
+def make_receiver(amqp_url: str, unique_name: str) -> Iterator[Callable[..., Receiver]]:
+    """Receivers of this test; their invalid-message queue is the test's own."""
+    made: list[Receiver] = []
+
+    def factory(db_url: str, recipient: str = "alice", **options: Any) -> Receiver:
+        options.setdefault("invalid_queue", f"{unique_name}.invalid")
+        receiver = Receiver(amqp_url=amqp_url, db_url=db_url, recipient=recipient, **options)
+        made.append(receiver)
+        return receiver
+
+    yield factory
+    for receiver in made:
+        receiver.close()
+        receiver.engine.dispose()

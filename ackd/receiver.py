@@ -49,6 +49,12 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[Message, Session | None], None]
 
+#: PostgreSQL SQLSTATEs: a detected deadlock, a lock wait cut by ``lock_timeout``.
+DEADLOCK_DETECTED = "40P01"
+LOCK_NOT_AVAILABLE = "55P03"
+#: How long a side transaction of a transactional read waits for an RLOG row.
+LOCK_TIMEOUT_MS = 2000
+
 
 @dataclass(slots=True)
 class ReceiverStats:
@@ -89,6 +95,8 @@ class ReceiverTransaction:
     receiver: Receiver
     session: Session
     taken: list[_Taken] = field(default_factory=list)
+    #: (CM, destination) rows this transaction delivered and therefore holds.
+    held: set[tuple[str | None, str | None]] = field(default_factory=set)
 
     def read(self, queue: str, timeout: float = 5.0) -> Message | None:
         """The next message of ``queue`` within this transaction, or None on timeout."""
@@ -125,6 +133,7 @@ class Receiver:
         self.receiver_id = receiver_id or f"{socket.gethostname()}:{os.getpid()}:{recipient}"
         self.amqp_url = amqp_url
         self.engine = engine if engine is not None else make_engine(str(db_url))
+        self._postgres = self.engine.dialect.name == "postgresql"
         self.secret = secret
         self.max_attempts = max_attempts
         self.sequence_timeout = sequence_timeout
@@ -350,36 +359,125 @@ class Receiver:
         tx: ReceiverTransaction | None,
     ) -> Message | None:
         """The RLOG decision, in ``session``; for a non-transactional read also the ack."""
-        if inbound.kind is p.MessageKind.ORIGINAL:
-            decision = rlog.on_original(
+        if tx is None:
+            decision = self._rlog_decision(session, incoming, inbound, read_at, False)
+        else:
+            found = self._decide_in_transaction(tx, incoming, inbound, read_at)
+            if found is None:
+                return None
+            decision = found
+        self._count(decision, inbound)
+        if decision is not rlog.Decision.DELIVER:
+            return None
+        return self._message(incoming, inbound, read_at)
+
+    def _decide_in_transaction(
+        self, tx: ReceiverTransaction, incoming: _Incoming, inbound: Inbound, read_at: datetime
+    ) -> rlog.Decision | None:
+        """The RLOG decision of a transactional read; None if the message was requeued.
+
+        A delivered message's RLOG row commits with the app's transaction. A message that is
+        not delivered (duplicate, discard, cancel-out) must not keep its row locked until
+        the app commits: two competing consumers would each hold rows the other needs and
+        deadlock again and again. On PostgreSQL its decision is therefore tried in a
+        SAVEPOINT, rolled back (which releases the row) and redone in a short transaction
+        of its own. SQLite has one writer at a time, so there it simply stays in the app's
+        transaction.
+        """
+        session = tx.session
+        key = (inbound.cm_id, inbound.destination)
+        nested = session.begin_nested()
+        try:
+            decision = self._rlog_decision(session, incoming, inbound, read_at, True)
+        except sa.exc.OperationalError as exc:
+            nested.rollback()
+            if getattr(exc.orig, "sqlstate", None) != DEADLOCK_DETECTED:
+                raise
+            # PostgreSQL broke a lock cycle by failing this statement: requeue and go on.
+            log.info("deadlock on cm %s; requeued, the transaction goes on", inbound.cm_id)
+            self._give_back(incoming)
+            return None
+        if decision is rlog.Decision.DELIVER or key in tx.held or not self._postgres:
+            nested.commit()
+            if decision is rlog.Decision.DELIVER:
+                tx.held.add(key)
+            tx.taken.append(
+                _Taken(incoming, inbound, read_at, delivered=decision is rlog.Decision.DELIVER)
+            )
+            return decision
+        nested.rollback()
+        return self._decide_apart(incoming, inbound, read_at)
+
+    def _decide_apart(
+        self, incoming: _Incoming, inbound: Inbound, read_at: datetime
+    ) -> rlog.Decision | None:
+        """Record a non-delivering decision in its own transaction, then ack the message.
+
+        If the facts changed meanwhile and the message would now be delivered, it is
+        requeued instead (a transactional read must deliver within the app's transaction).
+        The lock timeout breaks a wait that PostgreSQL cannot see: this thread's own app
+        transaction may hold the row another consumer is waiting behind.
+        """
+        try:
+            with Session(self.engine) as apart, apart.begin():
+                apart.execute(sa.text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT_MS}ms'"))
+                decision = self._rlog_decision(apart, incoming, inbound, read_at, True)
+                if decision is rlog.Decision.DELIVER:
+                    apart.rollback()
+                    self._give_back(incoming)
+                    return None
+        except sa.exc.OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) not in (DEADLOCK_DETECTED, LOCK_NOT_AVAILABLE):
+                raise
+            self._give_back(incoming)
+            return None
+        if incoming.delivery is not None:
+            self._broker.ack(incoming.delivery)
+        return decision
+
+    def _give_back(self, incoming: _Incoming) -> None:
+        if incoming.delivery is not None:
+            self._broker.requeue(incoming.delivery)
+        else:
+            self._maybe_sequences = True  # a reassembled sequence stays in the store
+
+    def _rlog_decision(
+        self,
+        session: Session,
+        incoming: _Incoming,
+        inbound: Inbound,
+        read_at: datetime,
+        transactional: bool,
+    ) -> rlog.Decision:
+        if inbound.kind is p.MessageKind.COMPENSATION:
+            return rlog.on_compensation(session, inbound, receiver=self.receiver_id, now=read_at)
+        if inbound.kind is p.MessageKind.SUCCESS:
+            return rlog.on_success(session, inbound, now=read_at)
+        decision = rlog.on_original(
+            session,
+            inbound,
+            message_id=incoming.message_id,
+            recipient=self.recipient,
+            receiver=self.receiver_id,
+            read_at=read_at,
+            transactional=transactional,
+        )
+        if decision is rlog.Decision.DELIVER and not transactional:
+            enqueue_ack(
                 session,
                 inbound,
-                message_id=incoming.message_id,
+                kind=AckKind.READ,
+                read_at=read_at,
+                committed_at=None,
                 recipient=self.recipient,
                 receiver=self.receiver_id,
-                read_at=read_at,
-                transactional=tx is not None,
             )
-            if decision is rlog.Decision.DELIVER and tx is None:
-                enqueue_ack(
-                    session,
-                    inbound,
-                    kind=AckKind.READ,
-                    read_at=read_at,
-                    committed_at=None,
-                    recipient=self.recipient,
-                    receiver=self.receiver_id,
-                )
-        elif inbound.kind is p.MessageKind.COMPENSATION:
-            decision = rlog.on_compensation(
-                session, inbound, receiver=self.receiver_id, now=read_at
-            )
-        else:
-            decision = rlog.on_success(session, inbound, now=read_at)
-        delivered = decision is rlog.Decision.DELIVER
-        if tx is not None:
-            tx.taken.append(_Taken(incoming, inbound, read_at, delivered=delivered))
-        if decision is rlog.Decision.DUPLICATE:
+        return decision
+
+    def _count(self, decision: rlog.Decision, inbound: Inbound) -> None:
+        if decision is rlog.Decision.DELIVER:
+            self.stats.delivered += 1
+        elif decision is rlog.Decision.DUPLICATE:
             self.stats.duplicates += 1
         elif decision is rlog.Decision.DISCARD:
             self.stats.discards += 1
@@ -388,12 +486,8 @@ class Receiver:
                 inbound.cm_id,
                 inbound.destination,
             )
-        elif decision is rlog.Decision.CANCELLED:
+        else:
             self.stats.cancelled += 1
-        if not delivered:
-            return None
-        self.stats.delivered += 1
-        return self._message(incoming, inbound, read_at)
 
     @staticmethod
     def _message(incoming: _Incoming, inbound: Inbound, read_at: datetime) -> Message:

@@ -110,11 +110,15 @@ def test_rolled_back_transaction_emits_no_ack_and_the_message_is_read_again(
     sender, receiver, name, queue = _setup(db_url, unique_name, make_sender, make_receiver)
     cm_id = _send_and_relay(sender, queue, process_within=timedelta(seconds=30))
 
-    with pytest.raises(RuntimeError, match="calendar full"), receiver.transaction() as tx:
-        first = tx.read(queue, timeout=5)
-        assert first is not None
-        tx.session.execute(sa.insert(calendar).values(cm_id=first.cm_id))
-        raise RuntimeError("calendar full")
+    def fail_in_transaction() -> None:
+        with receiver.transaction() as tx:
+            first = tx.read(queue, timeout=5)
+            assert first is not None
+            tx.session.execute(sa.insert(calendar).values(cm_id=first.cm_id))
+            raise RuntimeError("calendar full")
+
+    with pytest.raises(RuntimeError, match="calendar full"):
+        fail_in_transaction()
     assert _app_rows(receiver) == []
     _relay_acks(receiver)
     assert acks_in(channel, name) == []
@@ -163,7 +167,7 @@ def test_crash_between_commit_and_amqp_ack_never_delivers_the_copy_twice(
 def test_plain_messages_pass_through_without_an_ack(
     db_url: str, unique_name: str, make_sender: Any, make_receiver: Any, channel: Any
 ) -> None:
-    sender, receiver, name, queue = _setup(db_url, unique_name, make_sender, make_receiver)
+    _, receiver, name, queue = _setup(db_url, unique_name, make_sender, make_receiver)
     receiver._broker.ensure_queue(queue)
     channel.basic_publish("", queue, b"just a message")
     message = wait_for(lambda: receiver.read(queue, timeout=0.5))

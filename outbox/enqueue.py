@@ -1,0 +1,113 @@
+"""Adding messages to the outbox inside the caller's transaction.
+
+Nothing here commits, flushes ORM objects or opens a transaction of its own: the rows become
+visible to the relay exactly when the caller's transaction commits, together with the
+business rows written in it (and vanish with them on rollback).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from outbox.errors import OutboxTypeError
+from outbox.message import HeaderValue, OutboxMessage
+from outbox.table import DEFAULT_TABLE_NAME, PENDING, outbox_table
+
+
+def _row(message: OutboxMessage, now: datetime) -> dict[str, Any]:
+    return {
+        "created_at": now,
+        "state": PENDING,
+        "exchange": message.exchange,
+        "routing_key": message.routing_key,
+        "body": message.body,
+        "message_id": message.message_id,
+        "correlation_id": message.correlation_id,
+        "reply_to": message.reply_to,
+        "content_type": message.content_type,
+        "content_encoding": message.content_encoding,
+        "message_type": message.message_type,
+        "headers": message.headers_json(),
+        "priority": message.priority,
+        "expiration_ms": message.expiration_ms,
+        "persistent": message.persistent,
+        "mandatory": message.mandatory,
+        "attempts": 0,
+    }
+
+
+def enqueue_many(
+    session: Session | Connection,
+    messages: Iterable[OutboxMessage],
+    *,
+    table_name: str = DEFAULT_TABLE_NAME,
+) -> list[int]:
+    """Add ``messages`` to the outbox in the caller's open transaction; return their ids.
+
+    The ids are in the order of ``messages``. One multi-row INSERT is sent (a fan-out of N
+    copies costs one round trip, not N). Never commits.
+    """
+    batch = list(messages)
+    for message in batch:
+        if not isinstance(message, OutboxMessage):
+            raise OutboxTypeError(
+                f"enqueue_many() takes OutboxMessage objects, got {type(message).__name__}"
+            )
+    if not batch:
+        return []
+    table = outbox_table(table_name)
+    now = datetime.now(UTC)
+    # sort_by_parameter_order: SQLAlchemy's insertmanyvalues returns the ids in the order of
+    # the parameter list, whatever order the database produced them in.
+    stmt = sa.insert(table).returning(table.c.id, sort_by_parameter_order=True)
+    result = session.execute(stmt, [_row(m, now) for m in batch])
+    return [int(row[0]) for row in result]
+
+
+def enqueue(
+    session: Session | Connection,
+    *,
+    exchange: str,
+    routing_key: str,
+    body: bytes,
+    message_id: str | None = None,
+    correlation_id: str | None = None,
+    reply_to: str | None = None,
+    content_type: str | None = None,
+    content_encoding: str | None = None,
+    message_type: str | None = None,
+    headers: Mapping[str, HeaderValue] | None = None,
+    priority: int | None = None,
+    expiration_ms: int | None = None,
+    persistent: bool = True,
+    mandatory: bool = True,
+    table_name: str = DEFAULT_TABLE_NAME,
+) -> int:
+    """Add one message to the outbox in the caller's open transaction; return its id.
+
+    Raises :class:`~outbox.errors.OutboxTypeError` / ``OutboxValueError`` for a bad message
+    (e.g. a ``str`` body) before anything is written. Never commits.
+    """
+    message = OutboxMessage(
+        exchange=exchange,
+        routing_key=routing_key,
+        body=body,
+        message_id=message_id,
+        correlation_id=correlation_id,
+        reply_to=reply_to,
+        content_type=content_type,
+        content_encoding=content_encoding,
+        message_type=message_type,
+        headers=headers,
+        priority=priority,
+        expiration_ms=expiration_ms,
+        persistent=persistent,
+        mandatory=mandatory,
+    )
+    return enqueue_many(session, [message], table_name=table_name)[0]

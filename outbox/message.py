@@ -1,0 +1,156 @@
+"""The message a row of the outbox holds: an AMQP publish, validated at enqueue time.
+
+Validation happens when the message is built, inside the caller's transaction, so that a bad
+message fails the business transaction that produced it instead of poisoning the relay later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from outbox.errors import OutboxTypeError, OutboxValueError
+
+#: AMQP ``shortstr`` fields (exchange, routing key, ids) hold at most 255 bytes.
+MAX_SHORTSTR_BYTES = 255
+#: RabbitMQ 3.10 refuses messages above ``max_message_size`` (128 MiB by default) by closing
+#: the channel; refusing them here keeps such a row out of the relay entirely.
+MAX_BODY_BYTES = 128 * 1024 * 1024
+
+HeaderValue = str | int | float | bool | None | list[Any] | dict[str, Any]
+
+
+def _shortstr(name: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise OutboxTypeError(f"{name} must be a str, got {type(value).__name__}")
+    if len(value.encode("utf-8")) > MAX_SHORTSTR_BYTES:
+        raise OutboxValueError(f"{name} is longer than {MAX_SHORTSTR_BYTES} bytes")
+
+
+def _check_json(path: str, value: object) -> None:
+    if value is None or isinstance(value, str | bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise OutboxValueError(f"{path} must be a finite number, got {value!r}")
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_json(f"{path}[{i}]", item)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise OutboxTypeError(f"{path} keys must be str, got {type(key).__name__}")
+            _check_json(f"{path}[{key!r}]", item)
+        return
+    raise OutboxTypeError(
+        f"{path} must hold JSON values (str, int, float, bool, None, list, dict), "
+        f"got {type(value).__name__}"
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxMessage:
+    """One AMQP publish: where it goes, its body, and the properties RabbitMQ sees.
+
+    ``expiration_ms`` is the per-message TTL in milliseconds; ``persistent`` maps to
+    ``delivery_mode`` 2 (true) or 1; ``mandatory`` makes an unroutable message come back
+    (``basic.return``) so the relay can park it instead of RabbitMQ dropping it.
+    ``headers`` hold JSON values only (they are stored as JSON).
+    """
+
+    exchange: str
+    routing_key: str
+    body: bytes
+    message_id: str | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    content_type: str | None = None
+    content_encoding: str | None = None
+    message_type: str | None = None
+    headers: Mapping[str, HeaderValue] | None = None
+    priority: int | None = None
+    expiration_ms: int | None = None
+    persistent: bool = True
+    mandatory: bool = True
+
+    def __post_init__(self) -> None:
+        _shortstr("exchange", self.exchange, optional=False)
+        _shortstr("routing_key", self.routing_key, optional=False)
+        body: object = self.body  # callers without type checking pass anything
+        if isinstance(body, bytearray | memoryview):
+            body = bytes(body)
+            object.__setattr__(self, "body", body)
+        if not isinstance(body, bytes):
+            hint = "; encode it first, e.g. body.encode('utf-8')" if isinstance(body, str) else ""
+            raise OutboxTypeError(f"body must be bytes, got {type(body).__name__}{hint}")
+        if len(self.body) > MAX_BODY_BYTES:
+            raise OutboxValueError(
+                f"body is {len(self.body)} bytes; RabbitMQ accepts at most {MAX_BODY_BYTES}"
+            )
+        for name in (
+            "message_id",
+            "correlation_id",
+            "reply_to",
+            "content_type",
+            "content_encoding",
+            "message_type",
+        ):
+            _shortstr(name, getattr(self, name), optional=True)
+        if self.headers is not None:
+            if not isinstance(self.headers, Mapping):
+                raise OutboxTypeError(f"headers must be a dict, got {type(self.headers).__name__}")
+            _check_json("headers", dict(self.headers))
+        if self.priority is not None and (
+            isinstance(self.priority, bool)
+            or not isinstance(self.priority, int)
+            or not 0 <= self.priority <= 255
+        ):
+            raise OutboxValueError(f"priority must be an int in 0..255, got {self.priority!r}")
+        if self.expiration_ms is not None and (
+            isinstance(self.expiration_ms, bool)
+            or not isinstance(self.expiration_ms, int)
+            or self.expiration_ms < 0
+        ):
+            raise OutboxValueError(
+                f"expiration_ms must be a non-negative int (milliseconds), "
+                f"got {self.expiration_ms!r}"
+            )
+        for name in ("persistent", "mandatory"):
+            if not isinstance(getattr(self, name), bool):
+                raise OutboxTypeError(f"{name} must be a bool")
+
+    @classmethod
+    def trusted(cls, **fields: Any) -> OutboxMessage:
+        """Rebuild a message read back from the table, skipping validation (it was
+        validated when enqueued); the relay's hot path reads thousands per second."""
+        message = object.__new__(cls)
+        for name, value in fields.items():
+            object.__setattr__(message, name, value)
+        return message
+
+    def headers_json(self) -> dict[str, Any] | None:
+        """Headers as a plain dict (what the JSON column stores), or ``None``."""
+        if self.headers is None:
+            return None
+        return dict(json.loads(json.dumps(dict(self.headers))))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredMessage:
+    """A row the relay claimed: the table's id, bookkeeping and the message itself.
+
+    ``created_at`` is UTC (the enqueuing process's clock).
+    """
+
+    id: int
+    created_at: datetime
+    attempts: int
+    message: OutboxMessage = field(repr=False)

@@ -1,0 +1,409 @@
+"""SQL of the relay side: claim pending rows, settle them after the broker answered, report.
+
+How a claim works, and why:
+
+* PostgreSQL: the claim is a transaction that locks up to ``limit`` pending rows with
+  ``SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`` and stays open while the rows are
+  published. The row locks *are* the lease: another relay's claim skips them (SKIP LOCKED),
+  a relay that dies loses its connection and PostgreSQL releases the locks at once, and a
+  relay that hangs is cut off by ``idle_in_transaction_session_timeout`` (the lease
+  timeout). Confirmed rows are deleted and the transaction commits; a broker failure rolls
+  it back and the rows are pending again, untouched. No extra UPDATE per row is written.
+* SQLite has no row locks: the claim is a plain read and only one relay may run against a
+  SQLite database (documented); settling happens in one short write transaction.
+
+Published rows are deleted when their batch settles, so retention is bounded by
+construction: the table holds the backlog plus parked (failed) rows, nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection, Engine, RootTransaction
+
+from outbox.errors import StoreUnavailable
+from outbox.message import OutboxMessage, StoredMessage
+from outbox.table import DEFAULT_TABLE_NAME, FAILED, PENDING, notify_channel, outbox_table
+from outbox.urls import redact_url
+
+T = TypeVar("T")
+
+_MESSAGE_FIELDS = (
+    "exchange",
+    "routing_key",
+    "body",
+    "message_id",
+    "correlation_id",
+    "reply_to",
+    "content_type",
+    "content_encoding",
+    "message_type",
+    "headers",
+    "priority",
+    "expiration_ms",
+    "persistent",
+    "mandatory",
+)
+
+
+def utc(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes; everything this package stores is UTC."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxStatus:
+    """A snapshot of the table. ``oldest_pending_age_s`` is in seconds (``None``: empty)."""
+
+    pending: int
+    failed: int
+    oldest_pending_id: int | None
+    oldest_pending_age_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailedRow:
+    """A parked row: why it failed and how often it was tried. ``failed_at`` is UTC."""
+
+    id: int
+    exchange: str
+    routing_key: str
+    attempts: int
+    last_error: str | None
+    failed_at: datetime | None
+
+
+@dataclass(slots=True, eq=False)
+class Claim:
+    """Rows claimed for publishing; settle with :meth:`OutboxStore.settle` or release."""
+
+    rows: list[StoredMessage]
+    _conn: Connection | None = field(default=None, repr=False)
+    _txn: RootTransaction | None = field(default=None, repr=False)
+
+    @property
+    def last_id(self) -> int:
+        return self.rows[-1].id if self.rows else 0
+
+
+class OutboxStore:
+    """The outbox table ``table_name`` in the database behind ``engine``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        table_name: str = DEFAULT_TABLE_NAME,
+        lease_timeout_s: float = 60.0,
+    ) -> None:
+        self.engine = engine
+        self.table = outbox_table(table_name)
+        self.lease_timeout_s = lease_timeout_s
+        self.locking = engine.dialect.name == "postgresql"
+        self._claim_stmt = self._build_claim()
+        if self.locking:
+            # One array parameter: a fixed statement text (cached plan), not 500 binds.
+            ids = sa.bindparam("ids", type_=postgresql.ARRAY(sa.BigInteger()))
+            self._delete_stmt = sa.delete(self.table).where(self.table.c.id == sa.any_(ids))
+        else:
+            self._delete_stmt = sa.delete(self.table).where(
+                self.table.c.id.in_(sa.bindparam("ids", expanding=True))
+            )
+
+    # -- errors ---------------------------------------------------------------------------
+
+    def _translate(self, exc: sa.exc.SQLAlchemyError, doing: str) -> StoreUnavailable:
+        where = redact_url(self.engine.url.render_as_string(hide_password=True))
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        hint = ""
+        if "does not exist" in reason or "no such table" in reason:
+            hint = f"; create it with outbox.create_tables(engine, table_name={self.table.name!r})"
+        elif isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+            hint = "; is the database running?"
+        return StoreUnavailable(f"cannot {doing} in {where}: {reason}{hint}")
+
+    def _run(self, doing: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._translate(exc, doing) from exc
+
+    @contextmanager
+    def _write(self, doing: str) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except sa.exc.SQLAlchemyError as exc:
+            raise self._translate(exc, doing) from exc
+
+    # -- claim and settle -----------------------------------------------------------------
+
+    def _build_claim(self) -> sa.Select[Any]:
+        t = self.table
+        cols = [t.c.id, t.c.created_at, t.c.attempts, *(t.c[f] for f in _MESSAGE_FIELDS)]
+        # ORDER BY id: a relay publishes what it claims in id order (the documented FIFO
+        # guarantee), and the partial pending index yields rows already in that order.
+        # `id > :after` lets a relay draining a backlog start behind its previous batch
+        # instead of walking the dead index entries of rows it just deleted.
+        return (
+            sa.select(*cols)
+            .where(
+                t.c.state == PENDING,
+                t.c.id > sa.bindparam("after"),
+                sa.or_(t.c.available_at.is_(None), t.c.available_at <= sa.bindparam("now")),
+            )
+            .order_by(t.c.id)
+            .limit(sa.bindparam("limit"))
+            # SKIP LOCKED: relays claim disjoint rows without waiting for each other.
+            # Rendered on PostgreSQL only; SQLite ignores it.
+            .with_for_update(skip_locked=True)
+        )
+
+    def claim(self, limit: int, *, after_id: int = 0) -> Claim:
+        """Claim up to ``limit`` pending, due rows with ``id > after_id``, in id order."""
+        params = {"after": after_id, "now": datetime.now(UTC), "limit": limit}
+        if not self.locking:
+            with self._run("read the outbox", self.engine.connect) as conn:
+                rows = self._run("read the outbox", lambda: self._fetch(conn, params))
+            return Claim(rows)
+        conn = self._run("connect to the outbox database", self.engine.connect)
+        try:
+            txn = conn.begin()
+            # The lease: a relay that stops talking while holding rows is disconnected and
+            # its locks released after this long (SET LOCAL scope: this claim only).
+            conn.execute(
+                sa.text("SELECT set_config('idle_in_transaction_session_timeout', :v, true)"),
+                {"v": f"{int(self.lease_timeout_s * 1000)}ms"},
+            )
+            rows = self._fetch(conn, params)
+        except sa.exc.SQLAlchemyError as exc:
+            conn.close()
+            raise self._translate(exc, "claim outbox rows") from exc
+        if not rows:
+            self._close(conn, txn, commit=False)
+            return Claim([])
+        return Claim(rows, conn, txn)
+
+    def _fetch(self, conn: Connection, params: dict[str, Any]) -> list[StoredMessage]:
+        # fetchall(): one driver call for the batch instead of one per row.
+        rows = conn.execute(self._claim_stmt, params).all()
+        return [
+            StoredMessage(
+                id=r[0],
+                created_at=utc(r[1]),
+                attempts=r[2],
+                message=OutboxMessage.trusted(**dict(zip(_MESSAGE_FIELDS, r[3:], strict=True))),
+            )
+            for r in rows
+        ]
+
+    @staticmethod
+    def _close(conn: Connection, txn: RootTransaction, *, commit: bool) -> None:
+        try:
+            if commit:
+                txn.commit()
+            else:
+                txn.rollback()
+        finally:
+            conn.close()
+
+    def release(self, claim: Claim) -> None:
+        """Give the claimed rows back untouched (the broker failed; they go out again)."""
+        if claim._conn is not None and claim._txn is not None:
+            # A broken connection here is fine: the server rolls back on disconnect.
+            with suppress(sa.exc.SQLAlchemyError):
+                self._close(claim._conn, claim._txn, commit=False)
+        claim._conn = claim._txn = None
+
+    def settle(
+        self,
+        claim: Claim,
+        *,
+        published: Collection[int],
+        parked: Mapping[int, str] | None = None,
+        retry: Mapping[int, tuple[str, datetime]] | None = None,
+    ) -> None:
+        """Record the broker's verdict on a claim and end it.
+
+        ``published`` rows are deleted; ``parked`` rows become ``failed`` with the reason;
+        ``retry`` rows stay pending with the reason and are not claimed before the given
+        UTC instant. Each counts one more attempt.
+        """
+        parked = parked or {}
+        retry = retry or {}
+        if claim._conn is not None and claim._txn is not None:
+            conn, txn = claim._conn, claim._txn
+            claim._conn = claim._txn = None
+            try:
+                self._apply(conn, published, parked, retry)
+                self._close(conn, txn, commit=True)
+            except sa.exc.SQLAlchemyError as exc:
+                conn.close()
+                raise self._translate(exc, "settle outbox rows") from exc
+            return
+        with self._write("settle outbox rows") as conn:
+            self._apply(conn, published, parked, retry)
+
+    def _apply(
+        self,
+        conn: Connection,
+        published: Collection[int],
+        parked: Mapping[int, str],
+        retry: Mapping[int, tuple[str, datetime]],
+    ) -> None:
+        t = self.table
+        if published:
+            conn.execute(self._delete_stmt, {"ids": list(published)})
+        now = datetime.now(UTC)
+        if parked:
+            conn.execute(
+                sa.update(t)
+                .where(t.c.id == sa.bindparam("b_id"))
+                .values(
+                    state=FAILED,
+                    attempts=t.c.attempts + 1,
+                    last_error=sa.bindparam("b_err"),
+                    failed_at=now,
+                ),
+                [{"b_id": i, "b_err": err} for i, err in parked.items()],
+            )
+        if retry:
+            conn.execute(
+                sa.update(t)
+                .where(t.c.id == sa.bindparam("b_id"))
+                .values(
+                    attempts=t.c.attempts + 1,
+                    last_error=sa.bindparam("b_err"),
+                    available_at=sa.bindparam("b_at"),
+                ),
+                [{"b_id": i, "b_err": err, "b_at": at} for i, (err, at) in retry.items()],
+            )
+
+    # -- operators ------------------------------------------------------------------------
+
+    def status(self) -> OutboxStatus:
+        """Counts of pending and failed rows, and the age of the oldest pending one."""
+        t = self.table
+
+        def query() -> OutboxStatus:
+            with self.engine.connect() as conn:
+                # Each count is an index(-only) scan of one partial index.
+                pending = conn.scalar(sa.select(sa.func.count()).where(t.c.state == PENDING))
+                failed = conn.scalar(sa.select(sa.func.count()).where(t.c.state == FAILED))
+                # Lowest id = oldest enqueue (ids come from one sequence); one index probe.
+                oldest = conn.execute(
+                    sa.select(t.c.id, t.c.created_at)
+                    .where(t.c.state == PENDING)
+                    .order_by(t.c.id)
+                    .limit(1)
+                ).first()
+            age = None
+            if oldest is not None:
+                age = max(0.0, (datetime.now(UTC) - utc(oldest[1])).total_seconds())
+            return OutboxStatus(
+                pending=int(pending or 0),
+                failed=int(failed or 0),
+                oldest_pending_id=None if oldest is None else int(oldest[0]),
+                oldest_pending_age_s=age,
+            )
+
+        return self._run("read the outbox status", query)
+
+    def failed_rows(self, limit: int = 100) -> list[FailedRow]:
+        """Parked rows, oldest first, with the reason they were parked."""
+        t = self.table
+        stmt = (
+            sa.select(
+                t.c.id, t.c.exchange, t.c.routing_key, t.c.attempts, t.c.last_error, t.c.failed_at
+            )
+            .where(t.c.state == FAILED)
+            .order_by(t.c.id)
+            .limit(limit)
+        )
+
+        def query() -> list[FailedRow]:
+            with self.engine.connect() as conn:
+                return [
+                    FailedRow(
+                        id=r[0],
+                        exchange=r[1],
+                        routing_key=r[2],
+                        attempts=r[3],
+                        last_error=r[4],
+                        failed_at=None if r[5] is None else utc(r[5]),
+                    )
+                    for r in conn.execute(stmt)
+                ]
+
+        return self._run("list failed outbox rows", query)
+
+    def requeue_failed(self, ids: Collection[int] | None = None) -> int:
+        """Make parked rows pending again (all, or those in ``ids``); return how many.
+
+        Attempts restart at zero; ``last_error`` keeps the previous reason until the next
+        outcome. On PostgreSQL the relays are woken at commit.
+        """
+        t = self.table
+        stmt = (
+            sa.update(t)
+            .where(t.c.state == FAILED)
+            .values(state=PENDING, attempts=0, available_at=None, failed_at=None)
+        )
+        if ids is not None:
+            stmt = stmt.where(t.c.id.in_(list(ids)))
+        with self._write("requeue failed outbox rows") as conn:
+            count = conn.execute(stmt).rowcount
+            if self.locking and count:
+                conn.execute(sa.text("SELECT pg_notify(:c, '')"), {"c": self._channel(conn)})
+        return int(count)
+
+    def delete_failed(self, ids: Collection[int] | None = None, *, batch: int = 1000) -> int:
+        """Delete parked rows (all, or those in ``ids``) in batches of ``batch``."""
+        t = self.table
+        total = 0
+        while True:
+            victims = sa.select(t.c.id).where(t.c.state == FAILED).order_by(t.c.id).limit(batch)
+            if ids is not None:
+                victims = victims.where(t.c.id.in_(list(ids)))
+            with self._write("delete failed outbox rows") as conn:
+                chosen = [r[0] for r in conn.execute(victims)]
+                if chosen:
+                    conn.execute(sa.delete(t).where(t.c.id.in_(chosen)))
+            total += len(chosen)
+            if len(chosen) < batch:
+                return total
+
+    # -- PostgreSQL wake-ups --------------------------------------------------------------
+
+    def _channel(self, conn: Connection) -> str:
+        schema = conn.scalar(
+            sa.text(
+                "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.oid = to_regclass(:t)"
+            ),
+            {"t": self.table.name},
+        )
+        if schema is None:
+            raise StoreUnavailable(
+                f"outbox table {self.table.name!r} does not exist; create it with "
+                f"outbox.create_tables(engine, table_name={self.table.name!r})"
+            )
+        return notify_channel(str(schema), self.table.name)
+
+    def notify_channel(self) -> str | None:
+        """The LISTEN channel that commits into this table notify (``None`` off PostgreSQL)."""
+        if not self.locking:
+            return None
+
+        def query() -> str:
+            with self.engine.connect() as conn:
+                return self._channel(conn)
+
+        return self._run("look up the outbox table", query)

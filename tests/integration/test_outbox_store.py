@@ -1,0 +1,238 @@
+"""Contract tests of the outbox store, run against SQLite and the real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import outbox
+from outbox import OutboxMessage, OutboxStore, OutboxTypeError, StoreUnavailable
+from outbox.notify import Listener
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[sa.Engine]:
+    eng = sa.create_engine(db_url)
+    outbox.create_tables(eng)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def store(engine: sa.Engine) -> OutboxStore:
+    return OutboxStore(engine)
+
+
+def add(engine: sa.Engine, n: int, **kw: object) -> list[int]:
+    with Session(engine) as s, s.begin():
+        return outbox.enqueue_many(
+            s,
+            [
+                OutboxMessage(exchange="", routing_key="q", body=f"{i}".encode(), **kw)  # type: ignore[arg-type]
+                for i in range(n)
+            ],
+        )
+
+
+def test_enqueue_commits_only_with_the_callers_transaction(
+    engine: sa.Engine, store: OutboxStore
+) -> None:
+    with Session(engine) as s:
+        s.begin()
+        outbox.enqueue(s, exchange="", routing_key="q", body=b"x")
+        s.rollback()
+    assert store.status().pending == 0
+    with Session(engine) as s:
+        s.begin()
+        outbox.enqueue(s, exchange="", routing_key="q", body=b"x")
+        assert store.status().pending == 0 or engine.dialect.name == "sqlite"
+        s.commit()
+    assert store.status().pending == 1
+
+
+def test_business_row_and_outbox_row_share_one_transaction(engine: sa.Engine) -> None:
+    md = sa.MetaData()
+    orders = sa.Table("orders", md, sa.Column("id", sa.Integer, primary_key=True))
+    md.create_all(engine)
+
+    def failing_business_transaction() -> None:
+        with Session(engine) as s, s.begin():
+            s.execute(orders.insert().values(id=1))
+            outbox.enqueue(s, exchange="", routing_key="q", body=b"order 1")
+            raise RuntimeError("business failure")
+
+    with pytest.raises(RuntimeError):
+        failing_business_transaction()
+    with engine.connect() as conn:
+        assert conn.scalar(sa.select(sa.func.count()).select_from(orders)) == 0
+    with Session(engine) as s, s.begin():
+        s.execute(orders.insert().values(id=2))
+        outbox.enqueue(s, exchange="", routing_key="q", body=b"order 2")
+    with engine.connect() as conn:
+        assert conn.scalar(sa.select(sa.func.count()).select_from(orders)) == 1
+    assert OutboxStore(engine).status().pending == 1
+
+
+def test_own_metadata_gets_the_table_and_trigger(db_url: str) -> None:
+    eng = sa.create_engine(db_url)
+    md = sa.MetaData()
+    table = outbox.outbox_table("their_outbox", metadata=md)
+    md.create_all(eng)
+    with Session(eng) as s, s.begin():
+        outbox.enqueue(s, exchange="", routing_key="q", body=b"x", table_name=table.name)
+    assert OutboxStore(eng, table_name="their_outbox").status().pending == 1
+    assert not sa.inspect(eng).has_table(outbox.DEFAULT_TABLE_NAME)
+    eng.dispose()
+
+
+def test_bad_body_is_rejected_before_anything_is_written(
+    engine: sa.Engine, store: OutboxStore
+) -> None:
+    with Session(engine) as s, s.begin():
+        with pytest.raises(OutboxTypeError, match="body must be bytes"):
+            outbox.enqueue(s, exchange="", routing_key="q", body="text")  # type: ignore[arg-type]
+        outbox.enqueue(s, exchange="", routing_key="q", body=b"fine")
+    assert store.status().pending == 1
+
+
+def test_enqueue_many_returns_ids_in_order_and_claim_round_trips_properties(
+    engine: sa.Engine, store: OutboxStore
+) -> None:
+    messages = [
+        OutboxMessage(
+            exchange="ex",
+            routing_key=f"rk{i}",
+            body=bytes([i, 0, 255]),
+            message_id=f"m{i}",
+            correlation_id="c",
+            reply_to="r",
+            content_type="application/octet-stream",
+            content_encoding="identity",
+            message_type="t",
+            headers={"i": i, "nested": {"a": [1, 2]}},
+            priority=i,
+            expiration_ms=1000 + i,
+            persistent=i % 2 == 0,
+            mandatory=i % 3 == 0,
+        )
+        for i in range(5)
+    ]
+    with Session(engine) as s, s.begin():
+        ids = outbox.enqueue_many(s, messages)
+        assert outbox.enqueue_many(s, []) == []
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 5
+    claim = store.claim(10)
+    assert [r.id for r in claim.rows] == ids
+    assert [r.message for r in claim.rows] == messages
+    assert all(r.attempts == 0 and r.created_at.tzinfo is not None for r in claim.rows)
+    store.release(claim)
+
+
+def test_claim_respects_limit_cursor_and_order(engine: sa.Engine, store: OutboxStore) -> None:
+    ids = add(engine, 10)
+    first = store.claim(4)
+    assert [r.id for r in first.rows] == ids[:4]
+    store.release(first)
+    after = store.claim(4, after_id=ids[5])
+    assert [r.id for r in after.rows] == ids[6:10]
+    store.release(after)
+
+
+def test_settle_deletes_parks_and_defers(engine: sa.Engine, store: OutboxStore) -> None:
+    ids = add(engine, 4)
+    claim = store.claim(10)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    store.settle(
+        claim,
+        published=ids[:2],
+        parked={ids[2]: "unroutable: 312 NO_ROUTE"},
+        retry={ids[3]: ("nacked", later)},
+    )
+    status = store.status()
+    assert (status.pending, status.failed) == (1, 1)
+    assert status.oldest_pending_id == ids[3]
+    assert status.oldest_pending_age_s is not None and status.oldest_pending_age_s >= 0
+    assert store.claim(10).rows == []  # the deferred row is not due yet
+    [failed] = store.failed_rows()
+    assert (failed.id, failed.attempts, failed.last_error) == (
+        ids[2],
+        1,
+        "unroutable: 312 NO_ROUTE",
+    )
+    assert failed.failed_at is not None and failed.failed_at.tzinfo is not None
+    assert store.requeue_failed() == 1
+    claim = store.claim(10)
+    assert [(r.id, r.attempts) for r in claim.rows] == [(ids[2], 0)]
+    store.settle(claim, published=[], parked={ids[2]: "again"})
+    assert store.delete_failed(batch=1) == 1
+    assert store.status().failed == 0
+
+
+def test_release_gives_rows_back(engine: sa.Engine, store: OutboxStore) -> None:
+    ids = add(engine, 3)
+    claim = store.claim(10)
+    store.release(claim)
+    claim = store.claim(10)
+    assert [r.id for r in claim.rows] == ids
+    store.settle(claim, published=ids)
+    assert store.status().pending == 0
+
+
+def test_create_tables_is_idempotent_and_missing_tables_are_explained(engine: sa.Engine) -> None:
+    outbox.create_tables(engine)
+    with pytest.raises(StoreUnavailable, match=r"create_tables\(engine, table_name='nope'\)"):
+        OutboxStore(engine, table_name="nope").status()
+
+
+def test_postgres_claims_skip_rows_locked_by_another_relay(pg_url: str) -> None:
+    eng = sa.create_engine(pg_url)
+    outbox.create_tables(eng)
+    ids = add(eng, 6)
+    a, b = OutboxStore(eng), OutboxStore(eng)
+    first = a.claim(4)
+    second = b.claim(4)
+    assert [r.id for r in first.rows] == ids[:4]
+    assert [r.id for r in second.rows] == ids[4:]
+    # A relay that dies: its connection goes away, PostgreSQL releases its locks at once.
+    assert first._conn is not None
+    first._conn.invalidate()
+    third = b.claim(10)
+    assert [r.id for r in third.rows] == ids[:4]
+    b.settle(third, published=ids[:4])
+    b.settle(second, published=ids[4:])
+    assert a.status().pending == 0
+    eng.dispose()
+
+
+def test_postgres_notify_arrives_on_commit_only(pg_url: str) -> None:
+    eng = sa.create_engine(pg_url)
+    outbox.create_tables(eng)
+    store = OutboxStore(eng)
+    channel = store.notify_channel()
+    assert channel is not None
+    woken = threading.Event()
+    listener = Listener(eng, channel, woken.set).start()
+    try:
+        assert listener.listening.wait(10)
+        assert woken.wait(5)  # the wake-up after (re)connecting
+        woken.clear()
+        with Session(eng) as s:
+            s.begin()
+            outbox.enqueue(s, exchange="", routing_key="q", body=b"x")
+            s.rollback()
+        # Nothing committed: a notification would have to arrive in this window.
+        assert not woken.wait(0.5)
+        with Session(eng) as s, s.begin():
+            outbox.enqueue(s, exchange="", routing_key="q", body=b"x")
+        assert woken.wait(5)
+    finally:
+        listener.stop()
+        eng.dispose()

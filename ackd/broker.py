@@ -60,6 +60,8 @@ class Broker:
         self.close()
         self._connection = connect(self.amqp_url, name=self.name)
         self._channel = self._connection.channel()
+        # Declared up front so that operators (and monitoring) see it before anything lands.
+        declare_service_queue(self._channel, self.invalid_queue)
         self._declared.clear()
         self._prefetch = None
         return self._channel

@@ -293,6 +293,8 @@ class Receiver:
     def _next(self, queue: str, timeout: float, tx: ReceiverTransaction | None) -> Message | None:
         deadline = time.monotonic() + timeout
         while True:
+            if tx is None:
+                self._expire_sequences()  # rate-limited; parts may be stored by anyone
             if self._maybe_sequences:
                 message = self._from_store(queue, tx)
                 if message is not None:
@@ -630,7 +632,6 @@ class Receiver:
         """Deliver a complete sequence of ``queue`` from the store, if there is one."""
         if tx is not None:
             return self._take_sequence(tx.session, queue, tx)
-        self._expire_sequences()
         with Session(self.engine) as session, session.begin():
             return self._take_sequence(session, queue, None)
 

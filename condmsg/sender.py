@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,7 +30,8 @@ from condmsg.conditions import Condition
 from condmsg.copies import check_app_headers, plan_copies
 from condmsg.db import make_engine
 from condmsg.errors import BrokerError, ConditionError, ConfigError
-from condmsg.evaluation import evaluate
+from condmsg.evaluation import Verdict, evaluate
+from condmsg.outcome import Outcome
 from condmsg.payloads import JSON, encode_payload
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
@@ -196,6 +198,53 @@ class Sender:
             "system_generated": False,
         }
 
+    # -- outcomes -----------------------------------------------------------------------
+
+    def outcome(self, cm_id: str, timeout: float = 0.0, *, poll_s: float = 0.05) -> Outcome | None:
+        """The decided outcome of ``cm_id``, waiting up to ``timeout`` seconds; None if the
+        CM is still pending then. Read from the store the evaluator decides in, so it is
+        exact however many processes consume the outcome queue."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.engine.connect() as conn:
+                row = conn.execute(sa.select(t.cms).where(t.cms.c.cm_id == cm_id)).first()
+            if row is None:
+                raise ConfigError(f"unknown conditional message {cm_id!r} in this sender's store")
+            if row.state != t.CmState.PENDING.value:
+                return Outcome(
+                    cm_id=cm_id,
+                    verdict=Verdict(row.state),
+                    reasons=tuple(json.loads(row.reasons_json or "[]")),
+                    decided_at=_utc(row.decided_at),
+                    effective_at=_utc(row.effective_at),
+                    facts=tuple(json.loads(row.facts_json or "[]")),
+                )
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(poll_s)
+
+    def outcomes(self, *, timeout: float | None = None) -> Iterator[Outcome]:
+        """Outcome notifications from the outcome queue, as they arrive.
+
+        Each is acknowledged once the loop asks for the next one; stops after ``timeout``
+        seconds without a notification (None: never).
+        """
+        connection = connect(self.amqp_url, name=f"condmsg-outcomes-{self.name}")
+        try:
+            channel = connection.channel()
+            declare_service_queue(channel, p.outcome_queue(self.name))
+            channel.basic_qos(prefetch_count=100)
+            for method, _props, body in channel.consume(
+                p.outcome_queue(self.name), inactivity_timeout=timeout
+            ):
+                if method is None:
+                    return
+                yield Outcome.from_json(body or b"")
+                channel.basic_ack(int(method.delivery_tag or 0))
+        finally:
+            if connection.is_open:
+                connection.close()
+
     def relay(self, **options: Any) -> Relay:
         """An in-process relay for this sender's outbox (copies), not started yet.
 
@@ -245,6 +294,10 @@ class Sender:
                 self._declared.add(queue)
         finally:
             connection.close()
+
+
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def create_tables(engine: Engine) -> None:

@@ -1,0 +1,121 @@
+"""Deciding CMs and writing their outcome actions, in the caller's transaction.
+
+A CM is judged with the pure ``evaluate`` at the *effective* instant ``now - ack_grace``:
+an ack made in time but still in a receiver's relay is not misjudged at a deadline. The
+verdict is recorded exactly once (a conditional UPDATE), and in the same transaction the
+outbox receives the outcome notification, the success notices (if asked for) or the
+compensations. A CM still pending gets its next check time, shifted by the grace.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from condmsg import protocol as p
+from condmsg.copies import notice_message
+from condmsg.evaluation import Verdict, evaluate
+from condmsg.outcome import OUTCOME_CONTENT_TYPE, OUTCOME_TYPE, Outcome
+from condmsg.payloads import JSON
+from evaluator import store
+from outbox.enqueue import enqueue_many
+from outbox.message import OutboxMessage
+
+
+@dataclass(slots=True)
+class Decided:
+    outcomes: list[Outcome] = field(default_factory=list)
+    rescheduled: int = 0
+
+
+def judge(
+    session: Session,
+    cms: Mapping[str, store.CmRow],
+    *,
+    now: datetime,
+    ack_grace: timedelta,
+    instance: str,
+) -> Decided:
+    """Evaluate the pending CMs among ``cms`` and decide those whose verdict is final."""
+    pending = {cm_id: cm for cm_id, cm in cms.items() if cm.state == "pending"}
+    acks = store.counted_acks(session, pending)
+    effective = now - ack_grace
+    done = Decided()
+    for cm_id, cm in pending.items():
+        result = evaluate(cm.condition, cm.sent_at, acks.get(cm_id, ()), effective)
+        if not result.decided:
+            at = result.next_check_at + ack_grace if result.next_check_at else None
+            store.set_next_check(session, cm_id, at)
+            done.rescheduled += 1
+            continue
+        outcome = Outcome.from_result(cm_id, result, decided_at=now, effective_at=effective)
+        won = store.decide(
+            session,
+            cm_id,
+            {
+                "state": result.verdict.value,
+                "next_check_at": None,
+                "decided_at": now,
+                "effective_at": effective,
+                "reasons_json": json.dumps(list(result.reasons)),
+                "facts_json": json.dumps(list(outcome.facts)),
+                "decided_by": instance,
+            },
+        )
+        if won:
+            _write_actions(session, cm, outcome, now)
+            done.outcomes.append(outcome)
+    return done
+
+
+def _write_actions(session: Session, cm: store.CmRow, outcome: Outcome, now: datetime) -> None:
+    messages: list[OutboxMessage] = [
+        OutboxMessage(
+            exchange="",
+            routing_key=p.outcome_queue(cm.sender),
+            body=outcome.to_json(),
+            message_id=f"{cm.cm_id}.outcome",
+            correlation_id=cm.cm_id,
+            content_type=OUTCOME_CONTENT_TYPE,
+            message_type=OUTCOME_TYPE,
+        )
+    ]
+    copies = store.copies_of(session, [cm.cm_id]).get(cm.cm_id, {})
+    if outcome.verdict is Verdict.SATISFIED and cm.notify_success:
+        body = json.dumps({"cm_id": cm.cm_id, "verdict": "satisfied"}).encode()
+        messages += [
+            _notice(p.MessageKind.SUCCESS, cm, copy, body, JSON) for copy in copies.values()
+        ]
+    elif outcome.verdict is Verdict.VIOLATED:
+        # Every destination gets the compensation; the receiver log drops it where the
+        # original was never consumed (and then drops the original too).
+        for row in store.compensations_of(session, cm.cm_id):
+            copy = copies.get(row.destination)
+            if copy is not None:
+                messages.append(
+                    _notice(p.MessageKind.COMPENSATION, cm, copy, row.body, row.content_type)
+                )
+        store.release_compensations(session, cm.cm_id, now)
+    enqueue_many(session, messages)
+
+
+def _notice(
+    kind: p.MessageKind, cm: store.CmRow, copy: Any, body: bytes, content_type: str | None
+) -> OutboxMessage:
+    return notice_message(
+        kind=kind,
+        cm_id=cm.cm_id,
+        destination=copy.destination,
+        recipient=copy.recipient,
+        sender=cm.sender,
+        sent_at=cm.sent_at,
+        exchange=copy.exchange,
+        routing_key=copy.routing_key,
+        body=body,
+        content_type=content_type,
+    )

@@ -1,0 +1,150 @@
+"""Ack intake: decode, verify, store idempotently, and classify what cannot count.
+
+Nothing here raises on bad input. A body that is not a valid ack document goes to the
+sender's dead-letter queue (through the outbox, in the same transaction) with the reason
+in a header. A valid document that cannot count (unknown CM, bad token, wrong destination
+or recipient, duplicate) is recorded as an anomaly. An ack after its CM's decision is
+stored and reported, and flagged if it would have changed the verdict.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from condmsg import protocol as p
+from condmsg import sender_tables as t
+from condmsg.acks import Ack
+from condmsg.errors import ProtocolError
+from condmsg.evaluation import evaluate
+from evaluator import store
+from outbox.enqueue import enqueue_many
+from outbox.message import OutboxMessage
+
+Kind = t.AnomalyKind
+
+
+@dataclass(slots=True)
+class Intake:
+    """What one batch did: CMs to re-evaluate, and counts for the metrics."""
+
+    touched: dict[str, store.CmRow] = field(default_factory=dict)
+    stored: int = 0
+    dead: int = 0
+    anomalies: Counter[str] = field(default_factory=Counter)
+
+
+def ingest(
+    session: Session, bodies: Sequence[bytes], *, sender: str, secret: bytes, now: datetime
+) -> Intake:
+    """Take one batch of ack bodies (in delivery order) into the store."""
+    intake = Intake()
+    decoded: list[p.AckMessage] = []
+    dead: list[OutboxMessage] = []
+    for body in bodies:
+        try:
+            decoded.append(p.AckMessage.from_json(body))
+        except ProtocolError as exc:
+            dead.append(
+                OutboxMessage(
+                    exchange="",
+                    routing_key=p.dead_letter_queue(sender),
+                    body=body,
+                    message_type="condmsg.malformed-ack",
+                    headers={p.H_REASON: str(exc)[:1000]},
+                )
+            )
+    if dead:
+        enqueue_many(session, dead)
+        intake.dead = len(dead)
+    cms = store.load_cms(session, (a.cm_id for a in decoded), lock=True)
+    copies = store.copies_of(session, cms)
+    decided = store.counted_acks(session, [c for c, cm in cms.items() if cm.state != "pending"])
+    rows: list[dict[str, Any]] = []
+    anomalies: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def anomaly(kind: Kind, ack: p.AckMessage, detail: str) -> None:
+        intake.anomalies[kind.value] += 1
+        anomalies.append(
+            {
+                "kind": kind.value,
+                "cm_id": ack.cm_id,
+                "ack_id": ack.ack_id,
+                "destination": ack.destination,
+                "recipient": ack.recipient,
+                "detail": detail,
+                "recorded_at": now,
+            }
+        )
+
+    for ack in decoded:
+        cm = cms.get(ack.cm_id)
+        copy = copies.get(ack.cm_id, {}).get(ack.destination)
+        if cm is None:
+            anomaly(Kind.UNKNOWN_CM, ack, "no such conditional message in this store")
+        elif copy is None:
+            anomaly(Kind.WRONG_DESTINATION, ack, f"the CM has no destination {ack.destination!r}")
+        elif not p.verify_token(secret, ack.token, ack.cm_id, ack.destination, copy.recipient):
+            anomaly(Kind.BAD_TOKEN, ack, "the token does not verify (forged or altered ack)")
+        elif copy.recipient is not None and ack.recipient != copy.recipient:
+            anomaly(
+                Kind.WRONG_RECIPIENT,
+                ack,
+                f"acked by {ack.recipient!r}, addressed to {copy.recipient!r}",
+            )
+        elif ack.ack_id in seen:
+            anomaly(Kind.DUPLICATE, ack, "the same ack twice in one batch")
+        else:
+            seen.add(ack.ack_id)
+            rows.append(_row(ack, cm, decided.get(ack.cm_id, []), now))
+    inserted = store.insert_acks(session, rows)
+    by_id = {a.ack_id: a for a in decoded}
+    for row in rows:
+        ack = by_id[row["ack_id"]]
+        if row["ack_id"] not in inserted:
+            anomaly(Kind.DUPLICATE, ack, "this ack was stored before")
+            continue
+        intake.stored += 1
+        cm = cms[ack.cm_id]
+        if cm.state == "pending":
+            intake.touched[cm.cm_id] = cm
+        elif row["status"] == t.AckStatus.CHANGES_VERDICT.value:
+            anomaly(
+                Kind.LATE_CHANGES_VERDICT,
+                ack,
+                "arrived after the decision and would have "
+                "changed the verdict: the ack grace was too short",
+            )
+        else:
+            anomaly(Kind.AFTER_DECISION, ack, f"arrived after the CM was decided ({cm.state})")
+    store.record_anomalies(session, anomalies)
+    return intake
+
+
+def _row(ack: p.AckMessage, cm: store.CmRow, counted: list[Ack], now: datetime) -> dict[str, Any]:
+    status = t.AckStatus.COUNTED
+    if cm.state != "pending" and cm.effective_at is not None:
+        status = t.AckStatus.AFTER_DECISION
+        # The stored verdict is exactly evaluate() over the acks that counted, at the
+        # decision's effective instant: would this ack have changed it?
+        late = evaluate(cm.condition, cm.sent_at, [*counted, ack.to_ack()], cm.effective_at)
+        if late.verdict.value != cm.state:
+            status = t.AckStatus.CHANGES_VERDICT
+    return {
+        "ack_id": ack.ack_id,
+        "cm_id": ack.cm_id,
+        "destination": ack.destination,
+        "recipient": ack.recipient,
+        "receiver": ack.receiver,
+        "kind": ack.kind.value,
+        "read_at": ack.read_at,
+        "committed_at": ack.committed_at,
+        "received_at": now,
+        "status": status.value,
+    }

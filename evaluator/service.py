@@ -1,0 +1,224 @@
+"""The evaluator service for one sender: ack intake, decisions, deadline sweeps.
+
+Threads and connections (pika's BlockingConnection is not thread-safe, so each thread owns
+its own): the consuming thread reads the ack queue with manual acks and prefetch, and
+processes deliveries in batches, one database transaction each, then acknowledges the batch
+with one ``multiple`` ack. An APScheduler interval job sweeps due CMs (timeouts) with its
+own sessions. An in-process outbox relay publishes the outcomes, notices and compensations.
+Several instances may run against one database and one ack queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import pika.exceptions
+from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client import CollectorRegistry
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from condmsg import protocol as p
+from condmsg.amqp import connect
+from condmsg.db import make_engine
+from condmsg.errors import BrokerError, CondmsgError
+from condmsg.sender import create_tables, store_secret
+from condmsg.settings import DEFAULT_ACK_GRACE
+from condmsg.timeutil import utcnow
+from condmsg.topology import declare_service_queue
+from evaluator import decisions, store
+from evaluator.intake import ingest
+from evaluator.metrics import EvaluatorMetrics
+from outbox.relay import Relay
+
+log = logging.getLogger(__name__)
+
+
+class Evaluator:
+    """Decides the CMs of sender ``sender`` (its ack queue ``condmsg.<sender>.ack``)."""
+
+    def __init__(
+        self,
+        *,
+        amqp_url: str,
+        sender: str,
+        db_url: str | None = None,
+        engine: Engine | None = None,
+        secret: bytes | None = None,
+        ack_grace: timedelta = DEFAULT_ACK_GRACE,
+        batch_size: int = 500,
+        prefetch: int = 1000,
+        sweep_interval_s: float = 1.0,
+        sweep_batch: int = 500,
+        relay: bool = True,
+        instance: str | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        if engine is None and db_url is None:
+            raise CondmsgError("Evaluator needs db_url (CONDMSG_DB_URL) or an engine")
+        self.amqp_url = amqp_url
+        self.sender = sender
+        self.engine = engine if engine is not None else make_engine(str(db_url))
+        create_tables(self.engine)
+        self.secret = secret or store_secret(self.engine)
+        self.ack_grace = ack_grace
+        self.batch_size = batch_size
+        self.prefetch = prefetch
+        self.sweep_interval_s = sweep_interval_s
+        self.sweep_batch = sweep_batch
+        self.instance = instance or f"{socket.gethostname()}:{os.getpid()}"
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = EvaluatorMetrics(self.registry)
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._relay = (
+            Relay(
+                self.engine,
+                amqp_url,
+                registry=self.registry,
+                connection_name=f"evaluator-relay-{sender}",
+            )
+            if relay
+            else None
+        )
+        self._scheduler = BackgroundScheduler(timezone="UTC")
+        self._scheduler.add_job(
+            self._sweep_job,
+            "interval",
+            seconds=sweep_interval_s,
+            id="sweep",
+            max_instances=1,  # a slow sweep is never run twice at once
+            coalesce=True,  # missed runs collapse into one
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> Evaluator:
+        """Run in background threads until :meth:`stop`."""
+        self._thread = threading.Thread(
+            target=self.run, name=f"evaluator-{self.sender}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def __enter__(self) -> Evaluator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def run(self) -> None:
+        """Consume the ack queue in this thread until :meth:`stop` (or SIGTERM in the CLI)."""
+        if self._relay is not None:
+            self._relay.start()
+        self._scheduler.start()
+        backoff = 0.2
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._consume()
+                    backoff = 0.2
+                except (BrokerError, pika.exceptions.AMQPError) as exc:
+                    log.warning("ack queue unavailable (%s); retrying in %.1fs", exc, backoff)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, 10.0)
+        finally:
+            self._scheduler.shutdown(wait=True)
+            if self._relay is not None:
+                self._relay.stop()
+
+    # -- intake -------------------------------------------------------------------------
+
+    def _consume(self) -> None:
+        connection = connect(self.amqp_url, name=f"condmsg-evaluator-{self.sender}")
+        try:
+            channel = connection.channel()
+            queue = p.ack_queue(self.sender)
+            declare_service_queue(channel, queue)
+            declare_service_queue(channel, p.dead_letter_queue(self.sender))
+            declare_service_queue(channel, p.outcome_queue(self.sender))
+            channel.basic_qos(prefetch_count=self.prefetch)
+            batch: list[tuple[int, bytes]] = []
+            for method, _props, body in channel.consume(queue, inactivity_timeout=0.02):
+                if method is not None:
+                    batch.append((int(method.delivery_tag or 0), body or b""))
+                if batch and (method is None or len(batch) >= self.batch_size):
+                    self._process(channel, batch)
+                    batch = []
+                if self._stop.is_set():
+                    break
+            if batch:  # stopped mid-batch: hand them back for another instance
+                channel.basic_nack(batch[-1][0], multiple=True, requeue=True)
+            channel.cancel()
+        finally:
+            if connection.is_open:
+                connection.close()
+
+    def _process(self, channel: Any, batch: list[tuple[int, bytes]]) -> None:
+        """Store and decide one batch in one transaction; ack the batch only after commit."""
+        last_tag = batch[-1][0]
+        try:
+            decided = self.process_bodies([body for _, body in batch])
+        except Exception:
+            log.exception("batch of %d acks failed; requeued", len(batch))
+            channel.basic_nack(last_tag, multiple=True, requeue=True)
+            time.sleep(0.5)
+            return
+        channel.basic_ack(last_tag, multiple=True)
+        if decided and self._relay is not None:
+            self._relay.wake()
+
+    def process_bodies(self, bodies: list[bytes]) -> int:
+        """Ingest ack bodies and decide what they settle; returns how many CMs were decided."""
+        now = self._clock()
+        with Session(self.engine) as session, session.begin():
+            intake = ingest(session, bodies, sender=self.sender, secret=self.secret, now=now)
+            result = decisions.judge(
+                session, intake.touched, now=now, ack_grace=self.ack_grace, instance=self.instance
+            )
+        self.metrics.observe_intake(intake)
+        self.metrics.observe_decisions(result.outcomes)
+        return len(result.outcomes)
+
+    # -- deadline sweeps ------------------------------------------------------------------
+
+    def _sweep_job(self) -> None:
+        try:
+            self.sweep()
+        except Exception:
+            log.exception("deadline sweep failed; the next run retries")
+
+    def sweep(self) -> int:
+        """Decide or reschedule every CM whose next check is due; returns decisions made."""
+        decided = 0
+        while True:
+            now = self._clock()
+            with Session(self.engine) as session, session.begin():
+                ids = store.claim_due(session, now, self.sweep_batch)
+                if not ids:
+                    break
+                cms = store.load_cms(session, ids)
+                result = decisions.judge(
+                    session, cms, now=now, ack_grace=self.ack_grace, instance=self.instance
+                )
+            self.metrics.observe_decisions(result.outcomes)
+            decided += len(result.outcomes)
+            if len(ids) < self.sweep_batch:
+                break
+        if decided and self._relay is not None:
+            self._relay.wake()
+        return decided

@@ -1,0 +1,174 @@
+"""The evaluator's queries over the sender store (``condmsg.sender_tables``).
+
+Every function takes the caller's session and never commits: the service stores a batch of
+acks, decides, and writes the outcome actions to the outbox in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from condmsg import sender_tables as t
+from condmsg.acks import Ack, AckKind
+from condmsg.conditions import Condition
+
+
+@lru_cache(maxsize=4096)
+def parse_condition(document: str) -> Condition:
+    """Conditions repeat across CMs of one shape; decoding each once is enough."""
+    return Condition.from_json(document)
+
+
+@dataclass(frozen=True, slots=True)
+class CmRow:
+    cm_id: str
+    sender: str
+    sent_at: datetime
+    condition: Condition
+    state: str
+    notify_success: bool
+    effective_at: datetime | None
+
+    @classmethod
+    def of(cls, row: Any) -> CmRow:
+        return cls(
+            cm_id=row.cm_id,
+            sender=row.sender,
+            sent_at=_utc(row.sent_at),
+            condition=parse_condition(row.condition_json),
+            state=row.state,
+            notify_success=row.notify_success,
+            effective_at=_utc(row.effective_at) if row.effective_at is not None else None,
+        )
+
+
+def _utc(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes; everything condmsg stores is UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _dialect_insert(session: Session) -> Any:
+    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+
+
+def load_cms(session: Session, cm_ids: Iterable[str], *, lock: bool = False) -> dict[str, CmRow]:
+    """The CM rows for ``cm_ids``. With ``lock`` (PostgreSQL), rows are locked ``FOR UPDATE``
+    in id order, so that two instances deciding overlapping batches queue behind each other
+    instead of deadlocking."""
+    ids = sorted(set(cm_ids))
+    if not ids:
+        return {}
+    query = sa.select(t.cms).where(t.cms.c.cm_id.in_(ids)).order_by(t.cms.c.cm_id)
+    if lock and session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    return {row.cm_id: CmRow.of(row) for row in session.execute(query)}
+
+
+def copies_of(session: Session, cm_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Per CM, its copies by destination name."""
+    ids = list(set(cm_ids))
+    found: dict[str, dict[str, Any]] = defaultdict(dict)
+    if ids:
+        for row in session.execute(sa.select(t.copies).where(t.copies.c.cm_id.in_(ids))):
+            found[row.cm_id][row.destination] = row
+    return found
+
+
+def insert_acks(session: Session, rows: Sequence[dict[str, Any]]) -> set[str]:
+    """Store acks idempotently; returns the ack ids this call inserted (the rest were
+    already stored: duplicates)."""
+    if not rows:
+        return set()
+    stmt = (
+        _dialect_insert(session)(t.acks)
+        .values(list(rows))
+        .on_conflict_do_nothing(index_elements=[t.acks.c.ack_id])
+        .returning(t.acks.c.ack_id)
+    )
+    return {r.ack_id for r in session.execute(stmt)}
+
+
+def counted_acks(session: Session, cm_ids: Iterable[str]) -> dict[str, list[Ack]]:
+    """The acks that count for each CM (stored before its decision)."""
+    ids = list(set(cm_ids))
+    found: dict[str, list[Ack]] = defaultdict(list)
+    if not ids:
+        return found
+    query = sa.select(t.acks).where(
+        t.acks.c.cm_id.in_(ids), t.acks.c.status == t.AckStatus.COUNTED.value
+    )
+    for row in session.execute(query):
+        found[row.cm_id].append(
+            Ack(
+                destination=row.destination,
+                kind=AckKind(row.kind),
+                read_at=_utc(row.read_at),
+                committed_at=_utc(row.committed_at) if row.committed_at else None,
+                recipient=row.recipient,
+            )
+        )
+    return found
+
+
+def decide(session: Session, cm_id: str, values: dict[str, Any]) -> bool:
+    """Record a verdict exactly once: a conditional UPDATE on the pending row.
+
+    Of two evaluator instances racing on one CM, the second matches no row and loses
+    cleanly (it rolls nothing back; its outcome actions are simply not written).
+    """
+    result = session.execute(
+        sa.update(t.cms)
+        .where(t.cms.c.cm_id == cm_id, t.cms.c.state == t.CmState.PENDING.value)
+        .values(**values)
+        .returning(t.cms.c.cm_id)
+    )
+    return result.first() is not None
+
+
+def set_next_check(session: Session, cm_id: str, at: datetime | None) -> None:
+    session.execute(
+        sa.update(t.cms)
+        .where(t.cms.c.cm_id == cm_id, t.cms.c.state == t.CmState.PENDING.value)
+        .values(next_check_at=at)
+    )
+
+
+def claim_due(session: Session, now: datetime, limit: int) -> list[str]:
+    """Pending CMs whose next check is due, served by the partial index on next_check_at.
+
+    ``FOR UPDATE SKIP LOCKED`` (PostgreSQL) lets several instances sweep at once without
+    waiting for each other: each takes the due CMs nobody else holds.
+    """
+    query = (
+        sa.select(t.cms.c.cm_id)
+        .where(t.cms.c.state == t.CmState.PENDING.value, t.cms.c.next_check_at <= now)
+        .order_by(t.cms.c.next_check_at)
+        .limit(limit)
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    return [row.cm_id for row in session.execute(query)]
+
+
+def record_anomalies(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    if rows:
+        session.execute(sa.insert(t.anomalies), list(rows))
+
+
+def compensations_of(session: Session, cm_id: str) -> list[Any]:
+    return list(session.execute(sa.select(t.compensations).where(t.compensations.c.cm_id == cm_id)))
+
+
+def release_compensations(session: Session, cm_id: str, at: datetime) -> None:
+    session.execute(
+        sa.update(t.compensations).where(t.compensations.c.cm_id == cm_id).values(released_at=at)
+    )

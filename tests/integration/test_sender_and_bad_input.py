@@ -1,0 +1,288 @@
+"""Sender transactions, payload types, Message Sequences and bad input at the receiver."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pika
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from condmsg import ConditionError, Destination, DestinationSet
+from condmsg import protocol as p
+from condmsg import sender_tables as t
+from condmsg.protocol import MessageKind
+
+from .condmsg_helpers import SECRET, get_all, publish_copy, wait_for
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
+
+
+def _name(unique_name: str) -> str:
+    return unique_name.replace(".", "-")
+
+
+def _relay(endpoint: Any) -> None:
+    with endpoint.relay() as relay:
+        relay.drain(10)
+
+
+def test_a_sender_transaction_that_rolls_back_sends_nothing(
+    pg_url: str, unique_name: str, make_sender: Any, channel: Any
+) -> None:
+    sender = make_sender(pg_url, _name(unique_name))
+    queue = f"{unique_name}.q"
+    with Session(sender.engine) as session:
+        session.begin()
+        sender.send(b"x", Destination(queue, pickup_within=timedelta(seconds=9)), session=session)
+        session.rollback()
+    _relay(sender)
+    assert get_all(channel, queue, settle_s=0.2) == []
+    with sender.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(t.cms)).scalar_one() == 0
+
+    with Session(sender.engine) as session, session.begin():
+        cm_id = sender.send(
+            b"y", Destination(queue, pickup_within=timedelta(seconds=9)), session=session
+        )
+    _relay(sender)
+    arrived = get_all(channel, queue)
+    assert [props.correlation_id for props, _ in arrived] == [cm_id]
+
+
+def test_send_records_cm_copies_and_compensations_and_fans_out(
+    db_url: str, unique_name: str, make_sender: Any, make_receiver: Any, channel: Any
+) -> None:
+    name = _name(unique_name)
+    sender = make_sender(db_url, name)
+    queues = [f"{unique_name}.q{i}" for i in range(3)]
+    condition = DestinationSet(
+        *(Destination(q) for q in queues),
+        pickup_within=timedelta(seconds=30),
+        min_pickup=2,
+        priority=4,
+    )
+    cm_id = sender.send({"meeting": "Tuesday"}, condition, compensation="meeting cancelled")
+    with sender.engine.connect() as conn:
+        cm = conn.execute(sa.select(t.cms)).one()
+        copies = conn.execute(sa.select(t.copies).order_by(t.copies.c.destination)).all()
+        comps = conn.execute(sa.select(t.compensations)).all()
+    assert (cm.cm_id, cm.state, cm.sender) == (cm_id, "pending", name)
+    assert cm.evaluation_deadline - cm.sent_at == timedelta(seconds=30)
+    assert [c.destination for c in copies] == queues
+    assert {c.body for c in comps} == {b"meeting cancelled"}
+    _relay(sender)
+    receiver = make_receiver(db_url)
+    for queue in queues:
+        message = receiver.read(queue, timeout=5)
+        assert message is not None
+        assert message.payload == {"meeting": "Tuesday"}
+        assert message.headers[p.H_REQUIRES] == "pickup"
+        assert p.verify_token(SECRET, message.headers[p.H_TOKEN], cm_id, queue, None)
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [(b"\x00\x01", b"\x00\x01"), ("grüße", "grüße"), ([1, {"a": None}], [1, {"a": None}])],
+)
+def test_payload_types_round_trip(
+    sqlite_url: str,
+    unique_name: str,
+    make_sender: Any,
+    make_receiver: Any,
+    payload: Any,
+    expected: Any,
+) -> None:
+    sender = make_sender(sqlite_url, _name(unique_name))
+    queue = f"{unique_name}.q"
+    sender.send(payload, Destination(queue, pickup_within=timedelta(seconds=30)))
+    _relay(sender)
+    message = make_receiver(sqlite_url).read(queue, timeout=5)
+    assert message is not None
+    assert message.payload == expected
+
+
+def test_send_rejects_bad_conditions_and_reserved_headers(
+    sqlite_url: str, unique_name: str, make_sender: Any
+) -> None:
+    sender = make_sender(sqlite_url, _name(unique_name))
+    with pytest.raises(ConditionError, match="no pickup_within or process_within"):
+        sender.send(b"x", Destination("q"))
+    with pytest.raises(ConditionError, match="must be a Destination or DestinationSet"):
+        sender.send(b"x", "q")  # type: ignore[arg-type]
+    with pytest.raises(p.ProtocolError, match="condmsg- prefix is reserved"):
+        sender.send(
+            b"x",
+            Destination("q", pickup_within=timedelta(seconds=1)),
+            headers={"condmsg-kind": "x"},
+        )
+    with pytest.raises(p.ProtocolError, match="JSON-serialisable"):
+        sender.send(object(), Destination("q", pickup_within=timedelta(seconds=1)))
+    with sender.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(t.cms)).scalar_one() == 0
+
+
+def test_a_10_mib_payload_round_trips_as_a_sequence_through_two_competing_consumers(
+    pg_url: str, unique_name: str, make_sender: Any, make_receiver: Any, channel: Any
+) -> None:
+    name = _name(unique_name)
+    sender = make_sender(pg_url, name)
+    queue = f"{unique_name}.q"
+    payload = os.urandom(10 * 1024 * 1024)
+    cm_id = sender.send(payload, Destination(queue, process_within=timedelta(seconds=60)))
+    with sender.engine.connect() as conn:
+        assert conn.execute(sa.select(t.copies.c.parts)).scalar_one() == 10
+    consumers = [make_receiver(pg_url, f"worker-{i}", poll_interval_s=0.01) for i in (1, 2)]
+    for consumer in consumers:
+        consumer._broker.ensure_queue(queue)
+    got: list[Any] = []
+    stop = threading.Event()
+
+    def work(receiver: Any) -> None:
+        while not stop.is_set():
+            with receiver.transaction() as tx:
+                message = tx.read(queue, timeout=0.2)
+                if message is not None:
+                    got.append(message)
+
+    threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in consumers]
+    for thread in threads:
+        thread.start()
+    _relay(sender)
+    wait_for(lambda: got, timeout=60)
+    stop.set()
+    for thread in threads:
+        thread.join(10)
+    assert len(got) == 1
+    assert (got[0].cm_id, got[0].payload) == (cm_id, payload)
+    assert sum(c.stats.parts for c in consumers) == 10
+    assert all(c.stats.parts > 0 for c in consumers), [c.stats.parts for c in consumers]
+    for consumer in consumers:
+        _relay(consumer)
+    acks = [p.AckMessage.from_json(body) for _, body in get_all(channel, p.ack_queue(name))]
+    assert [(a.cm_id, a.kind.value) for a in acks] == [(cm_id, "commit")]
+
+
+def test_an_incomplete_sequence_goes_to_the_invalid_queue_after_the_timeout(
+    sqlite_url: str, unique_name: str, make_receiver: Any, channel: Any
+) -> None:
+    receiver = make_receiver(sqlite_url, sequence_timeout=timedelta(seconds=1))
+    queue = f"{unique_name}.q"
+    receiver._broker.ensure_queue(queue)
+    publish_copy(
+        channel,
+        cm_id=str(uuid.uuid4()),
+        condition=Destination(queue, pickup_within=timedelta(seconds=30)),
+        sender="s",
+        sent_at=datetime.now(UTC),
+        body=b"a" * 30,
+        part_bytes=10,
+    )
+    # Only parts 0 and 1 of 3 arrive: drop part 2 from the queue first.
+    arrived = get_all(channel, queue)
+    assert len(arrived) == 3
+    for props, body in arrived:
+        if props.headers[p.H_SEQ_POS] != 2:
+            channel.basic_publish(
+                "", queue, body, pika.BasicProperties(headers=props.headers, reply_to="r")
+            )
+    assert receiver.read(queue, timeout=0.5) is None
+    assert receiver.stats.parts == 2
+    moved = wait_for(
+        lambda: receiver.read(queue, timeout=0.3) or get_all(channel, receiver.invalid_queue),
+        timeout=15,
+    )
+    assert len(moved) == 2
+    assert all("incomplete sequence" in props.headers[p.H_REASON] for props, _ in moved)
+
+
+def _condmsg_headers(**overrides: Any) -> dict[str, Any]:
+    headers: dict[str, Any] = {
+        p.H_VERSION: p.PROTOCOL_VERSION,
+        p.H_KIND: "original",
+        p.H_CM_ID: str(uuid.uuid4()),
+        p.H_DESTINATION: "d",
+        p.H_SENDER: "s",
+        p.H_SENT_AT: "2026-11-21T10:00:00.000000Z",
+        p.H_TOKEN: "0" * 64,
+    }
+    headers.update(overrides)
+    return {k: v for k, v in headers.items() if v is not None}
+
+
+@pytest.mark.parametrize(
+    ("headers", "content_type", "body", "reason"),
+    [
+        (_condmsg_headers(**{p.H_KIND: None}), None, b"x", "missing header condmsg-kind"),
+        (_condmsg_headers(**{p.H_KIND: "gossip"}), None, b"x", "unknown condmsg-kind"),
+        (_condmsg_headers(**{p.H_SENT_AT: "yesterday"}), None, b"x", "not an ISO-8601"),
+        (_condmsg_headers(**{p.H_TOKEN: "forged"}), None, b"x", "64-digit hex"),
+        (_condmsg_headers(**{p.H_VERSION: 99}), None, b"x", "unsupported condmsg-version"),
+        (_condmsg_headers(), "application/json", b"{not json", "does not decode"),
+        (
+            _condmsg_headers(**{p.H_SEQ_ID: "s1", p.H_SEQ_POS: 5, p.H_SEQ_SIZE: 3}),
+            None,
+            b"x",
+            "sequence position 5 of size 3",
+        ),
+    ],
+)
+def test_malformed_messages_go_to_the_invalid_queue_with_the_reason(
+    sqlite_url: str,
+    unique_name: str,
+    make_receiver: Any,
+    channel: Any,
+    headers: dict[str, Any],
+    content_type: str | None,
+    body: bytes,
+    reason: str,
+) -> None:
+    receiver = make_receiver(sqlite_url)
+    queue = f"{unique_name}.q"
+    receiver._broker.ensure_queue(queue)
+    channel.basic_publish(
+        "",
+        queue,
+        body,
+        pika.BasicProperties(headers=headers, content_type=content_type, reply_to="acks"),
+    )
+    channel.basic_publish("", queue, b"fine")  # the receiver keeps going after it
+    message = wait_for(lambda: receiver.read(queue, timeout=0.5))
+    assert message.payload == b"fine"
+    moved = get_all(channel, receiver.invalid_queue)
+    assert len(moved) == 1
+    props, moved_body = moved[0]
+    assert moved_body == body
+    assert reason in props.headers[p.H_REASON]
+    assert props.headers["condmsg-original-queue"] == queue
+    assert receiver.stats.invalid == 1
+
+
+def test_a_receiver_with_the_secret_rejects_a_forged_copy(
+    sqlite_url: str, unique_name: str, make_receiver: Any, channel: Any
+) -> None:
+    receiver = make_receiver(sqlite_url, secret=SECRET)
+    queue = f"{unique_name}.q"
+    receiver._broker.ensure_queue(queue)
+    forged = _condmsg_headers(**{p.H_DESTINATION: queue, p.H_TOKEN: "ab" * 32})
+    channel.basic_publish("", queue, b"x", pika.BasicProperties(headers=forged, reply_to="a"))
+    publish_copy(
+        channel,
+        cm_id=str(uuid.uuid4()),
+        condition=Destination(queue, pickup_within=timedelta(seconds=30)),
+        sender="s",
+        sent_at=datetime.now(UTC),
+        body=b"genuine",
+    )
+    message = wait_for(lambda: receiver.read(queue, timeout=0.5))
+    assert message.kind is MessageKind.ORIGINAL
+    assert message.payload == b"genuine"
+    moved = get_all(channel, receiver.invalid_queue)
+    assert [props.headers[p.H_REASON] for props, _ in moved] == [
+        "bad token: the copy's HMAC does not verify"
+    ]

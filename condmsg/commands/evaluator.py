@@ -1,0 +1,68 @@
+"""``condmsg evaluator``: run the evaluator service for one sender until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+from condmsg.settings import Settings
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "evaluator", help="decide conditional messages of a sender (acks, timeouts, outcomes)"
+    )
+    parser.add_argument("--sender", required=True, help="the sender name whose acks to consume")
+    parser.add_argument("--ack-grace-ms", type=int, help="default: CONDMSG_ACK_GRACE_MS or 250")
+    parser.add_argument("--sweep-interval", type=float, default=1.0, help="seconds")
+    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics here")
+    parser.add_argument(
+        "--no-relay", action="store_true", help="do not publish the outbox (run `condmsg relay`)"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from evaluator.service import Evaluator
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("pika").setLevel(logging.WARNING)
+    settings = Settings.from_env()
+    grace = (
+        timedelta(milliseconds=args.ack_grace_ms)
+        if args.ack_grace_ms is not None
+        else settings.ack_grace
+    )
+    service = Evaluator(
+        amqp_url=settings.amqp_url,
+        db_url=settings.db_url,
+        sender=args.sender,
+        secret=settings.secret,
+        ack_grace=grace,
+        sweep_interval_s=args.sweep_interval,
+        batch_size=args.batch_size,
+        relay=not args.no_relay,
+    )
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, registry=service.registry)
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    service.start()
+    stopping.wait()
+    # Graceful: the batch in hand is finished and acked (or handed back), then the relay
+    # and the scheduler stop.
+    service.stop()
+    return 0

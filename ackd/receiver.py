@@ -52,6 +52,8 @@ Handler = Callable[[Message, Session | None], None]
 #: PostgreSQL SQLSTATEs: a detected deadlock, a lock wait cut by ``lock_timeout``.
 DEADLOCK_DETECTED = "40P01"
 LOCK_NOT_AVAILABLE = "55P03"
+#: How often a reader looks for complete sequences in the store regardless (seconds).
+STORE_RECHECK_S = 2.0
 #: How long a side transaction of a transactional read waits for an RLOG row.
 LOCK_TIMEOUT_MS = 2000
 
@@ -145,6 +147,7 @@ class Receiver:
             amqp_url, name=f"condmsg-receiver-{recipient}", invalid_queue=invalid_queue
         )
         self._maybe_sequences = True
+        self._next_store_check = 0.0
         self._next_expiry_check = 0.0
         metadata.create_all(self.engine)
         create_outbox_tables(self.engine)
@@ -295,6 +298,10 @@ class Receiver:
         while True:
             if tx is None:
                 self._expire_sequences()  # rate-limited; parts may be stored by anyone
+            if time.monotonic() >= self._next_store_check:
+                # Safety net: other consumers' commits can complete a sequence too.
+                self._maybe_sequences = True
+                self._next_store_check = time.monotonic() + STORE_RECHECK_S
             if self._maybe_sequences:
                 message = self._from_store(queue, tx)
                 if message is not None:
@@ -536,6 +543,10 @@ class Receiver:
                         receiver=self.receiver_id,
                     )
             tx.session.commit()
+            if any(t.inbound.seq_id is not None for t in tx.taken):
+                # Parts stored by this transaction are visible now: the sequence may be
+                # complete (another consumer's check may have run before this commit).
+                self._maybe_sequences = True
         except BaseException as exc:
             self._rollback(tx, exc)
             raise

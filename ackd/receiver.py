@@ -334,7 +334,14 @@ class Receiver:
         except InvalidMessage as exc:
             self._invalid(delivery, str(exc))
             return None
-        if tx is not None and props.message_id and self._exhausted(tx, props.message_id, delivery):
+        # Attempts are counted only when a rollback requeues, so a first delivery has none:
+        # skip the lookup (a database round trip per message).
+        if (
+            tx is not None
+            and delivery.redelivered
+            and props.message_id
+            and self._exhausted(tx, props.message_id, delivery)
+        ):
             return None
         incoming = _Incoming(
             queue=delivery.queue,

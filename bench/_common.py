@@ -11,10 +11,12 @@ import json
 import math
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 
 @dataclass(slots=True)
@@ -63,3 +65,28 @@ def log(message: str) -> None:
 def emit_result(benchmark: str, figures: dict[str, Any]) -> None:
     """Print the one final JSON line: ``{"benchmark": name, ...figures}``."""
     print(json.dumps({"benchmark": benchmark, **figures}, sort_keys=True), flush=True)
+
+
+@contextmanager
+def fresh_pg_schema(pg_url: str, prefix: str = "bench") -> Iterator[str]:
+    """A SQLAlchemy URL whose ``search_path`` is a new schema, dropped afterwards."""
+    import sqlalchemy as sa  # here, so helpers that need no database import no driver
+
+    schema = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    sep = "&" if "?" in pg_url else "?"
+    try:
+        yield f"{pg_url}{sep}options={quote(f'-csearch_path={schema}')}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def psycopg_conninfo(sa_url: str) -> str:
+    """The libpq conninfo of a ``postgresql+psycopg://`` URL (for plain psycopg baselines)."""
+    import sqlalchemy as sa
+
+    return sa.make_url(sa_url).set(drivername="postgresql").render_as_string(False)

@@ -1,0 +1,527 @@
+"""Send and receive benchmark: conditional messages next to raw pika + PostgreSQL.
+
+(a) Send: ``Sender.send()`` to 1 and to 4 destinations, one PostgreSQL transaction per
+    send, from ``--senders`` threads, with the sender's outbox relay running in the
+    background; throughput = copies that reached the destination queues per second, from
+    the first send until every copy is in RabbitMQ (passive ``queue_declare`` counts).
+    Also a batched variant: ``--batch`` sends share one caller session (``session=``).
+    Raw baseline: a bare pika SelectConnection publishing the same number of messages,
+    with the properties and headers of a real copy, to the same queues with the relay's
+    confirm window (batch 500 x 4 in flight). Target: CM / raw >= 0.5.
+(b) Receive: a ``Receiver`` with a PostgreSQL store handles copies one transaction each,
+    inserting one app row; measured both as ``consume(transactional=True)`` and as
+    ``transaction()`` + ``tx.read()``. The COMMIT ack is written to the receiver's outbox
+    in the same transaction; the ack relay does not run unless ``--ack-relay`` (the
+    comparison is the consuming side). Raw baseline: pika ``basic_consume`` with the same
+    prefetch, one psycopg transaction (one app row) per message, then ``basic_ack``.
+    Target: the faster CM mode / raw >= 0.7.
+
+Baselines and subjects alternate, ``--rounds`` times; figures are medians over rounds.
+Sender and receiver each get a fresh PostgreSQL schema (dropped afterwards); queues are
+unique to the run and deleted afterwards.
+
+Run: ``python -m bench.send_receive [--cms 2000]`` (env ``CONDMSG_BENCH_PG_URL``,
+``CONDMSG_AMQP_URL``). The last line of stdout is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pika
+import psycopg
+import sqlalchemy as sa
+from pika.adapters.blocking_connection import BlockingChannel
+from pika.adapters.select_connection import SelectConnection
+from sqlalchemy.orm import Session
+
+from ackd.message import Message
+from ackd.receiver import Receiver
+from bench._common import (
+    emit_result,
+    fresh_pg_schema,
+    log,
+    psycopg_conninfo,
+    timed,
+    wait_until,
+)
+from condmsg import Condition, Destination, DestinationSet
+from condmsg import protocol as p
+from condmsg.sender import Sender
+from outbox.relay import Relay
+from outbox.table import DEFAULT_TABLE_NAME
+
+PG_URL = os.environ.get("CONDMSG_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+AMQP_URL = os.environ.get("CONDMSG_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+RELAY_BATCH, RELAY_IN_FLIGHT = 500, 4  # the relay's defaults; the raw publisher's window
+SEND_TARGET, RECEIVE_TARGET = 0.5, 0.7
+PICKUP = timedelta(seconds=60)
+SECRET = b"bench-send-receive-secret"
+
+APP = sa.Table(
+    "bench_app",
+    sa.MetaData(),
+    sa.Column("id", sa.BigInteger(), primary_key=True, autoincrement=True),
+    sa.Column("cm_id", sa.String(36)),
+    sa.Column("body", sa.LargeBinary(), nullable=False),
+)
+RAW_INSERT = "INSERT INTO bench_app (cm_id, body) VALUES (%s, %s)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    cms: int
+    size: int
+    senders: int
+    batch: int
+    receive: int
+    prefetch: int
+    rounds: int
+    ack_relay: bool
+
+
+def parse_args() -> Options:
+    ap = argparse.ArgumentParser(prog="python -m bench.send_receive", description=__doc__)
+    ap.add_argument("--cms", type=int, default=1000, help="CMs per send measurement")
+    ap.add_argument("--size", type=int, default=256, help="payload bytes")
+    ap.add_argument("--senders", type=int, default=4, help="threads calling Sender.send")
+    ap.add_argument("--batch", type=int, default=100, help="sends per session, batched variant")
+    ap.add_argument("--receive", type=int, default=1000, help="messages per receive measurement")
+    ap.add_argument("--prefetch", type=int, default=100, help="consumer prefetch, CM and raw")
+    ap.add_argument("--rounds", type=int, default=3, help="baseline/subject alternations")
+    ap.add_argument("--ack-relay", action="store_true", help="run the ack relay while receiving")
+    a = ap.parse_args()
+    return Options(
+        cms=a.cms,
+        size=a.size,
+        senders=a.senders,
+        batch=a.batch,
+        receive=a.receive,
+        prefetch=a.prefetch,
+        rounds=a.rounds,
+        ack_relay=a.ack_relay,
+    )
+
+
+# -- broker helpers -----------------------------------------------------------------------
+
+
+class Queues:
+    """Depth checks and purges over one admin channel (main thread only)."""
+
+    def __init__(self) -> None:
+        self._conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+        self.channel: BlockingChannel = self._conn.channel()
+
+    def depth(self, queues: Sequence[str]) -> int:
+        return sum(self.channel.queue_declare(q, passive=True).method.message_count for q in queues)
+
+    def wait_depth(self, queues: Sequence[str], expected: int, timeout_s: float = 120) -> None:
+        if not wait_until(lambda: self.depth(queues) >= expected, timeout_s, poll_s=0.005):
+            raise RuntimeError(f"only {self.depth(queues)}/{expected} messages in {queues}")
+
+    def purge(self, queues: Sequence[str]) -> None:
+        for q in queues:
+            self.channel.queue_purge(q)
+
+    def delete(self, queues: Sequence[str]) -> None:
+        for q in queues:
+            self.channel.queue_delete(q)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def raw_publish(
+    queues: Sequence[str], count: int, body: bytes, props: pika.BasicProperties
+) -> float:
+    """Publish ``count`` messages round-robin over ``queues`` with windowed confirms.
+
+    Returns the seconds from the first publish to the last confirm (connection setup is
+    excluded, as the relay's connection is already open when a send measurement starts).
+    """
+    window = RELAY_BATCH * RELAY_IN_FLIGHT
+    confirmed = bytearray(count + 1)  # by delivery tag (1-based)
+    st: dict[str, Any] = {"sent": 0, "acked": 0, "low": 1, "t0": 0.0, "t1": 0.0, "err": None}
+
+    def pump() -> None:
+        channel = st["channel"]
+        while st["sent"] - st["acked"] < window and st["sent"] < count:
+            channel.basic_publish("", queues[st["sent"] % len(queues)], body, props, True)
+            st["sent"] += 1
+
+    def mark(tag: int) -> None:
+        if not confirmed[tag]:
+            confirmed[tag] = 1
+            st["acked"] += 1
+
+    def on_confirm(frame: Any) -> None:
+        method = frame.method
+        if isinstance(method, pika.spec.Basic.Nack):
+            st["err"] = f"nack for delivery tag {method.delivery_tag}"
+            st["conn"].close()
+            return
+        if method.multiple:
+            for tag in range(st["low"], method.delivery_tag + 1):
+                mark(tag)
+        else:
+            mark(method.delivery_tag)
+        while st["low"] <= count and confirmed[st["low"]]:
+            st["low"] += 1
+        if st["acked"] >= count:
+            st["t1"] = time.perf_counter()
+            st["conn"].close()
+        else:
+            pump()
+
+    def on_confirm_mode(_frame: Any) -> None:
+        st["t0"] = time.perf_counter()
+        pump()
+
+    def on_channel(channel: Any) -> None:
+        st["channel"] = channel
+        channel.confirm_delivery(ack_nack_callback=on_confirm, callback=on_confirm_mode)
+
+    conn = SelectConnection(
+        pika.URLParameters(AMQP_URL),
+        on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+        on_close_callback=lambda c, _e: c.ioloop.stop(),
+    )
+    st["conn"] = conn
+    conn.ioloop.start()
+    if st["err"] or not st["t1"]:
+        raise RuntimeError(f"raw publish failed: {st['err'] or 'connection closed early'}")
+    return float(st["t1"] - st["t0"])
+
+
+# -- (a) send -----------------------------------------------------------------------------
+
+
+def run_threads(threads: int, work: Callable[[int], None]) -> None:
+    """Run ``work(k)`` in ``threads`` threads started together; re-raise the first error."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads)
+
+    def body(k: int) -> None:
+        barrier.wait()
+        try:
+            work(k)
+        except BaseException as exc:
+            errors.append(exc)
+
+    pool = [threading.Thread(target=body, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def send_cms(
+    sender: Sender, payload: bytes, cond: Condition, n: int, threads: int, batch: int
+) -> None:
+    """``n`` sends from ``threads`` threads; ``batch`` > 1 shares one session per batch."""
+
+    def work(k: int) -> None:
+        mine = n // threads + (1 if k < n % threads else 0)
+        if batch <= 1:
+            for _ in range(mine):
+                sender.send(payload, cond)
+            return
+        for start in range(0, mine, batch):
+            with Session(sender.engine) as session, session.begin():
+                for _ in range(min(batch, mine - start)):
+                    sender.send(payload, cond, session=session)
+
+    run_threads(threads, work)
+
+
+def cm_send_rate(
+    sender: Sender,
+    admin: Queues,
+    payload: bytes,
+    cond: Condition,
+    queues: Sequence[str],
+    o: Options,
+    batch: int,
+) -> tuple[float, float]:
+    """(copies reaching the queues per second, sends committed per second)."""
+    expected = o.cms * len(queues)
+    with timed() as total:
+        with timed() as sending:
+            send_cms(sender, payload, cond, o.cms, o.senders, batch)
+        admin.wait_depth(queues, expected)
+    admin.purge(queues)
+    return expected / total.seconds, o.cms / sending.seconds
+
+
+def sample_copy(admin: Queues, queue: str) -> pika.BasicProperties:
+    """The properties (headers included) of one real copy waiting in ``queue``."""
+    method, props, _body = admin.channel.basic_get(queue, auto_ack=True)
+    if method is None or props is None:
+        raise RuntimeError(f"no copy in {queue} to take the properties from")
+    return props
+
+
+# -- (b) receive --------------------------------------------------------------------------
+
+
+def fill(sender: Sender, relay: Relay, admin: Queues, payload: bytes, queue: str, n: int) -> None:
+    """Put ``n`` fresh copies in ``queue`` (batched sends, relayed; not timed)."""
+    cond = Destination(queue, pickup_within=PICKUP)
+    for start in range(0, n, 500):
+        with Session(sender.engine) as session, session.begin():
+            for _ in range(min(500, n - start)):
+                sender.send(payload, cond, session=session)
+    relay.drain(timeout_s=120)
+    admin.wait_depth([queue], n)
+
+
+def raw_receive(db_url: str, queue: str, n: int, prefetch: int) -> float:
+    """pika consume + one psycopg transaction (one app row) + basic_ack per message."""
+    db = psycopg.connect(psycopg_conninfo(db_url), autocommit=True)
+    conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    channel = conn.channel()
+    got = 0
+    with timed() as sw:
+        channel.basic_qos(prefetch_count=prefetch)
+        for method, props, body in channel.consume(queue, inactivity_timeout=10):
+            if method is None or props is None or method.delivery_tag is None:
+                break  # inactivity: the queue ran dry early
+            with db.transaction():
+                db.execute(RAW_INSERT, ((props.headers or {}).get(p.H_CM_ID), body))
+            channel.basic_ack(method.delivery_tag)
+            got += 1
+            if got == n:
+                break
+    channel.cancel()
+    conn.close()
+    db.close()
+    if got != n:
+        raise RuntimeError(f"raw consumer got {got}/{n}")
+    return sw.seconds
+
+
+def app_row(message: Message, session: Session | None) -> None:
+    assert session is not None
+    session.execute(sa.insert(APP), [{"cm_id": message.cm_id, "body": message.body}])
+
+
+def cm_consume(receiver: Receiver, queue: str, n: int, prefetch: int) -> float:
+    with timed() as sw:
+        got = receiver.consume(
+            queue,
+            app_row,
+            transactional=True,
+            prefetch=prefetch,
+            max_messages=n,
+            idle_timeout_s=10,
+        )
+    if got != n:
+        raise RuntimeError(f"Receiver.consume handled {got}/{n}")
+    return sw.seconds
+
+
+def cm_transaction_read(receiver: Receiver, queue: str, n: int, _prefetch: int) -> float:
+    with timed() as sw:
+        for i in range(n):
+            with receiver.transaction() as tx:
+                message = tx.read(queue, timeout=10)
+                if message is None:
+                    raise RuntimeError(f"tx.read timed out after {i}/{n}")
+                app_row(message, tx.session)
+    return sw.seconds
+
+
+def count_rows(engine: sa.Engine, table: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+# -- main ---------------------------------------------------------------------------------
+
+
+def ratio_line(label: str, subject: float, raw: float, target: float, unit: str) -> None:
+    print(
+        f"{label}: {subject:,.0f} {unit}, raw {raw:,.0f} {unit}, "
+        f"ratio {subject / raw:.2f} (target >= {target})"
+    )
+
+
+@dataclass(slots=True, kw_only=True)
+class Bench:
+    """What the measurements share: options, the admin channel, the sender and its relay."""
+
+    o: Options
+    admin: Queues
+    sender: Sender
+    relay: Relay
+    payload: bytes
+    dests: list[str]
+    rx: str
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, key: str, value: float) -> None:
+        self.samples.setdefault(key, []).append(value)
+
+
+def measure_send(b: Bench) -> None:
+    """Per round and fan-out: raw publish, then CM sends one per transaction, then batched."""
+    o, admin, dests = b.o, b.admin, b.dests
+    one: Condition = Destination(dests[0], pickup_within=PICKUP)
+    four: Condition = DestinationSet(*(Destination(q) for q in dests), pickup_within=PICKUP)
+    log("warming up (declares queues, connects the relay) ...")
+    for cond in (one, four):
+        send_cms(b.sender, b.payload, cond, 50, 1, 1)
+    b.relay.drain(timeout_s=60)
+    admin.wait_depth(dests, 250)
+    props = sample_copy(admin, dests[0])  # the raw publisher sends copies of a real copy
+    admin.purge(dests)
+    for r in range(o.rounds):
+        log(f"send round {r + 1}/{o.rounds} ...")
+        for cond, queues in ((one, dests[:1]), (four, dests)):
+            k, total = len(queues), o.cms * len(queues)
+            raw_s = raw_publish(queues, total, b.payload, props)
+            admin.wait_depth(queues, total)
+            admin.purge(queues)
+            b.add(f"raw{k}", total / raw_s)
+            for variant, batch in (("cm", 1), ("batched", o.batch)):
+                rate, commits = cm_send_rate(b.sender, admin, b.payload, cond, queues, o, batch)
+                b.add(f"{variant}{k}", rate)
+                b.add(f"{variant}_commits{k}", commits)
+
+
+def measure_receive(b: Bench, rcv_url: str, recipient: str) -> int:
+    """Per round and mode: raw consume, then the CM mode; returns the acks written."""
+    o, rx = b.o, b.rx
+    receiver = Receiver(amqp_url=AMQP_URL, db_url=rcv_url, recipient=recipient, secret=SECRET)
+    APP.metadata.create_all(receiver.engine)
+    ack_relay = receiver.start_relay() if o.ack_relay else None
+    modes: dict[str, Callable[[Receiver, str, int, int], float]] = {
+        "consume": cm_consume,
+        "transaction_read": cm_transaction_read,
+    }
+    try:
+        log("warming up the receiver ...")
+        fill(b.sender, b.relay, b.admin, b.payload, rx, 100)
+        cm_consume(receiver, rx, 50, o.prefetch)
+        cm_transaction_read(receiver, rx, 50, o.prefetch)
+        acks_before = count_rows(receiver.engine, DEFAULT_TABLE_NAME)
+        for r in range(o.rounds):
+            log(f"receive round {r + 1}/{o.rounds} ...")
+            for mode, measure in modes.items():
+                fill(b.sender, b.relay, b.admin, b.payload, rx, o.receive)
+                b.add(f"raw_{mode}", o.receive / raw_receive(rcv_url, rx, o.receive, o.prefetch))
+                fill(b.sender, b.relay, b.admin, b.payload, rx, o.receive)
+                b.add(mode, o.receive / measure(receiver, rx, o.receive, o.prefetch))
+        if ack_relay is not None:
+            ack_relay.drain(timeout_s=60)
+            return -1  # relayed acks leave the outbox: not counted there
+        return count_rows(receiver.engine, DEFAULT_TABLE_NAME) - acks_before
+    finally:
+        if ack_relay is not None:
+            ack_relay.stop()
+        receiver.close()
+        receiver.engine.dispose()
+
+
+def main() -> None:
+    o = parse_args()
+    run = uuid.uuid4().hex[:8]
+    name = f"bench-sr-{run}"
+    dests = [f"bench.sr.{run}.d{i}" for i in range(4)]
+    rx = f"bench.sr.{run}.rx"
+    service = [p.ack_queue(name), p.outcome_queue(name), p.dead_letter_queue(name)]
+    admin = Queues()
+    try:
+        with (
+            fresh_pg_schema(PG_URL, "bench_snd") as snd_url,
+            fresh_pg_schema(PG_URL, "bench_rcv") as rcv_url,  # the receiver's own store
+        ):
+            sender = Sender(amqp_url=AMQP_URL, db_url=snd_url, name=name, secret=SECRET)
+            relay = sender.relay(batch_size=RELAY_BATCH, max_batches_in_flight=RELAY_IN_FLIGHT)
+            b = Bench(
+                o=o,
+                admin=admin,
+                sender=sender,
+                relay=relay,
+                payload=os.urandom(o.size),
+                dests=dests,
+                rx=rx,
+            )
+            try:
+                with relay:
+                    measure_send(b)
+                    acks_written = measure_receive(b, rcv_url, f"bench-{run}")
+            finally:
+                sender.engine.dispose()
+    finally:
+        admin.delete([*dests, rx, *service])
+        admin.close()
+    report(o, b.samples, acks_written)
+
+
+def report(o: Options, samples: dict[str, list[float]], acks_written: int) -> None:
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    figures: dict[str, Any] = {
+        "cms": o.cms,
+        "payload_bytes": o.size,
+        "senders": o.senders,
+        "batch": o.batch,
+        "receive_messages": o.receive,
+        "prefetch": o.prefetch,
+        "rounds": o.rounds,
+        "ack_relay_running": o.ack_relay,
+        "send_ratio_target": SEND_TARGET,
+        "receive_ratio_target": RECEIVE_TARGET,
+    }
+    for k in ("1", "4"):
+        raw = med[f"raw{k}"]
+        for variant, label in (("cm", "one transaction per send"), ("batched", "batched")):
+            rate = med[f"{variant}{k}"]
+            ratio = rate / raw
+            ratio_line(f"send to {k} dest, {label}", rate, raw, SEND_TARGET, "copies/s")
+            prefix = f"send_{k}dest" + ("" if variant == "cm" else "_batched")
+            figures |= {
+                f"{prefix}_copies_per_s": round(rate, 1),
+                f"{prefix}_sends_committed_per_s": round(med[f"{variant}_commits{k}"], 1),
+                f"{prefix}_ratio": round(ratio, 3),
+                f"{prefix}_ok": ratio >= SEND_TARGET,
+            }
+        figures[f"send_{k}dest_raw_msgs_per_s"] = round(raw, 1)
+    # One raw receive baseline: the samples taken next to either mode are the same work.
+    raw_rx = statistics.median(samples["raw_consume"] + samples["raw_transaction_read"])
+    for mode in ("consume", "transaction_read"):
+        ratio_line(f"receive, {mode}", med[mode], raw_rx, RECEIVE_TARGET, "msg/s")
+        figures |= {
+            f"receive_{mode}_msgs_per_s": round(med[mode], 1),
+            f"receive_{mode}_ratio": round(med[mode] / raw_rx, 3),
+        }
+    best_mode = max(("consume", "transaction_read"), key=lambda m: med[m])
+    best_ratio = med[best_mode] / raw_rx
+    figures |= {
+        "receive_raw_msgs_per_s": round(raw_rx, 1),
+        "receive_best_mode": best_mode,
+        "receive_ratio": round(best_ratio, 3),
+        "receive_ok": best_ratio >= RECEIVE_TARGET,
+        "receive_acks_written": acks_written,
+    }
+    print(
+        f"receive: the faster mode is {best_mode}, ratio {best_ratio:.2f}; COMMIT acks written "
+        f"to the receiver's outbox: {acks_written} (ack relay running: {o.ack_relay})"
+    )
+    emit_result("send_receive", figures)
+
+
+if __name__ == "__main__":
+    main()

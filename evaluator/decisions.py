@@ -46,18 +46,20 @@ def judge(
     acks = store.counted_acks(session, pending)
     effective = now - ack_grace
     done = Decided()
+    reschedule: list[tuple[str, datetime | None]] = []
+    verdicts: dict[str, Outcome] = {}
+    rows: list[dict[str, Any]] = []
     for cm_id, cm in pending.items():
         result = evaluate(cm.condition, cm.sent_at, acks.get(cm_id, ()), effective)
         if not result.decided:
             at = result.next_check_at + ack_grace if result.next_check_at else None
-            store.set_next_check(session, cm_id, at)
-            done.rescheduled += 1
+            reschedule.append((cm_id, at))
             continue
         outcome = Outcome.from_result(cm_id, result, decided_at=now, effective_at=effective)
-        won = store.decide(
-            session,
-            cm_id,
+        verdicts[cm_id] = outcome
+        rows.append(
             {
+                "cm_id": cm_id,
                 "state": result.verdict.value,
                 "next_check_at": None,
                 "decided_at": now,
@@ -65,42 +67,56 @@ def judge(
                 "reasons_json": json.dumps(list(result.reasons)),
                 "facts_json": json.dumps(list(outcome.facts)),
                 "decided_by": instance,
-            },
+            }
         )
-        if won:
-            _write_actions(session, cm, outcome, now)
-            done.outcomes.append(outcome)
+    store.set_next_checks(session, reschedule)
+    done.rescheduled = len(reschedule)
+    # One statement per kind for the whole batch, not per CM (round trips dominate).
+    won = store.decide_many(session, rows, instance=instance, decided_at=now)
+    decided = [pending[cm_id] for cm_id in verdicts if cm_id in won]
+    _write_actions(session, decided, verdicts, now)
+    done.outcomes = [verdicts[cm.cm_id] for cm in decided]
     return done
 
 
-def _write_actions(session: Session, cm: store.CmRow, outcome: Outcome, now: datetime) -> None:
-    messages: list[OutboxMessage] = [
-        OutboxMessage(
-            exchange="",
-            routing_key=p.outcome_queue(cm.sender),
-            body=outcome.to_json(),
-            message_id=f"{cm.cm_id}.outcome",
-            correlation_id=cm.cm_id,
-            content_type=OUTCOME_CONTENT_TYPE,
-            message_type=OUTCOME_TYPE,
+def _write_actions(
+    session: Session, cms: list[store.CmRow], outcomes: dict[str, Outcome], now: datetime
+) -> None:
+    if not cms:
+        return
+    copies = store.copies_of(session, [cm.cm_id for cm in cms])
+    failed = [cm.cm_id for cm in cms if outcomes[cm.cm_id].verdict is Verdict.VIOLATED]
+    compensations = store.compensations_of(session, failed)
+    messages: list[OutboxMessage] = []
+    for cm in cms:
+        outcome = outcomes[cm.cm_id]
+        messages.append(
+            OutboxMessage(
+                exchange="",
+                routing_key=p.outcome_queue(cm.sender),
+                body=outcome.to_json(),
+                message_id=f"{cm.cm_id}.outcome",
+                correlation_id=cm.cm_id,
+                content_type=OUTCOME_CONTENT_TYPE,
+                message_type=OUTCOME_TYPE,
+            )
         )
-    ]
-    copies = store.copies_of(session, [cm.cm_id]).get(cm.cm_id, {})
-    if outcome.verdict is Verdict.SATISFIED and cm.notify_success:
-        body = json.dumps({"cm_id": cm.cm_id, "verdict": "satisfied"}).encode()
-        messages += [
-            _notice(p.MessageKind.SUCCESS, cm, copy, body, JSON) for copy in copies.values()
-        ]
-    elif outcome.verdict is Verdict.VIOLATED:
-        # Every destination gets the compensation; the receiver log drops it where the
-        # original was never consumed (and then drops the original too).
-        for row in store.compensations_of(session, cm.cm_id):
-            copy = copies.get(row.destination)
-            if copy is not None:
-                messages.append(
-                    _notice(p.MessageKind.COMPENSATION, cm, copy, row.body, row.content_type)
-                )
-        store.release_compensations(session, cm.cm_id, now)
+        cm_copies = copies.get(cm.cm_id, {})
+        if outcome.verdict is Verdict.SATISFIED and cm.notify_success:
+            body = json.dumps({"cm_id": cm.cm_id, "verdict": "satisfied"}).encode()
+            messages += [
+                _notice(p.MessageKind.SUCCESS, cm, copy, body, JSON) for copy in cm_copies.values()
+            ]
+        elif outcome.verdict is Verdict.VIOLATED:
+            # Every destination gets the compensation; the receiver log drops it where the
+            # original was never consumed (and then drops the original too).
+            for row in compensations.get(cm.cm_id, []):
+                copy = cm_copies.get(row.destination)
+                if copy is not None:
+                    messages.append(
+                        _notice(p.MessageKind.COMPENSATION, cm, copy, row.body, row.content_type)
+                    )
+    store.release_compensations(session, failed, now)
     enqueue_many(session, messages)
 
 

@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
 from condmsg import sender_tables as t
@@ -56,10 +56,6 @@ def _utc(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def _dialect_insert(session: Session) -> Any:
-    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-
-
 def load_cms(session: Session, cm_ids: Iterable[str], *, lock: bool = False) -> dict[str, CmRow]:
     """The CM rows for ``cm_ids``. With ``lock`` (PostgreSQL), rows are locked ``FOR UPDATE``
     in id order, so that two instances deciding overlapping batches queue behind each other
@@ -83,18 +79,42 @@ def copies_of(session: Session, cm_ids: Iterable[str]) -> dict[str, dict[str, An
     return found
 
 
+_ACK_COLUMNS = {
+    "ack_id": "text",
+    "cm_id": "text",
+    "destination": "text",
+    "recipient": "text",
+    "receiver": "text",
+    "kind": "text",
+    "read_at": "timestamptz",
+    "committed_at": "timestamptz",
+    "received_at": "timestamptz",
+    "status": "text",
+}
+
+
 def insert_acks(session: Session, rows: Sequence[dict[str, Any]]) -> set[str]:
     """Store acks idempotently; returns the ack ids this call inserted (the rest were
     already stored: duplicates)."""
     if not rows:
         return set()
-    stmt = (
-        _dialect_insert(session)(t.acks)
+    if session.get_bind().dialect.name == "postgresql":
+        # One array per column: a short statement whatever the batch size (a multi-row
+        # VALUES of a whole batch costs more to build and parse than to execute).
+        arrays = ", ".join(f"CAST(:{c} AS {type_}[])" for c, type_ in _ACK_COLUMNS.items())
+        stmt = sa.text(
+            f"INSERT INTO {t.acks.name} ({', '.join(_ACK_COLUMNS)}) SELECT * FROM unnest({arrays})"
+            " ON CONFLICT (ack_id) DO NOTHING RETURNING ack_id"
+        )
+        params = {c: [row[c] for row in rows] for c in _ACK_COLUMNS}
+        return {r.ack_id for r in session.execute(stmt, params)}
+    insert = (
+        sqlite.insert(t.acks)
         .values(list(rows))
         .on_conflict_do_nothing(index_elements=[t.acks.c.ack_id])
         .returning(t.acks.c.ack_id)
     )
-    return {r.ack_id for r in session.execute(stmt)}
+    return {r.ack_id for r in session.execute(insert)}
 
 
 def counted_acks(session: Session, cm_ids: Iterable[str]) -> dict[str, list[Ack]]:
@@ -119,27 +139,46 @@ def counted_acks(session: Session, cm_ids: Iterable[str]) -> dict[str, list[Ack]
     return found
 
 
-def decide(session: Session, cm_id: str, values: dict[str, Any]) -> bool:
-    """Record a verdict exactly once: a conditional UPDATE on the pending row.
+def decide_many(
+    session: Session, rows: Sequence[dict[str, Any]], *, instance: str, decided_at: datetime
+) -> set[str]:
+    """Record verdicts exactly once: one conditional UPDATE per row (``WHERE state =
+    'pending'``), sent as one executemany; returns the CM ids whose verdict this call wrote.
 
     Of two evaluator instances racing on one CM, the second matches no row and loses
-    cleanly (it rolls nothing back; its outcome actions are simply not written).
+    cleanly (it rolls nothing back; its outcome actions are simply not written). The
+    winners are the rows now carrying this call's ``decided_by`` and ``decided_at``.
     """
-    result = session.execute(
+    if not rows:
+        return set()
+    columns = [c for c in rows[0] if c != "cm_id"]
+    stmt = (
         sa.update(t.cms)
-        .where(t.cms.c.cm_id == cm_id, t.cms.c.state == t.CmState.PENDING.value)
-        .values(**values)
-        .returning(t.cms.c.cm_id)
+        .where(t.cms.c.cm_id == sa.bindparam("b_cm_id"))
+        .where(t.cms.c.state == t.CmState.PENDING.value)
+        .values({c: sa.bindparam(f"b_{c}") for c in columns})
     )
-    return result.first() is not None
+    session.connection().execute(stmt, [{f"b_{k}": v for k, v in row.items()} for row in rows])
+    ids = [row["cm_id"] for row in rows]
+    query = sa.select(t.cms.c.cm_id).where(
+        t.cms.c.cm_id.in_(ids),
+        t.cms.c.decided_by == instance,
+        t.cms.c.decided_at == decided_at,
+    )
+    return {row.cm_id for row in session.execute(query)}
 
 
-def set_next_check(session: Session, cm_id: str, at: datetime | None) -> None:
-    session.execute(
+def set_next_checks(session: Session, rows: Sequence[tuple[str, datetime | None]]) -> None:
+    """Reschedule pending CMs (one executemany)."""
+    if not rows:
+        return
+    stmt = (
         sa.update(t.cms)
-        .where(t.cms.c.cm_id == cm_id, t.cms.c.state == t.CmState.PENDING.value)
-        .values(next_check_at=at)
+        .where(t.cms.c.cm_id == sa.bindparam("b_cm_id"))
+        .where(t.cms.c.state == t.CmState.PENDING.value)
+        .values(next_check_at=sa.bindparam("b_at"))
     )
+    session.connection().execute(stmt, [{"b_cm_id": c, "b_at": at} for c, at in rows])
 
 
 def claim_due(session: Session, now: datetime, limit: int) -> list[str]:
@@ -164,11 +203,22 @@ def record_anomalies(session: Session, rows: Sequence[dict[str, Any]]) -> None:
         session.execute(sa.insert(t.anomalies), list(rows))
 
 
-def compensations_of(session: Session, cm_id: str) -> list[Any]:
-    return list(session.execute(sa.select(t.compensations).where(t.compensations.c.cm_id == cm_id)))
+def compensations_of(session: Session, cm_ids: Iterable[str]) -> dict[str, list[Any]]:
+    """Per CM, its stored compensation rows."""
+    ids = list(set(cm_ids))
+    found: dict[str, list[Any]] = defaultdict(list)
+    if ids:
+        query = sa.select(t.compensations).where(t.compensations.c.cm_id.in_(ids))
+        for row in session.execute(query):
+            found[row.cm_id].append(row)
+    return found
 
 
-def release_compensations(session: Session, cm_id: str, at: datetime) -> None:
-    session.execute(
-        sa.update(t.compensations).where(t.compensations.c.cm_id == cm_id).values(released_at=at)
-    )
+def release_compensations(session: Session, cm_ids: Iterable[str], at: datetime) -> None:
+    ids = list(set(cm_ids))
+    if ids:
+        session.execute(
+            sa.update(t.compensations)
+            .where(t.compensations.c.cm_id.in_(ids))
+            .values(released_at=at)
+        )

@@ -1,0 +1,159 @@
+"""Fixtures for the end-to-end tests: the evaluator and the receivers as separate
+processes (``python -m evaluator``, ``python -m tests.e2e.rx``), stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pika
+import pytest
+
+from condmsg.sender import Sender
+
+T = TypeVar("T")
+
+SECRET = b"e2e-test-secret"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.05) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+@dataclass
+class Procs:
+    """The processes a test started; each is stopped with SIGTERM and must exit 0."""
+
+    amqp_url: str
+    pg_url: str
+    sender: str
+    unique_name: str
+    tmp_path: Path
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def _spawn(
+        self, args: list[str], env: dict[str, str], log_name: str
+    ) -> subprocess.Popen[bytes]:
+        log = (self.tmp_path / log_name).open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        self.started.append(proc)
+        return proc
+
+    def _env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "CONDMSG_DB_URL": self.pg_url,
+            "CONDMSG_AMQP_URL": self.amqp_url,
+            "CONDMSG_SECRET": SECRET.decode(),
+        }
+
+    def evaluator(self, *extra: str) -> subprocess.Popen[bytes]:
+        args = ["-m", "evaluator", "--sender", self.sender, "--sweep-interval", "0.1"]
+        args += ["--ack-grace-ms", "100", *extra]
+        return self._spawn(args, self._env(), f"evaluator-{len(self.started)}.log")
+
+    def relay(self) -> subprocess.Popen[bytes]:
+        """``condmsg relay`` over the sender's store (for evaluators run with --no-relay)."""
+        code = "import sys; from condmsg.cli import main; sys.exit(main(['relay']))"
+        return self._spawn(["-c", code], self._env(), f"relay-{len(self.started)}.log")
+
+    def receiver(self, queue: str, recipient: str, mode: str, go_file: Path | None = None) -> Path:
+        """Start a receiver process on ``queue``; returns the file it records messages in."""
+        n = len(self.started)
+        out = self.tmp_path / f"rx-{n}.jsonl"
+        config = {
+            "amqp_url": self.amqp_url,
+            "db_url": f"sqlite:///{self.tmp_path / f'rx-{n}.db'}",
+            "recipient": recipient,
+            "queue": queue,
+            "mode": mode,
+            "out": str(out),
+            "go_file": str(go_file) if go_file else None,
+            "invalid_queue": f"{self.unique_name}.invalid",
+        }
+        self._spawn(["-m", "tests.e2e.rx", json.dumps(config)], dict(os.environ), f"rx-{n}.log")
+        return out
+
+    def wait_ready(self, outs: list[Path], consumers: int, timeout: float = 60.0) -> None:
+        """Wait until every receiver is up and ``consumers`` evaluators consume acks."""
+        wait_for(lambda: all(o.exists() and o.read_text() for o in outs), timeout)
+        wait_for(lambda: ack_consumers(self.amqp_url, self.sender) >= consumers, timeout)
+
+    def stop(self, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return -9
+
+    def stop_all(self) -> dict[int, int]:
+        """SIGTERM to everything still running; the exit codes by pid."""
+        return {p.pid: self.stop(p) for p in self.started}
+
+
+def ack_consumers(amqp_url: str, sender: str) -> int:
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = connection.channel()
+        try:
+            ok = channel.queue_declare(f"condmsg.{sender}.ack", passive=True)
+        except pika.exceptions.ChannelClosedByBroker:
+            return 0
+        return int(ok.method.consumer_count)
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def records(out: Path) -> list[dict[str, Any]]:
+    """What a receiver process recorded (messages, then stats after it stopped)."""
+    if not out.exists():
+        return []
+    lines = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return [line for line in lines if "ready" not in line]
+
+
+@pytest.fixture
+def procs(amqp_url: str, pg_url: str, unique_name: str, tmp_path: Path) -> Iterator[Procs]:
+    procs = Procs(amqp_url, pg_url, unique_name.replace(".", "-"), unique_name, tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
+
+
+@pytest.fixture
+def make_sender(amqp_url: str) -> Iterator[Callable[..., Sender]]:
+    made: list[Sender] = []
+
+    def factory(db_url: str, name: str, **options: Any) -> Sender:
+        options.setdefault("secret", SECRET)
+        sender = Sender(amqp_url=amqp_url, db_url=db_url, name=name, **options)
+        made.append(sender)
+        return sender
+
+    yield factory
+    for sender in made:
+        sender.engine.dispose()

@@ -1,1 +1,18 @@
-"""spark_audit package."""
+"""Spark audit of condmsg acknowledgment logs (DESIGN section 1, item 6).
+
+Reads a sender store (PostgreSQL through JDBC, or the Parquet layout written by
+``condmsg export``), computes latencies, deadline misses, outcome rates, anomalies, relay
+lag and clock-skew bounds, re-evaluates every decided conditional message with
+``condmsg.evaluate``'s semantics, and writes Parquet detail tables, ``summary.json`` and a
+self-contained ``report.html``.
+
+Importing this package does not import pyspark: ``condmsg export`` (SQLAlchemy + pyarrow)
+and the layout definitions work without a JVM. The Spark entry points live in
+:mod:`spark_audit.job` and :mod:`spark_audit.generate`.
+"""
+
+from __future__ import annotations
+
+from spark_audit.layout import LAYOUT_VERSION, SUMMARY_VERSION, TABLES
+
+__all__ = ["LAYOUT_VERSION", "SUMMARY_VERSION", "TABLES"]

@@ -1,0 +1,180 @@
+"""Benchmark: the full Spark audit against a plain scan + groupBy of the same Parquet.
+
+For each size (acks), generates a synthetic store with ``spark_audit.generate`` (Spark
+itself, not Python loops), then times in the same session:
+
+* the baseline: read the acks Parquet and group it by destination (count, mean relay);
+* the full audit (``run_audit``: every table, re-evaluation, summary, report).
+
+Prints one line per size, the ratios against their targets (audit / baseline <= 3; the
+largest size's audit / the smallest's <= 12 for 10x the acks), and ends with ONE JSON line
+holding every figure.
+
+    .venv/bin/python -m bench.audit_scale                      # 1M and 10M acks
+    .venv/bin/python -m bench.audit_scale --sizes 100000       # a quick run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from bench._common import emit_result, log
+from spark_audit.generate import GenerateSpec, Injected, generate
+from spark_audit.job import AuditOptions, run_audit
+from spark_audit.readers import Window, apply_window, read_parquet
+from spark_audit.session import SessionOptions, build_session
+from spark_audit.templates import default_templates
+
+TARGET_AUDIT_VS_SCAN = 3.0
+TARGET_10X_SCALING = 12.0
+
+
+def acks_per_cm() -> float:
+    """Expected acks per CM for the default template mix (before late drops)."""
+    templates = default_templates()
+    total = sum(t.weight for t in templates)
+    return sum(t.weight / total * len(t.slots()) * t.p_ack for t in templates)
+
+
+def timed(action: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = action()
+    return time.perf_counter() - start, result
+
+
+def baseline(spark: SparkSession, directory: Path) -> int:
+    """A plain scan + groupBy of the acks: the cheapest useful pass over the same data."""
+    acks = spark.read.parquet(str(directory / "acks"))
+    relay = F.unix_micros("received_at") - F.unix_micros("read_at")
+    rows = acks.groupBy("destination").agg(F.count(F.lit(1)), F.avg(relay)).collect()
+    return len(rows)
+
+
+def spec_for(target_acks: int) -> GenerateSpec:
+    cms = max(1000, round(target_acks / acks_per_cm()))
+    k = max(1, cms // 100_000)
+    return GenerateSpec(
+        cms=cms,
+        interval_ms=20,
+        wrong_verdicts=10 * k,
+        late_harmless=5 * k,
+        late_changing=5 * k,
+        duplicates=10 * k,
+        orphans=10 * k,
+        multiple_consumptions=10 * k,
+        stale_pending=5 * k,
+        skewed_receivers={"rcv-qb": -3000, "rcv-w2": 2000},
+    )
+
+
+def measure(
+    spark: SparkSession, target: int, root: Path, say: Callable[[str], None], reuse: bool
+) -> dict[str, Any]:
+    data_dir, out_dir = root / f"data-{target}", root / f"out-{target}"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    spec = spec_for(target)
+    marker = data_dir / "injected.json"
+    if reuse and marker.exists() and json.loads(marker.read_text())["cms"] == spec.cms:
+        gen_s, injected = 0.0, Injected(**json.loads(marker.read_text()))
+    else:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        gen_s, injected = timed(lambda: generate(spark, spec, data_dir))
+    say(f"{target:>10} acks target: generated {injected.acks} acks, {spec.cms} CMs in {gen_s:.1f}s")
+    scans = [timed(lambda: baseline(spark, data_dir))[0] for _ in range(2)]
+    scan_s = min(scans)
+
+    def audit() -> Any:
+        window = Window(until=spec.until)
+        data = apply_window(read_parquet(spark, data_dir), window)
+        options = AuditOptions(out=out_dir, window=window, source=str(data_dir))
+        return run_audit(spark, data, options, progress=lambda _m: None)
+
+    audit_s, result = timed(audit)
+    found = result.summary["metrics"]
+    exact = found["discrepancies"] == spec.wrong_verdicts and found["orphan_acks"] == spec.orphans
+    say(
+        f"{'':>10} scan+groupBy {scan_s:.2f}s  full audit {audit_s:.2f}s  "
+        f"ratio {audit_s / scan_s:.2f} (target <= {TARGET_AUDIT_VS_SCAN})  "
+        f"injected faults found exactly: {exact}"
+    )
+    return {
+        "target_acks": target,
+        "acks": injected.acks,
+        "cms": spec.cms,
+        "generate_s": round(gen_s, 3),
+        "scan_groupby_s": round(scan_s, 3),
+        "scan_groupby_runs_s": [round(s, 3) for s in scans],
+        "audit_s": round(audit_s, 3),
+        "audit_vs_scan": round(audit_s / scan_s, 3),
+        "audit_vs_scan_target": TARGET_AUDIT_VS_SCAN,
+        "audit_vs_scan_ok": audit_s / scan_s <= TARGET_AUDIT_VS_SCAN,
+        "audit_steps_s": result.timings,
+        "faults_found_exactly": exact,
+        "status": result.status,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000000,10000000", help="acks per run, comma-separated")
+    parser.add_argument("--dir", default="/tmp/condmsg-audit-bench", help="scratch directory")
+    parser.add_argument("--master", help="Spark master (default: the environment's)")
+    parser.add_argument("--driver-memory", default="12g", help="spark.driver.memory")
+    parser.add_argument("--shuffle-partitions", type=int, default=8)
+    parser.add_argument(
+        "--reuse", action="store_true", help="reuse generated data from an earlier run"
+    )
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    say = log
+    spark = build_session(
+        SessionOptions(
+            app_name="condmsg-audit-bench",
+            master=args.master,
+            driver_memory=args.driver_memory,
+            shuffle_partitions=args.shuffle_partitions,
+            extra={"spark.ui.showConsoleProgress": "false"},
+        )
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    root = Path(args.dir)
+    runs = [measure(spark, size, root, say, args.reuse) for size in sizes]
+    figures: dict[str, Any] = {
+        "spark": spark.version,
+        "master": spark.sparkContext.master,
+        "runs": runs,
+        "targets": {
+            "audit_vs_scan": TARGET_AUDIT_VS_SCAN,
+            "scaling_10x": TARGET_10X_SCALING,
+        },
+    }
+    if len(runs) >= 2:
+        small, large = runs[0], runs[-1]
+        scaling = large["audit_s"] / small["audit_s"]
+        figures["scaling"] = {
+            "acks_ratio": round(large["acks"] / small["acks"], 3),
+            "audit_time_ratio": round(scaling, 3),
+            "target": TARGET_10X_SCALING,
+            "ok": scaling <= TARGET_10X_SCALING,
+        }
+        say(
+            f"audit time {large['target_acks']}/{small['target_acks']}: {scaling:.2f} "
+            f"(target <= {TARGET_10X_SCALING})"
+        )
+    emit_result("audit_scale", figures)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""``condmsg export``: write a sender store (SQLite or PostgreSQL) as the Parquet layout the
+Spark audit reads. SQLAlchemy and pyarrow only: no Spark, no JVM."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from spark_audit.cli import parse_instant
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "export", help="export a sender store to Parquet for the audit (no Spark needed)"
+    )
+    parser.add_argument("--db-url", required=True, help="SQLAlchemy URL of the sender store")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    parser.add_argument("--since", type=parse_instant, help="first sent_at included (UTC)")
+    parser.add_argument("--until", type=parse_instant, help="end of the cut (default: now)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from spark_audit.export import export_store
+
+    result = export_store(
+        args.db_url,
+        args.out,
+        since=args.since,
+        until=args.until,
+        progress=lambda m: print(m, file=sys.stderr),
+    )
+    total = sum(result.rows.values())
+    print(f"exported {total} rows to {result.directory} (until {result.until.isoformat()})")
+    return 0

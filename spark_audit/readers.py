@@ -1,0 +1,132 @@
+"""The audit's inputs, the time window (a consistent cut) and the Parquet reader.
+
+Both readers (Parquet here, PostgreSQL in :mod:`spark_audit.jdbc`) return an
+:class:`AuditInput` whose frames have exactly the schemas of :mod:`spark_audit.schemas`,
+and both pass it through :func:`apply_window`, so a run over an export and a run over the
+live store see the same rows for the same window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_audit.layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, OUTCOME_COLUMNS
+from spark_audit.schemas import SCHEMAS, conform
+
+_DECISION_COLUMNS = ("decided_at", "effective_at", "reasons_json", "facts_json", "decided_by")
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The closed cut ``since <= sent_at < until`` (UTC). ``since=None``: from the start.
+
+    ``until`` is fixed when the run starts (default: now), so every table is read as of
+    the same instant: later acks, decisions, releases and anomalies are left out.
+    """
+
+    until: datetime
+    since: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditInput:
+    """The input frames, with the schemas of :data:`spark_audit.schemas.SCHEMAS`."""
+
+    cms: DataFrame
+    copies: DataFrame
+    acks: DataFrame
+    compensations: DataFrame
+    anomalies: DataFrame
+
+    @property
+    def outcomes(self) -> DataFrame:
+        return outcomes_of(self.cms)
+
+
+def outcomes_of(cms: DataFrame) -> DataFrame:
+    """The decision columns of the decided CMs (state ``satisfied`` or ``violated``)."""
+    return cms.where(F.col("state") != "pending").select(*OUTCOME_COLUMNS)
+
+
+def apply_window(data: AuditInput, window: Window) -> AuditInput:
+    """The cut of ``data`` at ``window`` (pure: frames in, frames out).
+
+    * CMs sent in ``[since, until)``; a decision taken after ``until`` is not yet visible
+      (state ``pending``, decision columns null);
+    * copies and compensations of those CMs; a release after ``until`` is not yet visible;
+    * acks received by ``until`` for those CMs, plus acks for CMs unknown to the store
+      (orphans) received in the window; acks for CMs outside the window are dropped;
+    * anomalies recorded in the window.
+    """
+    until = F.lit(window.until)
+    in_window = F.col("sent_at") < until
+    if window.since is not None:
+        in_window = in_window & (F.col("sent_at") >= F.lit(window.since))
+    decided_late = F.col("decided_at").isNull() | (F.col("decided_at") > until)
+    cms = data.cms.where(in_window).withColumn(
+        "state", F.when(decided_late, F.lit("pending")).otherwise(F.col("state"))
+    )
+    for name in _DECISION_COLUMNS:
+        cms = cms.withColumn(name, F.when(decided_late, F.lit(None)).otherwise(F.col(name)))
+    cms = conform(cms, CMS)
+
+    kept = cms.select("cm_id")
+    # One join of the acks with every CM's sent_at decides both cases: an ack of a CM in
+    # the window, or an orphan (no CM at all) received in the window.
+    sent = data.cms.select("cm_id", F.col("sent_at").alias("_cm_sent_at"))
+    cm_in_window = F.col("_cm_sent_at") < until
+    if window.since is not None:
+        cm_in_window = cm_in_window & (F.col("_cm_sent_at") >= F.lit(window.since))
+        orphan_in_window = F.col("received_at") >= F.lit(window.since)
+    else:
+        orphan_in_window = F.lit(True)
+    acks = (
+        data.acks.where(F.col("received_at") <= until)
+        .join(sent, "cm_id", "left")
+        .where(
+            F.coalesce(cm_in_window, F.lit(False))
+            | (F.col("_cm_sent_at").isNull() & orphan_in_window)
+        )
+    )
+    copies = data.copies.join(kept, "cm_id", "left_semi")
+    compensations = data.compensations.join(kept, "cm_id", "left_semi").withColumn(
+        "released_at",
+        F.when(F.col("released_at") <= until, F.col("released_at")),
+    )
+    recorded = F.col("recorded_at") <= until
+    if window.since is not None:
+        recorded = recorded & (F.col("recorded_at") >= F.lit(window.since))
+    return AuditInput(
+        cms=cms,
+        copies=conform(copies, COPIES),
+        acks=conform(acks, ACKS),
+        compensations=conform(compensations, COMPENSATIONS),
+        anomalies=conform(data.anomalies.where(recorded), ANOMALIES),
+    )
+
+
+def read_parquet(spark: SparkSession, directory: str | Path) -> AuditInput:
+    """Read the layout written by ``condmsg export`` (a missing table reads as empty)."""
+    root = Path(directory)
+    if not (root / CMS.name).exists():
+        raise FileNotFoundError(f"{root}: no '{CMS.name}' table (not a condmsg export?)")
+    frames: dict[str, DataFrame] = {}
+    for table in (CMS, COPIES, ACKS, COMPENSATIONS, ANOMALIES):
+        schema = SCHEMAS[table.name]
+        path = root / table.name
+        if path.exists():
+            frame = spark.read.schema(schema).parquet(str(path))
+        else:
+            frame = spark.createDataFrame([], schema)
+        frames[table.name] = conform(frame, table)
+    return AuditInput(**frames)
+
+
+def with_frames(data: AuditInput, **frames: DataFrame) -> AuditInput:
+    """``data`` with some frames replaced (for tests and callers that cache)."""
+    return replace(data, **frames)

@@ -1,0 +1,73 @@
+"""Building the SparkSession for the audit (the only place that configures Spark).
+
+The master is never hard-coded: it comes from ``--master``, else from ``spark-submit`` /
+``SPARK_MASTER`` / ``spark-defaults.conf`` as Spark normally resolves it, else ``local[*]``
+when the job is started as a plain Python process (``pyspark`` does that by default).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+
+#: Debian's libpostgresql-jdbc-java. Override with ``--jdbc-jar`` or ``CONDMSG_JDBC_JAR``.
+DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
+ENV_JDBC_JAR = "CONDMSG_JDBC_JAR"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionOptions:
+    """What the audit needs from Spark; everything else comes from the environment."""
+
+    app_name: str = "condmsg-audit"
+    master: str | None = None
+    jdbc_jar: str | None = None
+    shuffle_partitions: int | None = None
+    driver_memory: str | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def jar(self) -> str | None:
+        jar = self.jdbc_jar or os.environ.get(ENV_JDBC_JAR) or DEFAULT_JDBC_JAR
+        return jar if os.path.exists(jar) else None
+
+
+def session_config(options: SessionOptions) -> dict[str, str]:
+    """The Spark configuration for ``options`` (a plain dict, so it can be tested)."""
+    conf: dict[str, str] = {
+        # Every timestamp in the store is a UTC instant; render and bucket them as UTC.
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # UTC-adjusted INT64 micros, like the exporter's files: pyarrow and other readers
+        # see timezone-aware instants (Spark's INT96 default reads back naive).
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    }
+    jar = options.jar()
+    if jar is not None:
+        # spark.jars ships the driver to executors; the driver's own class path needs it too
+        # because the JDBC DriverManager is consulted on the driver when planning the read.
+        conf["spark.jars"] = jar
+        conf["spark.driver.extraClassPath"] = jar
+    if options.shuffle_partitions is not None:
+        conf["spark.sql.shuffle.partitions"] = str(options.shuffle_partitions)
+    if options.driver_memory is not None:
+        conf["spark.driver.memory"] = options.driver_memory
+    conf.update(options.extra)
+    return conf
+
+
+def build_session(options: SessionOptions | None = None) -> SparkSession:
+    """Get or create the session. Pass ``master`` only to override the environment's."""
+    options = options or SessionOptions()
+    # Python workers must run the interpreter that has pyarrow and condmsg installed; a
+    # bare ``python3`` on the PATH often does not. spark-submit users set their own.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(options.app_name)
+    if options.master:
+        builder = builder.master(options.master)
+    for key, value in session_config(options).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

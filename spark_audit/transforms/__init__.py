@@ -1,0 +1,1 @@
+"""Pure ``DataFrame -> DataFrame`` transforms of the audit (no reads, no writes)."""

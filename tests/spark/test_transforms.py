@@ -1,0 +1,278 @@
+"""Every transform on one small handmade store whose answers are worked out by hand.
+
+The store (T0 = 2024-01-01 UTC; times in ms after T0):
+
+* c1 (s1) ``qa`` pickup 1 s: read at 200 by rA -> satisfied (correct).
+* c2 (s1) ``qb`` process 1 s: a READ ack at 100 by rC (received at 90: rC is ahead) ->
+  truly violated, stored satisfied: the one discrepancy.
+* c3 (s2) set{qa,qb} pickup 2 s, min 1: no counted ack -> violated (correct); a read of qa
+  at 500 received at 2600, after the decision at 2500, would have made it satisfied
+  (flagged ``changes_verdict``); compensations released to qa and qb.
+* c4 (s2) ``qc`` pickup 1 s, still pending 10 min later (stale); two acks for its one queue
+  copy, read at -2000 and -1990 by rB (behind by at least 2 s).
+* c5 (s2, sent at 1 h) ``qa`` pickup 1 s: read late at +2000 by rC, yet labelled counted
+  although received (+1400) after the decision (+1300) -> violated (correct).
+* orphans: ack a5 for CM "ghost" (also an ``unknown_cm`` anomaly) and anomaly-only a6;
+  one ``duplicate`` anomaly; a7 is a malformed COMMIT ack without ``committed_at``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from condmsg.conditions import Destination, DestinationSet
+from spark_audit.readers import AuditInput, Window, apply_window
+from spark_audit.reevaluate import discrepancies, late_ack_effects, verdict_comparison
+from spark_audit.transforms import anomalies, latency, rates, skew
+from spark_audit.transforms.conditions import condition_plans, with_plans
+from spark_audit.transforms.enrich import ack_facts, copy_facts
+from tests.spark.builders import T0, ack_row, at, cm_row, frame
+from tests.spark.conftest import SPARK_MARKS
+
+pytestmark = list(SPARK_MARKS)
+
+s = timedelta(seconds=1)
+HOUR = 3_600_000
+UNTIL = at(10 * 60_000 + HOUR)
+
+
+def _store(spark: Any) -> AuditInput:
+    qa, qb, qc = Destination("qa"), Destination("qb"), Destination("qc")
+    cms = [
+        cm_row(
+            "c1",
+            Destination("qa", pickup_within=s),
+            sender="s1",
+            state="satisfied",
+            decided_at=at(500),
+            effective_at=at(250),
+        ),
+        cm_row(
+            "c2",
+            Destination("qb", process_within=s),
+            sender="s1",
+            state="satisfied",
+            decided_at=at(400),
+            effective_at=at(150),
+        ),
+        cm_row(
+            "c3",
+            DestinationSet(qa, qb, pickup_within=2 * s, min_pickup=1),
+            sender="s2",
+            state="violated",
+            decided_at=at(2500),
+            effective_at=at(2250),
+        ),
+        cm_row("c4", Destination("qc", pickup_within=s), sender="s2"),
+        cm_row(
+            "c5",
+            Destination("qa", pickup_within=s),
+            sender="s2",
+            sent_at=at(HOUR),
+            state="violated",
+            decided_at=at(HOUR + 1300),
+            effective_at=at(HOUR + 1050),
+        ),
+    ]
+    del qc
+    acks = [
+        ack_row("a1", "c1", "qa", read_at=at(200), received_at=at(250), receiver="rA"),
+        ack_row("a2", "c2", "qb", read_at=at(100), received_at=at(90), receiver="rC"),
+        ack_row(
+            "a3",
+            "c3",
+            "qa",
+            read_at=at(500),
+            received_at=at(2600),
+            receiver="rA",
+            status="changes_verdict",
+        ),
+        ack_row("a4", "c4", "qc", read_at=at(-2000), received_at=at(10), receiver="rB"),
+        ack_row("a4b", "c4", "qc", read_at=at(-1990), received_at=at(20), receiver="rB"),
+        ack_row("a5", "ghost", "qa", read_at=at(10), received_at=at(20), receiver="rA"),
+        {
+            **ack_row("a7", "c1", "qa", read_at=at(300), received_at=at(30), receiver="rA"),
+            "kind": "commit",
+        },
+        ack_row(
+            "a8",
+            "c5",
+            "qa",
+            read_at=at(HOUR + 2000),
+            received_at=at(HOUR + 1400),
+            receiver="rC",
+        ),
+    ]
+    compensations = [
+        {"cm_id": "c3", "destination": d, "system_generated": True, "released_at": at(2510)}
+        for d in ("qa", "qb")
+    ]
+    anomaly_rows = [
+        {"id": 1, "kind": "duplicate", "cm_id": "c1", "ack_id": "a1", "detail": "dup"},
+        {"id": 2, "kind": "unknown_cm", "cm_id": "ghost", "ack_id": "a5", "detail": "?"},
+        {"id": 3, "kind": "unknown_cm", "cm_id": "ghost2", "ack_id": "a6", "detail": "?"},
+    ]
+    for row in anomaly_rows:
+        row["recorded_at"] = at(30)
+    return AuditInput(
+        cms=frame(spark, "cms", cms),
+        copies=frame(spark, "copies", []),
+        acks=frame(spark, "acks", acks),
+        compensations=frame(spark, "compensations", compensations),
+        anomalies=frame(spark, "anomalies", anomaly_rows),
+    )
+
+
+@pytest.fixture(scope="session")
+def store(spark: Any) -> AuditInput:
+    data = apply_window(_store(spark), Window(until=UNTIL))
+    return AuditInput(
+        cms=data.cms.localCheckpoint(),
+        copies=data.copies,
+        acks=data.acks.localCheckpoint(),
+        compensations=data.compensations,
+        anomalies=data.anomalies,
+    )
+
+
+@pytest.fixture(scope="session")
+def planned(store: AuditInput) -> Any:
+    return with_plans(store.cms, condition_plans(store.cms)).localCheckpoint()
+
+
+@pytest.fixture(scope="session")
+def facts(planned: Any, store: AuditInput) -> Any:
+    return ack_facts(planned, store.acks).localCheckpoint()
+
+
+@pytest.fixture(scope="session")
+def copies(planned: Any, store: AuditInput) -> Any:
+    return copy_facts(planned, store.acks, store.compensations, UNTIL).localCheckpoint()
+
+
+def _by(rows: list[Any], *keys: str) -> dict[Any, dict[str, Any]]:
+    return {tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]: r.asDict() for r in rows}
+
+
+def test_plans_give_shapes_and_native_flags(planned: Any) -> None:
+    got = _by(planned.select("cm_id", "shape", "native", "valid").collect(), "cm_id")
+    assert got["c1"]["shape"] == "queue(pickup)"
+    assert got["c3"]["shape"] == "set(pickup,min_pickup=1)[queue,queue]"
+    assert all(r["native"] and r["valid"] for r in got.values())
+
+
+def test_reevaluation_finds_the_one_wrong_verdict(planned: Any, store: AuditInput) -> None:
+    comparison = verdict_comparison(planned, store.acks)
+    rows = discrepancies(comparison, store.acks).collect()
+    assert [(r["cm_id"], r["stored_verdict"], r["recomputed_verdict"]) for r in rows] == [
+        ("c2", "satisfied", "violated")
+    ]
+    evidence = rows[0]
+    assert evidence["python_verdict"] == "violated"
+    assert evidence["counted_acks"] == 1
+    assert any("READ ack" in reason for reason in evidence["reasons"])
+
+
+def test_late_ack_that_would_change_the_verdict(planned: Any, store: AuditInput) -> None:
+    comparison = verdict_comparison(planned, store.acks)
+    rows = late_ack_effects(planned, comparison, store.acks).collect()
+    assert [r.asDict() for r in rows] == [
+        {
+            "cm_id": "c3",
+            "late_acks": 1,
+            "stored_verdict": "violated",
+            "verdict_counted": "violated",
+            "verdict_with_late": "satisfied",
+            "changes_verdict": True,
+            "flagged": True,
+        }
+    ]
+
+
+def test_latency_percentiles_per_destination_recipient_and_overall(facts: Any) -> None:
+    rows = latency.latency_percentiles(facts).collect()
+    overall = next(r for r in rows if r["level"] == "all")
+    assert overall["acks"] == 6  # a7 is malformed, a5 is an orphan
+    qa = next(r for r in rows if r["level"] == "recipient" and r["destination"] == "qa")
+    assert qa["acks"] == 3
+    assert (qa["pickup_p50_ms"], qa["pickup_p99_ms"]) == (500.0, 2000.0)
+    assert qa["process_p50_ms"] is None
+
+
+def test_latency_histogram_bins(facts: Any) -> None:
+    rows = {(r["metric"], r["bin"]): r["count"] for r in latency.latency_histogram(facts).collect()}
+    # pickups: 200, 100, 500, -2000, -1990, 2000 ms
+    assert rows == {
+        ("pickup", -1): 2,
+        ("pickup", 7): 1,  # [64, 128)
+        ("pickup", 8): 1,  # [128, 256)
+        ("pickup", 9): 1,  # [256, 512)
+        ("pickup", 11): 1,  # [1024, 2048)
+    }
+
+
+def test_clock_skew_bounds_per_receiver(facts: Any) -> None:
+    got = _by(skew.receiver_clocks(facts).collect(), "receiver")
+    assert got["rA"]["skew_proved"] is False
+    assert got["rB"]["behind_by_at_least_ms"] == 2000.0
+    assert got["rB"]["ahead_by_at_least_ms"] == 0.0
+    assert got["rC"]["ahead_by_at_least_ms"] == 600.0
+    assert got["rC"]["behind_by_at_least_ms"] == 0.0
+    assert got["rB"]["relay_p50_ms"] == 2010.0
+
+
+def test_outcome_rates_by_sender_and_over_time(store: AuditInput, planned: Any) -> None:
+    compensated = rates.compensated_cms(planned, store.compensations)
+    by_sender = _by(rates.outcome_rates(compensated, "sender").collect(), "sender")
+    assert by_sender["s1"]["satisfied"] == 2
+    assert by_sender["s1"]["success_rate"] == 1.0
+    assert (by_sender["s2"]["violated"], by_sender["s2"]["pending"]) == (2, 1)
+    assert by_sender["s2"]["compensation_rate"] == 0.5
+    buckets = rates.outcomes_over_time(planned, 3600).collect()
+    assert [(r["satisfied"], r["violated"], r["pending"]) for r in buckets] == [
+        (2, 1, 1),
+        (0, 1, 0),
+    ]
+
+
+def test_destination_rates_with_deadline_misses(copies: Any) -> None:
+    got = _by(rates.destination_rates(copies).collect(), "destination")
+    assert (got["qa"]["pickup_deadlines"], got["qa"]["pickup_misses"]) == (3, 1)
+    assert (got["qb"]["pickup_misses"], got["qb"]["process_misses"]) == (1, 1)
+    assert (got["qc"]["pickup_deadlines"], got["qc"]["pickup_misses"]) == (1, 0)
+    assert got["qa"]["compensated"] == 1
+    assert got["qa"]["copies"] == 3
+
+
+def test_anomaly_tables(store: AuditInput, planned: Any, copies: Any) -> None:
+    orphans = _by(anomalies.orphan_acks(store.acks, store.cms, store.anomalies).collect(), "ack_id")
+    assert {k: v["source"] for k, v in orphans.items()} == {"a5": "both", "a6": "anomaly"}
+    assert [r["ack_id"] for r in anomalies.duplicate_acks(store.anomalies).collect()] == ["a1"]
+    multiple = anomalies.multiple_consumptions(store.acks, copies).collect()
+    assert [(r["cm_id"], r["ack_ids"]) for r in multiple] == [("c4", ["a4", "a4b"])]
+    late = anomalies.late_acks(store.acks, planned).collect()
+    assert [(r["ack_id"], r["after_decision_ms"]) for r in late] == [("a3", 100.0)]
+    mismatches = anomalies.status_mismatches(store.acks, planned).collect()
+    assert [(r["ack_id"], r["problem"]) for r in mismatches] == [("a8", "counted_after_decision")]
+    assert [r["ack_id"] for r in anomalies.malformed_acks(store.acks).collect()] == ["a7"]
+    stale = anomalies.stale_pending(planned, UNTIL, timedelta(minutes=1)).collect()
+    assert [r["cm_id"] for r in stale] == ["c4"]
+
+
+def test_window_is_a_consistent_cut(spark: Any) -> None:
+    data = apply_window(_store(spark), Window(until=at(2550), since=T0))
+    cms = _by(data.cms.select("cm_id", "state", "decided_at").collect(), "cm_id")
+    assert sorted(cms) == ["c1", "c2", "c3", "c4"]  # c5 is sent after the cut
+    assert cms["c3"]["state"] == "violated"
+    acks = sorted(r["ack_id"] for r in data.acks.collect())
+    # a3 is received after the cut, a8 belongs to a CM outside it; the orphan a5 stays.
+    assert acks == ["a1", "a2", "a4", "a4b", "a5", "a7"]
+    earlier = apply_window(_store(spark), Window(until=at(2400)))
+    c3 = earlier.cms.where("cm_id = 'c3'").first()
+    assert c3 is not None
+    assert (c3["state"], c3["decided_at"], c3["effective_at"]) == ("pending", None, None)
+    released = [r["released_at"] for r in earlier.compensations.collect()]
+    assert released == [None, None]

@@ -25,8 +25,9 @@ class Ack:
     """One acknowledgment for one copy of a conditional message.
 
     ``destination`` is the destination's name in the condition; ``recipient`` is the
-    identity of the final recipient that read it (required to count on topic destinations
-    and on destinations that name a recipient).
+    identity of the final recipient that read it. Destinations that name a recipient count
+    only that recipient's acks; on a topic destination, acks without a recipient count
+    together as one anonymous identity (receivers always send theirs).
     """
 
     destination: str

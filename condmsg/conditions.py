@@ -392,11 +392,12 @@ class DestinationSet(Condition):
             value = getattr(self, name)
             if value is not None and value > size:
                 raise self._fail(name, f"({value}) is larger than the number of members ({size})")
-        for path, node in self.walk("set"):
+        for _, node in self.walk():
             if node is not self and node.evaluation_timeout is not None:
+                # Named by the node itself: a decoder prefixes the enclosing set's path.
                 raise ConditionError(
-                    f"{path} {node.label} inside {self.label}: evaluation_timeout is only "
-                    "allowed on the root of a condition"
+                    f"{node.label}: evaluation_timeout is only allowed on the root of a "
+                    f"condition (found inside {self.label})"
                 )
         seen: set[str] = set()
         for destination in self.destinations():

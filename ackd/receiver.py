@@ -40,9 +40,9 @@ from condmsg import protocol as p
 from condmsg.acks import AckKind
 from condmsg.db import make_engine
 from condmsg.errors import ConfigError
+from condmsg.relaying import OwnsOutbox
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
-from outbox.relay import Relay
 from outbox.table import create_tables as create_outbox_tables
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class ReceiverTransaction:
         return self.receiver._next(queue, timeout, self)
 
 
-class Receiver:
+class Receiver(OwnsOutbox):
     """The receiving side for one final recipient identity (``recipient``).
 
     ``secret``, when given (or ``CONDMSG_SECRET``), makes the receiver verify each copy's
@@ -226,18 +226,9 @@ class Receiver:
             stream.close()
         return handled
 
-    def relay(self, **options: Any) -> Relay:
-        """An in-process relay for this receiver's outbox (acks), not started yet.
-
-        ``with x.relay() as relay:`` runs it in a background thread for the block;
-        ``condmsg relay`` is the stand-alone alternative. Options go to ``outbox.Relay``.
-        """
-        options.setdefault("connection_name", f"condmsg-receiver-relay-{self.recipient}")
-        return Relay(self.engine, self.amqp_url, **options)
-
-    def start_relay(self, **options: Any) -> Relay:
-        """Start :meth:`relay` in a background thread; call ``stop()`` when done."""
-        return self.relay(**options).start()
+    @property
+    def _relay_name(self) -> str:
+        return f"condmsg-receiver-relay-{self.recipient}"
 
     def close(self) -> None:
         self._broker.close()

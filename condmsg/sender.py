@@ -33,11 +33,11 @@ from condmsg.errors import BrokerError, ConditionError, ConfigError
 from condmsg.evaluation import Verdict, evaluate
 from condmsg.outcome import Outcome
 from condmsg.payloads import JSON, encode_payload
+from condmsg.relaying import OwnsOutbox
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_destination, declare_service_queue
 from outbox.enqueue import enqueue_many
-from outbox.relay import Relay
 from outbox.table import create_tables as create_outbox_tables
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PART_BYTES = 1024 * 1024
 
 
-class Sender:
+class Sender(OwnsOutbox):
     """The sending side of conditional messaging for one sender identity (``name``).
 
     ``name`` names the sender's ack queue (``condmsg.<name>.ack``) and outcome queue; the
@@ -245,18 +245,9 @@ class Sender:
             if connection.is_open:
                 connection.close()
 
-    def relay(self, **options: Any) -> Relay:
-        """An in-process relay for this sender's outbox (copies), not started yet.
-
-        ``with x.relay() as relay:`` runs it in a background thread for the block;
-        ``condmsg relay`` is the stand-alone alternative. Options go to ``outbox.Relay``.
-        """
-        options.setdefault("connection_name", f"condmsg-sender-relay-{self.name}")
-        return Relay(self.engine, self.amqp_url, **options)
-
-    def start_relay(self, **options: Any) -> Relay:
-        """Start :meth:`relay` in a background thread; call ``stop()`` when done."""
-        return self.relay(**options).start()
+    @property
+    def _relay_name(self) -> str:
+        return f"condmsg-sender-relay-{self.name}"
 
     # -- broker topology --------------------------------------------------------------
 

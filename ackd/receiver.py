@@ -154,13 +154,7 @@ class Receiver(OwnsOutbox):
 
     @classmethod
     def from_env(cls, *, recipient: str, **overrides: Any) -> Receiver:
-        settings = Settings.from_env()
-        options: dict[str, Any] = {
-            "amqp_url": settings.amqp_url,
-            "db_url": settings.db_url,
-            "secret": settings.secret,
-        }
-        options.update(overrides)
+        options = Settings.from_env().endpoint_options() | overrides
         return cls(recipient=recipient, **options)
 
     # -- public API -----------------------------------------------------------------

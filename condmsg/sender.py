@@ -84,13 +84,7 @@ class Sender(OwnsOutbox):
 
     @classmethod
     def from_env(cls, *, name: str, **overrides: Any) -> Sender:
-        settings = Settings.from_env()
-        options: dict[str, Any] = {
-            "amqp_url": settings.amqp_url,
-            "db_url": settings.db_url,
-            "secret": settings.secret,
-        }
-        options.update(overrides)
+        options = Settings.from_env().endpoint_options() | overrides
         return cls(name=name, **options)
 
     # -- sending --------------------------------------------------------------------

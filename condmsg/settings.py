@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from condmsg.errors import ConfigError
 
@@ -40,6 +41,10 @@ class Settings:
             f"Settings(amqp_url={_redact(self.amqp_url)!r}, db_url={_redact(self.db_url)!r}, "
             f"secret={'<set>' if self.secret else None}, ack_grace={self.ack_grace!r})"
         )
+
+    def endpoint_options(self) -> dict[str, Any]:
+        """What a ``Sender`` or ``Receiver`` takes from the settings (``from_env``)."""
+        return {"amqp_url": self.amqp_url, "db_url": self.db_url, "secret": self.secret}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -134,6 +134,30 @@ def pg_url(pg_engine_url: str) -> Iterator[str]:
 def sqlite_url(tmp_path: Path) -> str:
     """A file-backed SQLite URL in the test's temporary directory."""
     return f"sqlite:///{tmp_path / 'condmsg.db'}"
+
+
+@pytest.fixture
+def test_secret() -> bytes:
+    """The deployment secret senders sign copies with (directories may override it)."""
+    return b"condmsg-test-secret"
+
+
+@pytest.fixture
+def make_sender(amqp_url: str, test_secret: bytes) -> Iterator[Callable[..., Any]]:
+    """``make_sender(db_url, name, **options)``: senders that are disposed of afterwards."""
+    from condmsg.sender import Sender
+
+    made: list[Sender] = []
+
+    def factory(db_url: str, name: str, **options: Any) -> Sender:
+        options.setdefault("secret", test_secret)
+        sender = Sender(amqp_url=amqp_url, db_url=db_url, name=name, **options)
+        made.append(sender)
+        return sender
+
+    yield factory
+    for sender in made:
+        sender.engine.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -17,8 +17,6 @@ from typing import Any, TypeVar
 import pika
 import pytest
 
-from condmsg.sender import Sender
-
 T = TypeVar("T")
 
 SECRET = b"e2e-test-secret"
@@ -145,15 +143,6 @@ def procs(amqp_url: str, pg_url: str, unique_name: str, tmp_path: Path) -> Itera
 
 
 @pytest.fixture
-def make_sender(amqp_url: str) -> Iterator[Callable[..., Sender]]:
-    made: list[Sender] = []
-
-    def factory(db_url: str, name: str, **options: Any) -> Sender:
-        options.setdefault("secret", SECRET)
-        sender = Sender(amqp_url=amqp_url, db_url=db_url, name=name, **options)
-        made.append(sender)
-        return sender
-
-    yield factory
-    for sender in made:
-        sender.engine.dispose()
+def test_secret() -> bytes:
+    """The processes of these tests get it as CONDMSG_SECRET."""
+    return SECRET

@@ -10,7 +10,6 @@ import pika
 import pytest
 
 from ackd.receiver import Receiver
-from condmsg.sender import Sender
 
 from .condmsg_helpers import SECRET
 
@@ -35,21 +34,6 @@ def channel(amqp_connection: pika.BlockingConnection) -> Iterator[Any]:
 
 
 @pytest.fixture
-def make_sender(amqp_url: str) -> Iterator[Callable[..., Sender]]:
-    made: list[Sender] = []
-
-    def factory(db_url: str, name: str, **options: Any) -> Sender:
-        options.setdefault("secret", SECRET)
-        sender = Sender(amqp_url=amqp_url, db_url=db_url, name=name, **options)
-        made.append(sender)
-        return sender
-
-    yield factory
-    for sender in made:
-        sender.engine.dispose()
-
-
-@pytest.fixture
 def make_receiver(amqp_url: str, unique_name: str) -> Iterator[Callable[..., Receiver]]:
     """Receivers of this test; their invalid-message queue is the test's own."""
     made: list[Receiver] = []
@@ -64,3 +48,8 @@ def make_receiver(amqp_url: str, unique_name: str) -> Iterator[Callable[..., Rec
     for receiver in made:
         receiver.close()
         receiver.engine.dispose()
+
+
+@pytest.fixture
+def test_secret() -> bytes:
+    return SECRET

@@ -16,21 +16,7 @@ from typing import Any
 import pytest
 
 from condmsg import Condition, ConditionError, Destination, DestinationSet
-
-SEC = timedelta(seconds=1)
-DAY = timedelta(days=1)
-
-EXAMPLE_1 = DestinationSet(
-    Destination("qr3", process_within=3 * DAY),
-    DestinationSet(
-        Destination("qr1"),
-        Destination("qr2"),
-        Destination("qr4"),
-        process_within=7 * DAY,
-        min_process=2,
-    ),
-    pickup_within=2 * DAY,
-)
+from tests.unit.vectors import DAY, EXAMPLE_1, SEC
 
 EXAMPLE_1_DOCUMENT: dict[str, Any] = {
     "schema": 1,

@@ -26,21 +26,7 @@ from condmsg import (
     evaluation_deadline,
 )
 from tests.unit.strategies import SENT_AT
-
-SEC = timedelta(seconds=1)
-DAY = timedelta(days=1)
-
-EXAMPLE_1 = DestinationSet(
-    Destination("qr3", process_within=3 * DAY),
-    DestinationSet(
-        Destination("qr1"),
-        Destination("qr2"),
-        Destination("qr4"),
-        process_within=7 * DAY,
-        min_process=2,
-    ),
-    pickup_within=2 * DAY,
-)
+from tests.unit.vectors import DAY, EXAMPLE_1, SEC
 
 
 def q(text: str) -> str:

@@ -9,51 +9,22 @@ evaluation deadline ``E`` on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
 from condmsg import (
     Ack,
-    AckKind,
     Destination,
     DestinationSet,
     Verdict,
     evaluate,
     evaluation_deadline,
 )
-from condmsg.timeutil import RESOLUTION
 from tests.unit.strategies import SENT_AT
-
-US = RESOLUTION
-SEC = timedelta(seconds=1)
-HOUR = timedelta(hours=1)
-DAY = timedelta(days=1)
+from tests.unit.vectors import DAY, EXAMPLE_1, HOUR, SEC, US, commit, read, t
 
 SATISFIED, VIOLATED, PENDING = Verdict.SATISFIED, Verdict.VIOLATED, Verdict.PENDING
-
-
-def t(offset: timedelta) -> datetime:
-    """An instant relative to the CM's ``sent_at``."""
-    return SENT_AT + offset
-
-
-def read(destination: str, at: timedelta, recipient: str | None = None) -> Ack:
-    """A non-transactional read's ack."""
-    return Ack(destination=destination, kind=AckKind.READ, read_at=t(at), recipient=recipient)
-
-
-def commit(
-    destination: str, read_at: timedelta, committed_at: timedelta, recipient: str | None = None
-) -> Ack:
-    """A transactional read's ack, emitted when its transaction commits."""
-    return Ack(
-        destination=destination,
-        kind=AckKind.COMMIT,
-        read_at=t(read_at),
-        committed_at=t(committed_at),
-        recipient=recipient,
-    )
 
 
 @dataclass(frozen=True)
@@ -88,19 +59,7 @@ def check(condition, vector: Vector) -> None:  # type: ignore[no-untyped-def]
 #
 # Meeting at sent_at + 10 days. All four must read within 2 days; qr3 must process within
 # 3 days; at least two of qr1, qr2, qr4 must process within 7 days. The evaluation deadline
-# defaults to the latest deadline: 7 days.
-
-EXAMPLE_1 = DestinationSet(
-    Destination("qr3", process_within=3 * DAY),
-    DestinationSet(
-        Destination("qr1"),
-        Destination("qr2"),
-        Destination("qr4"),
-        process_within=7 * DAY,
-        min_process=2,
-    ),
-    pickup_within=2 * DAY,
-)
+# defaults to the latest deadline: 7 days. (EXAMPLE_1, from tests.unit.vectors.)
 
 QR3_OK = commit("qr3", 1 * HOUR, 2 * HOUR)
 QR1_OK = commit("qr1", 3 * HOUR, 4 * HOUR)

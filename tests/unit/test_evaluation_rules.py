@@ -7,13 +7,12 @@ consumption), ``U`` no ack yet.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
 from condmsg import (
     Ack,
-    AckKind,
     Condition,
     Destination,
     DestinationSet,
@@ -22,33 +21,11 @@ from condmsg import (
     Verdict,
     evaluate,
 )
-from condmsg.timeutil import RESOLUTION
 from tests.unit.strategies import SENT_AT
+from tests.unit.vectors import SEC, US, commit, read, t
 
-US = RESOLUTION
-SEC = timedelta(seconds=1)
 T, F, U = Truth.TRUE, Truth.FALSE, Truth.UNKNOWN
 SATISFIED, VIOLATED, PENDING = Verdict.SATISFIED, Verdict.VIOLATED, Verdict.PENDING
-
-
-def t(offset: timedelta) -> datetime:
-    return SENT_AT + offset
-
-
-def read(destination: str, at: timedelta, recipient: str | None = None) -> Ack:
-    return Ack(destination=destination, kind=AckKind.READ, read_at=t(at), recipient=recipient)
-
-
-def commit(
-    destination: str, read_at: timedelta, committed_at: timedelta, recipient: str | None = None
-) -> Ack:
-    return Ack(
-        destination=destination,
-        kind=AckKind.COMMIT,
-        read_at=t(read_at),
-        committed_at=t(committed_at),
-        recipient=recipient,
-    )
 
 
 def judge(

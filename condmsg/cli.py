@@ -16,7 +16,16 @@ from collections.abc import Sequence
 from condmsg.errors import CondmsgError
 
 #: Modules under ``condmsg.commands`` that provide subcommands, in ``--help`` order.
-COMMAND_MODULES = ("version", "check_services", "relay", "evaluator", "status", "export", "audit")
+COMMAND_MODULES = (
+    "version",
+    "check_services",
+    "relay",
+    "evaluator",
+    "retention",
+    "status",
+    "export",
+    "audit",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

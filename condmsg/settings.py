@@ -6,10 +6,13 @@ point at the local services of a development machine.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from condmsg.errors import ConfigError
@@ -19,22 +22,34 @@ ENV_DB_URL = "CONDMSG_DB_URL"
 ENV_SECRET = "CONDMSG_SECRET"
 ENV_ACK_GRACE_MS = "CONDMSG_ACK_GRACE_MS"
 ENV_TEST_PG_URL = "CONDMSG_TEST_PG_URL"
+ENV_RETENTION = "CONDMSG_RETENTION"
+ENV_ARCHIVE_DIR = "CONDMSG_ARCHIVE_DIR"
+ENV_RETENTION_INTERVAL_S = "CONDMSG_RETENTION_INTERVAL_S"
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_DB_URL = "sqlite:///condmsg.db"
 DEFAULT_TEST_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_ACK_GRACE = timedelta(milliseconds=250)
+DEFAULT_RETENTION_INTERVAL_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
-    """Deployment settings. ``secret`` keys the HMAC tokens of copies and acks."""
+    """Deployment settings. ``secret`` keys the HMAC tokens of copies and acks.
+
+    ``retention`` (None: keep everything) is how long the evaluator keeps a decided CM
+    before archiving it to Parquet under ``archive_dir`` and deleting it; its job runs
+    every ``retention_interval_s`` seconds.
+    """
 
     amqp_url: str = DEFAULT_AMQP_URL
     db_url: str = DEFAULT_DB_URL
     secret: bytes | None = None
     ack_grace: timedelta = DEFAULT_ACK_GRACE
     test_pg_url: str = DEFAULT_TEST_PG_URL
+    retention: timedelta | None = None
+    archive_dir: Path | None = None
+    retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_S
 
     def __repr__(self) -> str:  # never print the secret
         return (
@@ -62,13 +77,49 @@ class Settings:
                 raise ConfigError(f"{ENV_ACK_GRACE_MS} must not be negative")
             ack_grace = timedelta(milliseconds=grace_ms)
         secret = env.get(ENV_SECRET)
+        retention = env.get(ENV_RETENTION)
+        archive_dir = env.get(ENV_ARCHIVE_DIR)
+        interval = env.get(ENV_RETENTION_INTERVAL_S)
         return cls(
             amqp_url=env.get(ENV_AMQP_URL, DEFAULT_AMQP_URL),
             db_url=env.get(ENV_DB_URL, DEFAULT_DB_URL),
             secret=secret.encode() if secret else None,
             ack_grace=ack_grace,
             test_pg_url=env.get(ENV_TEST_PG_URL, DEFAULT_TEST_PG_URL),
+            retention=parse_duration(retention, ENV_RETENTION) if retention else None,
+            archive_dir=Path(archive_dir) if archive_dir else None,
+            retention_interval_s=(
+                _positive_seconds(interval, ENV_RETENTION_INTERVAL_S)
+                if interval
+                else DEFAULT_RETENTION_INTERVAL_S
+            ),
         )
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str, key: str = "duration") -> timedelta:
+    """``"7d"``, ``"12h"``, ``"90m"``, ``"30s"``, ``"500ms"``, ``"2w"`` (a positive number
+    and one unit) as a ``timedelta``; :class:`ConfigError` naming ``key`` otherwise."""
+    match = _DURATION.fullmatch(text)
+    if match is None or float(match[1]) <= 0:
+        raise ConfigError(
+            f"{key} must be a positive duration with a unit (ms, s, m, h, d, w), "
+            f"such as 7d or 12h; got {text!r}"
+        )
+    return timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+
+
+def _positive_seconds(text: str, key: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{key} must be a number of seconds, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{key} must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def _redact(url: str) -> str:

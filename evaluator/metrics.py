@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from condmsg.outcome import Outcome
 from evaluator.intake import Intake
+from evaluator.retention import Archived
 
 
 class EvaluatorMetrics:
@@ -38,6 +39,22 @@ class EvaluatorMetrics:
             registry=registry,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
         )
+        self.retained = Counter(
+            "condmsg_evaluator_retention_rows_total",
+            "Rows archived to Parquet and then deleted by retention, by layout table",
+            ["table"],
+            registry=registry,
+        )
+        self.archives = Counter(
+            "condmsg_evaluator_retention_archives_total",
+            "Retention archives written (each one's rows deleted in the same transaction)",
+            registry=registry,
+        )
+        self.retention_failures = Counter(
+            "condmsg_evaluator_retention_failures_total",
+            "Retention batches that failed (nothing of them was deleted)",
+            registry=registry,
+        )
 
     def observe_intake(self, intake: Intake) -> None:
         self.acks.inc(intake.stored)
@@ -49,3 +66,8 @@ class EvaluatorMetrics:
         for outcome in outcomes:
             self.decisions.labels(verdict=outcome.verdict.value).inc()
             self.lateness.observe((outcome.decided_at - outcome.effective_at).total_seconds())
+
+    def observe_archived(self, archived: Archived) -> None:
+        self.archives.inc()
+        for table, count in archived.rows.items():
+            self.retained.labels(table=table).inc(count)

@@ -1,11 +1,12 @@
-"""The evaluator service for one sender: ack intake, decisions, deadline sweeps.
+"""The evaluator service for one sender: ack intake, decisions, deadline sweeps, retention.
 
 Threads and connections (pika's BlockingConnection is not thread-safe, so each thread owns
 its own): the consuming thread reads the ack queue with manual acks and prefetch, and
 processes deliveries in batches, one database transaction each, then acknowledges the batch
 with one ``multiple`` ack. An APScheduler interval job sweeps due CMs (timeouts) with its
-own sessions. An in-process outbox relay publishes the outcomes, notices and compensations.
-Several instances may run against one database and one ack queue.
+own sessions; with a retention period, another one archives and deletes old decided CMs
+(:mod:`evaluator.retention`). An in-process outbox relay publishes the outcomes, notices
+and compensations. Several instances may run against one database and one ack queue.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pika.exceptions
@@ -28,21 +30,33 @@ from sqlalchemy.orm import Session
 from condmsg import protocol as p
 from condmsg.amqp import connect
 from condmsg.db import make_engine
-from condmsg.errors import BrokerError, CondmsgError
+from condmsg.errors import BrokerError, CondmsgError, ConfigError
 from condmsg.sender import create_tables, store_secret
-from condmsg.settings import DEFAULT_ACK_GRACE
+from condmsg.settings import DEFAULT_ACK_GRACE, DEFAULT_RETENTION_INTERVAL_S
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_service_queue
 from evaluator import decisions, store
 from evaluator.intake import ingest
 from evaluator.metrics import EvaluatorMetrics
+from evaluator.retention import DEFAULT_BATCH as DEFAULT_RETENTION_BATCH
+from evaluator.retention import Archived, RetentionPolicy, retain
 from outbox.relay import Relay
 
 log = logging.getLogger(__name__)
 
+#: The first retention pass runs this long after start (or one interval, if shorter): a
+#: long interval must not be starved by restarts, and start-up is not slowed down.
+RETENTION_FIRST_RUN_S = 60.0
+
 
 class Evaluator:
-    """Decides the CMs of sender ``sender`` (its ack queue ``condmsg.<sender>.ack``)."""
+    """Decides the CMs of sender ``sender`` (its ack queue ``condmsg.<sender>.ack``).
+
+    With ``retention`` (and ``retention_archive``), CMs decided longer ago than that are
+    archived to Parquet under ``retention_archive`` and deleted, every
+    ``retention_interval_s`` seconds, ``retention_batch`` CMs per archive. Disabled by
+    default: the store keeps everything.
+    """
 
     def __init__(
         self,
@@ -61,9 +75,25 @@ class Evaluator:
         instance: str | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], datetime] = utcnow,
+        retention: timedelta | None = None,
+        retention_archive: Path | None = None,
+        retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_S,
+        retention_batch: int = DEFAULT_RETENTION_BATCH,
     ) -> None:
         if engine is None and db_url is None:
             raise CondmsgError("Evaluator needs db_url (CONDMSG_DB_URL) or an engine")
+        self.retention: RetentionPolicy | None = None
+        if retention is not None:
+            if retention_archive is None:
+                raise ConfigError(
+                    "retention needs an archive directory (--archive, CONDMSG_ARCHIVE_DIR)"
+                )
+            if retention_interval_s <= 0:
+                raise ConfigError("the retention interval must be positive seconds")
+            self.retention = RetentionPolicy(
+                older_than=retention, archive=Path(retention_archive), batch=retention_batch
+            )
+        self.retention_interval_s = retention_interval_s
         self.amqp_url = amqp_url
         self.sender = sender
         self.engine = engine if engine is not None else make_engine(str(db_url))
@@ -125,6 +155,7 @@ class Evaluator:
         """Consume the ack queue in this thread until :meth:`stop` (or SIGTERM in the CLI)."""
         if self._relay is not None:
             self._relay.start()
+        self._schedule_retention()
         self._scheduler.start()
         backoff = 0.2
         try:
@@ -222,3 +253,51 @@ class Evaluator:
         if decided and self._relay is not None:
             self._relay.wake()
         return decided
+
+    # -- retention ------------------------------------------------------------------------
+
+    def _schedule_retention(self) -> None:
+        if self.retention is None:
+            return
+        first = min(self.retention_interval_s, RETENTION_FIRST_RUN_S)
+        self._scheduler.add_job(
+            self._retention_job,
+            "interval",
+            seconds=self.retention_interval_s,
+            id="retention",
+            # Added when the scheduler starts, so that this instant is not already past.
+            next_run_time=utcnow() + timedelta(seconds=first),
+            max_instances=1,  # a long pass is never run twice at once in one process
+            coalesce=True,
+        )
+
+    def _retention_job(self) -> None:
+        try:
+            self.retain()
+        except Exception:
+            self.metrics.retention_failures.inc()
+            log.exception(
+                "retention pass failed (its failed batch is rolled back); the next run retries"
+            )
+
+    def retain(self) -> int:
+        """One retention pass now (archive, then delete, CMs decided before ``now -
+        retention``); returns the rows archived and deleted. Stops between batches when
+        the service stops."""
+        if self.retention is None:
+            raise ConfigError("retention is not configured (--retention, CONDMSG_RETENTION)")
+        archived = retain(
+            self.engine,
+            self.retention,
+            clock=self._clock,
+            instance=self.instance,
+            should_stop=self._stop.is_set,
+            on_archived=self._archived,
+        )
+        return sum(a.total for a in archived)
+
+    def _archived(self, archived: Archived) -> None:
+        self.metrics.observe_archived(archived)
+        log.info(
+            "retention: archived and deleted %d rows in %s", archived.total, archived.directory
+        )

@@ -10,7 +10,8 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any
 
-from condmsg.settings import Settings
+from condmsg.commands.retention import add_policy_arguments
+from condmsg.settings import ENV_RETENTION_INTERVAL_S, Settings
 
 
 def register(subparsers: Any) -> None:
@@ -24,6 +25,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics here")
     parser.add_argument(
         "--no-relay", action="store_true", help="do not publish the outbox (run `condmsg relay`)"
+    )
+    add_policy_arguments(parser, "--retention")
+    parser.add_argument(
+        "--retention-interval",
+        type=float,
+        metavar="SECONDS",
+        help=f"between retention passes (default: {ENV_RETENTION_INTERVAL_S} or 3600)",
     )
     parser.set_defaults(handler=run)
 
@@ -48,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
         sweep_interval_s=args.sweep_interval,
         batch_size=args.batch_size,
         relay=not args.no_relay,
+        retention=args.retention or settings.retention,
+        retention_archive=args.archive or settings.archive_dir,
+        retention_interval_s=args.retention_interval or settings.retention_interval_s,
     )
     if args.metrics_port is not None:
         from prometheus_client import start_http_server

@@ -1,0 +1,84 @@
+"""``condmsg retention``: one retention pass now, outside the evaluator service.
+
+CMs decided longer ago than ``--older-than`` are archived to Parquet under ``--archive``
+(the layout ``condmsg export`` writes, one directory per batch) and only then deleted, one
+transaction per batch. Safe next to running evaluators (which may run the same job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from condmsg.errors import ConfigError
+from condmsg.settings import ENV_ARCHIVE_DIR, ENV_RETENTION, Settings, parse_duration
+
+
+def duration(text: str) -> timedelta:
+    """An argparse ``type`` for durations such as ``7d`` (see :func:`parse_duration`)."""
+    try:
+        return parse_duration(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser, period: str) -> None:
+    """The retention period (option ``period``, stored as ``retention``) and ``--archive``."""
+    parser.add_argument(
+        period,
+        dest="retention",
+        type=duration,
+        metavar="DURATION",
+        help="archive, then delete, CMs decided longer ago than this, e.g. 7d "
+        f"(default: {ENV_RETENTION}; unset: keep everything)",
+    )
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        metavar="DIR",
+        help=f"where retention writes its Parquet archives (default: {ENV_ARCHIVE_DIR})",
+    )
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "retention", help="archive decided CMs older than a period to Parquet, then delete them"
+    )
+    add_policy_arguments(parser, "--older-than")
+    parser.add_argument("--db-url", help="SQLAlchemy URL of the sender store (CONDMSG_DB_URL)")
+    parser.add_argument("--batch", type=int, help="CMs per archive (default: 1000)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from condmsg.db import make_engine
+    from evaluator.retention import DEFAULT_BATCH, RetentionPolicy, retain
+
+    settings = Settings.from_env()
+    older_than = args.retention or settings.retention
+    archive = args.archive or settings.archive_dir
+    if older_than is None:
+        raise ConfigError(f"give --older-than or set {ENV_RETENTION}")
+    if archive is None:
+        raise ConfigError(f"give --archive or set {ENV_ARCHIVE_DIR}")
+    policy = RetentionPolicy(
+        older_than=older_than, archive=archive, batch=args.batch or DEFAULT_BATCH
+    )
+    engine = make_engine(args.db_url or settings.db_url)
+    try:
+        archived = retain(
+            engine,
+            policy,
+            on_archived=lambda a: print(f"{a.directory}: {a.total} rows", file=sys.stderr),
+        )
+    finally:
+        engine.dispose()
+    cms = sum(a.rows["cms"] for a in archived)
+    rows = sum(a.total for a in archived)
+    print(
+        f"archived and deleted {cms} CMs ({rows} rows) in {len(archived)} archives under {archive}"
+    )
+    return 0

@@ -8,6 +8,7 @@ transaction that recorded them has committed.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,12 @@ def _delivery(queue: str, method: Any, properties: Any, body: bytes | None) -> D
     )
 
 
+#: At most this many acks are owed at once (fewer with a small prefetch).
+ACK_BATCH = 64
+#: An owed ack waits at most about this long (seconds) while deliveries keep coming.
+ACK_DELAY_S = 0.2
+
+
 class Broker:
     """Lazily connected; reconnects on the next call after the connection broke."""
 
@@ -53,6 +60,12 @@ class Broker:
         self._confirm: BlockingChannel | None = None
         self._declared: set[str] = set()
         self._prefetch: int | None = None
+        #: Delivery tags received on the channel and not settled yet.
+        self._unsettled: set[int] = set()
+        #: Tags whose ack is owed but not yet sent (see :meth:`ack`), oldest first.
+        self._deferred: list[int] = []
+        self._deferred_since = 0.0
+        self._ack_batch = ACK_BATCH
 
     def _open(self) -> BlockingChannel:
         if self._channel is not None and self._channel.is_open:
@@ -64,6 +77,8 @@ class Broker:
         declare_service_queue(self._channel, self.invalid_queue)
         self._declared.clear()
         self._prefetch = None
+        self._unsettled.clear()
+        self._deferred.clear()
         return self._channel
 
     def ensure_queue(self, queue: str) -> None:
@@ -85,8 +100,15 @@ class Broker:
             self.close()
             raise BrokerError(f"reading from {queue!r} failed: {exc!r}") from None
         if method is None:
+            self.flush_acks()  # the queue is empty: a good moment to settle
             return None
-        return _delivery(queue, method, properties, body)
+        return self._received(_delivery(queue, method, properties, body))
+
+    def _received(self, delivery: Delivery) -> Delivery:
+        self._unsettled.add(delivery.tag)
+        if self._deferred and time.monotonic() - self._deferred_since > ACK_DELAY_S:
+            self.flush_acks()
+        return delivery
 
     def consume(
         self, queue: str, *, prefetch: int, inactivity_s: float
@@ -101,20 +123,65 @@ class Broker:
         if self._prefetch != prefetch:
             channel.basic_qos(prefetch_count=prefetch)
             self._prefetch = prefetch
+        # Owed acks hold prefetch slots: settle well before the window is used up.
+        self._ack_batch = max(1, min(ACK_BATCH, prefetch // 4))
         try:
             for method, properties, body in channel.consume(queue, inactivity_timeout=inactivity_s):
-                yield None if method is None else _delivery(queue, method, properties, body)
+                if method is None:
+                    self.flush_acks()
+                    yield None
+                else:
+                    yield self._received(_delivery(queue, method, properties, body))
         finally:
+            self.flush_acks()
+            self._ack_batch = ACK_BATCH
             if channel.is_open:
                 channel.cancel()
 
-    def ack(self, delivery: Delivery) -> None:
-        self._settle(delivery, requeue=None)
+    def ack(self, delivery: Delivery, *, deferred: bool = False) -> None:
+        """Acknowledge ``delivery``; with ``deferred``, possibly later, batched.
+
+        Deferring is for deliveries whose effect the receiver log already records: a crash
+        before the ack makes RabbitMQ redeliver them, and the RLOG drops the redelivery.
+        Owed acks go out as one ``multiple`` ack when :data:`ACK_BATCH` are owed, when the
+        queue runs dry, after :data:`ACK_DELAY_S`, and before the connection closes.
+        """
+        if not deferred:
+            self._settle(delivery, requeue=None)
+            return
+        if delivery.tag not in self._unsettled:
+            return  # from an earlier channel: RabbitMQ has requeued it already
+        self._unsettled.discard(delivery.tag)
+        if not self._deferred:
+            self._deferred_since = time.monotonic()
+        self._deferred.append(delivery.tag)
+        if len(self._deferred) >= self._ack_batch:
+            self.flush_acks()
 
     def requeue(self, delivery: Delivery) -> None:
         self._settle(delivery, requeue=True)
 
+    def flush_acks(self) -> None:
+        """Send the owed acks: one ``multiple`` ack for those below every unsettled tag
+        (it must not cover a delivery still being processed), single acks for the rest."""
+        if not self._deferred:
+            return
+        owed, self._deferred = sorted(self._deferred), []
+        channel = self._channel
+        if channel is None or not channel.is_open:
+            return  # redelivered later and dropped by the RLOG
+        lowest_open = min(self._unsettled, default=owed[-1] + 1)
+        covered = [tag for tag in owed if tag < lowest_open]
+        try:
+            if covered:
+                channel.basic_ack(covered[-1], multiple=True)
+            for tag in owed[len(covered) :]:
+                channel.basic_ack(tag)
+        except pika.exceptions.AMQPError:
+            self.close()
+
     def _settle(self, delivery: Delivery, *, requeue: bool | None) -> None:
+        self._unsettled.discard(delivery.tag)
         channel = self._channel
         if channel is None or not channel.is_open:
             # The channel died after the commit: RabbitMQ redelivers the message, and the
@@ -174,10 +241,13 @@ class Broker:
         )
 
     def drop_connection(self) -> None:
-        """Close the connection abruptly (tests use it to simulate a crash)."""
+        """Close the connection abruptly, owed acks unsent (tests simulate a crash)."""
+        self._deferred.clear()
         self.close()
 
     def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.flush_acks()
         connection, self._connection = self._connection, None
         self._channel = self._confirm = None
         if connection is not None and connection.is_open:

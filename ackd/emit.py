@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
 
+from ackd import pipelined, rlog
 from ackd.inbound import Inbound
 from condmsg.acks import AckKind
 from condmsg.protocol import ACK_CONTENT_TYPE, ACK_TYPE, AckMessage
-from outbox.enqueue import enqueue_many
+from outbox.enqueue import enqueue_all, row_values
 from outbox.message import OutboxMessage
 
 
-def enqueue_ack(
-    session: Session,
+def ack_message(
     inbound: Inbound,
     *,
     kind: AckKind,
@@ -23,8 +24,8 @@ def enqueue_ack(
     committed_at: datetime | None,
     recipient: str,
     receiver: str,
-) -> str:
-    """Add the ack document for ``inbound`` to the outbox; returns the ack id. Never commits.
+) -> OutboxMessage:
+    """The outbox message carrying the ack document for ``inbound``.
 
     The ack goes to the copy's ``reply_to`` (the sender's ack queue) through the default
     exchange, persistent and mandatory: a missing ack queue parks it in the outbox instead
@@ -42,18 +43,91 @@ def enqueue_ack(
         receiver=receiver,
         token=inbound.token,
     )
-    enqueue_many(
-        session,
-        [
-            OutboxMessage(
-                exchange="",
-                routing_key=inbound.reply_to,
-                body=ack.to_json(),
-                message_id=ack.ack_id,
-                correlation_id=ack.cm_id,
-                content_type=ACK_CONTENT_TYPE,
-                message_type=ACK_TYPE,
-            )
-        ],
+    return OutboxMessage(
+        exchange="",
+        routing_key=inbound.reply_to,
+        body=ack.to_json(),
+        message_id=ack.ack_id,
+        correlation_id=ack.cm_id,
+        content_type=ACK_CONTENT_TYPE,
+        message_type=ACK_TYPE,
     )
-    return ack.ack_id
+
+
+def enqueue_ack(
+    session: Session,
+    inbound: Inbound,
+    *,
+    kind: AckKind,
+    read_at: datetime,
+    committed_at: datetime | None,
+    recipient: str,
+    receiver: str,
+) -> str:
+    """Add the ack document for ``inbound`` to the outbox; returns the ack id. Never commits."""
+    message = ack_message(
+        inbound,
+        kind=kind,
+        read_at=read_at,
+        committed_at=committed_at,
+        recipient=recipient,
+        receiver=receiver,
+    )
+    enqueue_all(session, [message])
+    return str(message.message_id)
+
+
+def commit_with_acks(
+    session: Session,
+    delivered: Sequence[tuple[Inbound, datetime]],
+    *,
+    committed_at: datetime,
+    recipient: str,
+    receiver: str,
+) -> None:
+    """Commit ``session`` with a COMMIT ack for each delivered original (with its
+    ``read_at``) and the RLOG rows' ``committed_at``.
+
+    On PostgreSQL with psycopg the acks and the COMMIT travel in one round trip
+    (:mod:`ackd.pipelined`); the ORM is flushed first, so the app's pending objects are
+    written before.
+    """
+    rows = [
+        (
+            inbound,
+            ack_message(
+                inbound,
+                kind=AckKind.COMMIT,
+                read_at=read_at,
+                committed_at=committed_at,
+                recipient=recipient,
+                receiver=receiver,
+            ),
+        )
+        for inbound, read_at in delivered
+    ]
+    raw = pipelined.driver_connection(session) if rows else None
+    if raw is None:
+        for inbound, _message in rows:
+            rlog.mark_committed(session, inbound, committed_at)
+        enqueue_all(session, [message for _inbound, message in rows])
+        session.commit()
+        return
+    session.flush()
+    now = datetime.now(UTC)
+    statements = [
+        pipelined.commit_ack_statement(
+            row_values(message, now),
+            {
+                "cm_id": inbound.cm_id,
+                "destination": inbound.destination,
+                "committed_at": committed_at,
+                "updated_at": committed_at,
+            },
+        )
+        for inbound, message in rows
+    ]
+    pipelined.execute_and_commit(raw, statements)
+    # The database transaction is committed; this ends the session's own bookkeeping (a
+    # COMMIT with no transaction open is not sent).
+    session.commit()

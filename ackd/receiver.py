@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from ackd import rlog, sequence
 from ackd.broker import Broker, Delivery
-from ackd.emit import enqueue_ack
+from ackd.emit import commit_with_acks, enqueue_ack
 from ackd.inbound import Inbound, InvalidMessage, check_payload, check_token, parse
 from ackd.message import Message
 from ackd.tables import metadata, poison
@@ -134,7 +134,12 @@ class Receiver(OwnsOutbox):
         self.recipient = recipient
         self.receiver_id = receiver_id or f"{socket.gethostname()}:{os.getpid()}:{recipient}"
         self.amqp_url = amqp_url
-        self.engine = engine if engine is not None else make_engine(str(db_url))
+        # No pre-ping: it would add a round trip to every transaction. A connection that
+        # died is found on use instead; that transaction rolls back, its message is
+        # requeued, and the pool replaces the connection.
+        self.engine = (
+            engine if engine is not None else make_engine(str(db_url), pool_pre_ping=False)
+        )
         self._postgres = self.engine.dialect.name == "postgresql"
         self.secret = secret
         self.max_attempts = max_attempts
@@ -348,7 +353,7 @@ class Receiver(OwnsOutbox):
             return self._decide(tx.session, incoming, inbound, read_at, tx)
         with Session(self.engine) as session, session.begin():
             message = self._decide(session, incoming, inbound, read_at, None)
-        self._broker.ack(delivery)
+        self._broker.ack(delivery, deferred=True)  # the RLOG row drops a redelivery
         return message
 
     def _decide(
@@ -387,6 +392,25 @@ class Receiver(OwnsOutbox):
         """
         session = tx.session
         key = (inbound.cm_id, inbound.destination)
+        if not self._postgres:
+            decision = self._rlog_decision(session, incoming, inbound, read_at, True)
+            return self._took(tx, incoming, inbound, read_at, decision)
+        if inbound.kind is p.MessageKind.ORIGINAL and not tx.held:
+            # The common case, without a SAVEPOINT: the insert either claims the row (and
+            # this transaction keeps it) or conflicts, which writes and locks nothing.
+            # Holding no RLOG row yet, this transaction cannot be part of a lock cycle
+            # through the RLOG.
+            if rlog.claim_original(
+                session,
+                inbound,
+                message_id=incoming.message_id,
+                recipient=self.recipient,
+                receiver=self.receiver_id,
+                read_at=read_at,
+                transactional=True,
+            ):
+                return self._took(tx, incoming, inbound, read_at, rlog.Decision.DELIVER)
+            return self._decide_apart(incoming, inbound, read_at)
         nested = session.begin_nested()
         try:
             decision = self._rlog_decision(session, incoming, inbound, read_at, True)
@@ -398,16 +422,26 @@ class Receiver(OwnsOutbox):
             log.info("deadlock on cm %s; requeued, the transaction goes on", inbound.cm_id)
             self._give_back(incoming)
             return None
-        if decision is rlog.Decision.DELIVER or key in tx.held or not self._postgres:
+        if decision is rlog.Decision.DELIVER or key in tx.held:
             nested.commit()
-            if decision is rlog.Decision.DELIVER:
-                tx.held.add(key)
-            tx.taken.append(
-                _Taken(incoming, inbound, read_at, delivered=decision is rlog.Decision.DELIVER)
-            )
-            return decision
+            return self._took(tx, incoming, inbound, read_at, decision)
         nested.rollback()
         return self._decide_apart(incoming, inbound, read_at)
+
+    @staticmethod
+    def _took(
+        tx: ReceiverTransaction,
+        incoming: _Incoming,
+        inbound: Inbound,
+        read_at: datetime,
+        decision: rlog.Decision,
+    ) -> rlog.Decision:
+        """Note a decision taken inside the app's transaction (settled at its end)."""
+        delivered = decision is rlog.Decision.DELIVER
+        if delivered:
+            tx.held.add((inbound.cm_id, inbound.destination))
+        tx.taken.append(_Taken(incoming, inbound, read_at, delivered=delivered))
+        return decision
 
     def _decide_apart(
         self, incoming: _Incoming, inbound: Inbound, read_at: datetime
@@ -433,7 +467,7 @@ class Receiver(OwnsOutbox):
             self._give_back(incoming)
             return None
         if incoming.delivery is not None:
-            self._broker.ack(incoming.delivery)
+            self._broker.ack(incoming.delivery, deferred=True)
         return decision
 
     def _give_back(self, incoming: _Incoming) -> None:
@@ -521,20 +555,17 @@ class Receiver(OwnsOutbox):
 
     def _commit(self, tx: ReceiverTransaction) -> None:
         try:
-            committed_at = self._clock()
-            for taken in tx.taken:
-                if taken.delivered and taken.inbound.kind is p.MessageKind.ORIGINAL:
-                    rlog.mark_committed(tx.session, taken.inbound, committed_at)
-                    enqueue_ack(
-                        tx.session,
-                        taken.inbound,
-                        kind=AckKind.COMMIT,
-                        read_at=taken.read_at,
-                        committed_at=committed_at,
-                        recipient=self.recipient,
-                        receiver=self.receiver_id,
-                    )
-            tx.session.commit()
+            commit_with_acks(
+                tx.session,
+                [
+                    (taken.inbound, taken.read_at)
+                    for taken in tx.taken
+                    if taken.delivered and taken.inbound.kind is p.MessageKind.ORIGINAL
+                ],
+                committed_at=self._clock(),
+                recipient=self.recipient,
+                receiver=self.receiver_id,
+            )
             if any(t.inbound.seq_id is not None for t in tx.taken):
                 # Parts stored by this transaction are visible now: the sequence may be
                 # complete (another consumer's check may have run before this commit).
@@ -543,10 +574,13 @@ class Receiver(OwnsOutbox):
             self._rollback(tx, exc)
             raise
         # Only now: a crash before these acks makes RabbitMQ redeliver, and the RLOG row
-        # committed above drops the redelivery (the app never sees a copy twice).
+        # committed above drops the redelivery (the app never sees a copy twice). That is
+        # also why the acks of conditional messages may be deferred and batched; plain
+        # messages and sequence parts have no RLOG row and are acked at once.
         for taken in tx.taken:
             if taken.incoming.delivery is not None:
-                self._broker.ack(taken.incoming.delivery)
+                rlog_backed = taken.inbound.kind is not None and taken.inbound.seq_id is None
+                self._broker.ack(taken.incoming.delivery, deferred=rlog_backed)
 
     def _rollback(self, tx: ReceiverTransaction, exc: BaseException) -> None:
         tx.session.rollback()

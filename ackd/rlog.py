@@ -17,6 +17,7 @@ compensations cannot both be delivered. On SQLite every write transaction is ser
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from enum import Enum
 from typing import Any
@@ -25,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from ackd import pipelined
 from ackd.inbound import Inbound
 from ackd.tables import RlogState, rlog
 
@@ -36,19 +38,28 @@ class Decision(Enum):
     CANCELLED = "cancelled"  # a compensation for an unconsumed CM: drop, cancel the original
 
 
-def _insert(session: Session, values: dict[str, Any]) -> bool:
-    """Insert the RLOG row unless one exists; True if this call inserted it."""
-    dialect = session.get_bind().dialect.name
+@functools.cache
+def _insert_statement(dialect: str) -> Any:
+    """``INSERT ... ON CONFLICT DO NOTHING RETURNING``, built once per dialect (the values
+    come with each execution, so SQLAlchemy's compiled cache is hit every time)."""
     module: Any = postgresql if dialect == "postgresql" else sqlite
-    stmt = (
+    return (
         module.insert(rlog)
-        .values(**values)
         .on_conflict_do_nothing(index_elements=[rlog.c.cm_id, rlog.c.destination])
         # RETURNING says reliably whether this statement inserted; rowcount does not on
         # every driver for ON CONFLICT DO NOTHING.
         .returning(rlog.c.cm_id)
     )
-    return session.execute(stmt).first() is not None
+
+
+def _insert(session: Session, values: dict[str, Any]) -> bool:
+    """Insert the RLOG row unless one exists; True if this call inserted it.
+
+    Runs on the session's connection (Core, no ORM bookkeeping): this is the hot path of
+    every read. A conflict inserts nothing and locks nothing.
+    """
+    conn = session.connection()
+    return conn.execute(_insert_statement(conn.dialect.name), values).first() is not None
 
 
 def _locked_row(session: Session, cm_id: str, destination: str) -> Any:
@@ -63,6 +74,38 @@ def _key(inbound: Inbound) -> tuple[str, str]:
     return inbound.cm_id, inbound.destination
 
 
+def claim_original(
+    session: Session,
+    inbound: Inbound,
+    *,
+    message_id: str | None,
+    recipient: str,
+    receiver: str,
+    read_at: datetime,
+    transactional: bool,
+) -> bool:
+    """The first step of :func:`on_original`: insert the ``consumed`` row. True means the
+    original is delivered (and this transaction holds the row); False means a row exists
+    and nothing was written or locked (:func:`on_original` decides what it means)."""
+    cm_id, destination = _key(inbound)
+    values = {
+        "cm_id": cm_id,
+        "destination": destination,
+        "state": RlogState.CONSUMED.value,
+        "message_id": message_id,
+        "recipient": recipient,
+        "receiver": receiver,
+        "sender": inbound.sender,
+        "read_at": read_at,
+        "transactional": transactional,
+        "updated_at": read_at,
+    }
+    raw = pipelined.driver_connection(session)
+    if raw is not None:
+        return pipelined.claim(raw, values)
+    return _insert(session, values)
+
+
 def on_original(
     session: Session,
     inbound: Inbound,
@@ -73,24 +116,17 @@ def on_original(
     read_at: datetime,
     transactional: bool,
 ) -> Decision:
-    cm_id, destination = _key(inbound)
-    inserted = _insert(
+    if claim_original(
         session,
-        {
-            "cm_id": cm_id,
-            "destination": destination,
-            "state": RlogState.CONSUMED.value,
-            "message_id": message_id,
-            "recipient": recipient,
-            "receiver": receiver,
-            "sender": inbound.sender,
-            "read_at": read_at,
-            "transactional": transactional,
-            "updated_at": read_at,
-        },
-    )
-    if inserted:
+        inbound,
+        message_id=message_id,
+        recipient=recipient,
+        receiver=receiver,
+        read_at=read_at,
+        transactional=transactional,
+    ):
         return Decision.DELIVER
+    cm_id, destination = _key(inbound)
     row = _locked_row(session, cm_id, destination)
     if row.state == RlogState.CONSUMED.value:
         return Decision.DUPLICATE

@@ -20,7 +20,8 @@ from outbox.message import HeaderValue, OutboxMessage
 from outbox.table import DEFAULT_TABLE_NAME, PENDING, outbox_table
 
 
-def _row(message: OutboxMessage, now: datetime) -> dict[str, Any]:
+def row_values(message: OutboxMessage, now: datetime) -> dict[str, Any]:
+    """The outbox row of ``message`` as column values (``created_at`` = ``now``)."""
     return {
         "created_at": now,
         "state": PENDING,
@@ -53,12 +54,7 @@ def enqueue_many(
     The ids are in the order of ``messages``. One multi-row INSERT is sent (a fan-out of N
     copies costs one round trip, not N). Never commits.
     """
-    batch = list(messages)
-    for message in batch:
-        if not isinstance(message, OutboxMessage):
-            raise OutboxTypeError(
-                f"enqueue_many() takes OutboxMessage objects, got {type(message).__name__}"
-            )
+    batch = _checked(messages, "enqueue_many")
     if not batch:
         return []
     table = outbox_table(table_name)
@@ -66,8 +62,36 @@ def enqueue_many(
     # sort_by_parameter_order: SQLAlchemy's insertmanyvalues returns the ids in the order of
     # the parameter list, whatever order the database produced them in.
     stmt = sa.insert(table).returning(table.c.id, sort_by_parameter_order=True)
-    result = session.execute(stmt, [_row(m, now) for m in batch])
+    result = session.execute(stmt, [row_values(m, now) for m in batch])
     return [int(row[0]) for row in result]
+
+
+def enqueue_all(
+    session: Session | Connection,
+    messages: Iterable[OutboxMessage],
+    *,
+    table_name: str = DEFAULT_TABLE_NAME,
+) -> int:
+    """Like :func:`enqueue_many` without fetching the ids back; returns how many were added.
+
+    The cheaper path for callers that do not need the ids: no RETURNING, so the driver
+    sends the rows as one pipelined batch (psycopg) instead of a multi-row statement.
+    """
+    batch = _checked(messages, "enqueue_all")
+    if batch:
+        now = datetime.now(UTC)
+        session.execute(sa.insert(outbox_table(table_name)), [row_values(m, now) for m in batch])
+    return len(batch)
+
+
+def _checked(messages: Iterable[OutboxMessage], caller: str) -> list[OutboxMessage]:
+    batch = list(messages)
+    for message in batch:
+        if not isinstance(message, OutboxMessage):
+            raise OutboxTypeError(
+                f"{caller}() takes OutboxMessage objects, got {type(message).__name__}"
+            )
+    return batch
 
 
 def enqueue(

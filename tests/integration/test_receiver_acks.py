@@ -146,7 +146,7 @@ def test_crash_between_commit_and_amqp_ack_never_delivers_the_copy_twice(
     cm_id = _send_and_relay(sender, queue, process_within=timedelta(seconds=30))
     broker = receiver._broker
     # The "crash": the connection drops after the database commit, before the AMQP ack.
-    monkeypatch.setattr(broker, "ack", lambda delivery: broker.drop_connection())
+    monkeypatch.setattr(broker, "ack", lambda delivery, **_: broker.drop_connection())
     with receiver.transaction() as tx:
         message = tx.read(queue, timeout=5)
         assert message is not None

@@ -32,7 +32,6 @@ from typing import Any
 
 import pika
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
 
 from ackd.receiver import Receiver
 from bench._common import emit_result, fresh_pg_schema, log, percentile, timed, wait_until
@@ -41,7 +40,7 @@ from condmsg import protocol as p
 from condmsg import sender_tables as t
 from condmsg.acks import AckKind
 from condmsg.outcome import Outcome
-from condmsg.sender import Sender
+from condmsg.sender import Outgoing, Sender
 from condmsg.settings import DEFAULT_ACK_GRACE
 from condmsg.timeutil import utcnow
 from evaluator.service import Evaluator
@@ -60,9 +59,8 @@ TARGET_SWEEP_RATIO = 2.0
 def _send_many(sender: Sender, condition: Any, n: int, chunk: int = 2000) -> list[str]:
     ids: list[str] = []
     while len(ids) < n:
-        with Session(sender.engine) as session, session.begin():
-            for _ in range(min(chunk, n - len(ids))):
-                ids.append(sender.send(b"x", condition, session=session))
+        batch = [Outgoing(payload=b"x", condition=condition)] * min(chunk, n - len(ids))
+        ids += sender.send_many(batch)
     return ids
 
 

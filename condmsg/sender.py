@@ -9,14 +9,16 @@ the outbox relay publishes after the commit.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,7 +39,8 @@ from condmsg.relaying import OwnsOutbox
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_destination, declare_service_queue
-from outbox.enqueue import enqueue_many
+from outbox.enqueue import enqueue_all
+from outbox.message import OutboxMessage
 from outbox.table import create_tables as create_outbox_tables
 
 log = logging.getLogger(__name__)
@@ -107,13 +110,59 @@ class Sender(OwnsOutbox):
         this sender's database) the send joins the caller's transaction and is published
         only if that transaction commits.
         """
+        outgoing = Outgoing(
+            payload=payload,
+            condition=condition,
+            compensation=compensation,
+            notify_success=notify_success,
+            headers=headers,
+            content_type=content_type,
+        )
+        return self.send_many([outgoing], session=session)[0]
+
+    def send_many(
+        self, messages: Iterable[Outgoing], *, session: Session | None = None
+    ) -> list[str]:
+        """Send several conditional messages in one transaction; return their CM ids.
+
+        All or nothing, like :meth:`send` (the caller's transaction with ``session``). The
+        rows of all of them go to the database as one batch per table, so a batch costs a
+        handful of round trips however many CMs it holds: the way to send at volume.
+        """
+        cm_rows: list[dict[str, Any]] = []
+        copy_rows: list[dict[str, Any]] = []
+        comp_rows: list[dict[str, Any]] = []
+        outbox: list[OutboxMessage] = []
+        cm_ids = [self._record(m, cm_rows, copy_rows, comp_rows, outbox) for m in messages]
+        if not cm_ids:
+            return []
+        self._ensure_destinations(
+            sorted({row["routing_key"] for row in copy_rows if not row["exchange"]})
+        )
+        with self._transaction(session) as s:
+            s.execute(sa.insert(t.cms), cm_rows)
+            s.execute(sa.insert(t.copies), copy_rows)
+            s.execute(sa.insert(t.compensations), comp_rows)
+            enqueue_all(s, outbox)
+        return cm_ids
+
+    def _record(
+        self,
+        item: Outgoing,
+        cm_rows: list[dict[str, Any]],
+        copy_rows: list[dict[str, Any]],
+        comp_rows: list[dict[str, Any]],
+        outbox: list[OutboxMessage],
+    ) -> str:
+        """Add the rows and messages of one CM to the batch; return its id."""
+        condition = item.condition
         if not isinstance(condition, Condition):
             raise ConditionError(
                 f"condition must be a Destination or DestinationSet, got {type(condition).__name__}"
             )
-        condition.validate()
-        body, ctype = encode_payload(payload, content_type)
-        app_headers = check_app_headers(headers)
+        shape = _shape(condition)
+        body, ctype = encode_payload(item.payload, item.content_type)
+        app_headers = check_app_headers(item.headers)
         cm_id = str(uuid.uuid4())
         sent_at = self._clock()
         plans = plan_copies(
@@ -127,42 +176,38 @@ class Sender(OwnsOutbox):
             app_headers=app_headers,
             part_bytes=self.part_bytes,
         )
-        self._ensure_destinations([plan.routing_key for plan in plans if not plan.exchange])
-        cm_row = {
-            "cm_id": cm_id,
-            "sender": self.name,
-            "sent_at": sent_at,
-            "condition_json": condition.to_json(),
-            "evaluation_deadline": sent_at + condition.evaluation_window(),
-            "content_type": ctype,
-            "payload_size": len(body),
-            "notify_success": notify_success,
-            "state": t.CmState.PENDING.value,
-            # With no ack yet, the first instant the verdict can change on its own.
-            "next_check_at": evaluate(condition, sent_at, (), sent_at).next_check_at,
-        }
-        copy_rows = [
+        cm_rows.append(
             {
                 "cm_id": cm_id,
-                "destination": plan.destination.name,
-                "recipient": plan.destination.recipient,
-                "message_id": plan.message_id,
-                "exchange": plan.exchange,
-                "routing_key": plan.routing_key,
-                "requires": plan.requires.value,
-                "parts": len(plan.messages),
+                "sender": self.name,
+                "sent_at": sent_at,
+                "condition_json": shape.json,
+                "evaluation_deadline": sent_at + shape.window,
+                "content_type": ctype,
+                "payload_size": len(body),
+                "notify_success": item.notify_success,
+                "state": t.CmState.PENDING.value,
+                # With no ack yet, the first instant the verdict can change on its own.
+                "next_check_at": None if shape.first_check is None else sent_at + shape.first_check,
             }
-            for plan in plans
-        ]
-        comp_rows = [
-            self._compensation_row(cm_id, plan.destination.name, compensation) for plan in plans
-        ]
-        messages = [m for plan in plans for m in plan.messages]
-        with self._transaction(session) as s:
-            s.execute(sa.insert(t.cms), [cm_row])
-            s.execute(sa.insert(t.copies), copy_rows)
-            s.execute(sa.insert(t.compensations), comp_rows)
-            enqueue_many(s, messages)
+        )
+        for plan in plans:
+            copy_rows.append(
+                {
+                    "cm_id": cm_id,
+                    "destination": plan.destination.name,
+                    "recipient": plan.destination.recipient,
+                    "message_id": plan.message_id,
+                    "exchange": plan.exchange,
+                    "routing_key": plan.routing_key,
+                    "requires": plan.requires.value,
+                    "parts": len(plan.messages),
+                }
+            )
+            comp_rows.append(
+                self._compensation_row(cm_id, plan.destination.name, item.compensation)
+            )
+            outbox.extend(plan.messages)
         return cm_id
 
     @contextmanager
@@ -279,6 +324,41 @@ class Sender(OwnsOutbox):
                 self._declared.add(queue)
         finally:
             connection.close()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outgoing:
+    """One conditional message for :meth:`Sender.send_many` (the arguments of ``send``)."""
+
+    payload: object
+    condition: Condition
+    compensation: object | None = None
+    notify_success: bool = False
+    headers: Mapping[str, Any] | None = None
+    content_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What a send derives from its condition alone, computed once per distinct condition."""
+
+    json: str
+    window: timedelta
+    #: ``next_check_at - sent_at`` of a CM with no ack yet (evaluation is relative to
+    #: ``sent_at``), or None if nothing can change on its own.
+    first_check: timedelta | None
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape(condition: Condition) -> _Shape:
+    condition.validate()
+    origin = datetime(2000, 1, 1, tzinfo=UTC)
+    first = evaluate(condition, origin, (), origin).next_check_at
+    return _Shape(
+        json=condition.to_json(),
+        window=condition.evaluation_window(),
+        first_check=None if first is None else first - origin,
+    )
 
 
 def _utc(value: datetime) -> datetime:

@@ -10,7 +10,7 @@ compensations. A CM still pending gets its next check time, shifted by the grace
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,12 +18,13 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from condmsg import protocol as p
+from condmsg.acks import Ack
 from condmsg.copies import notice_message
 from condmsg.evaluation import Verdict, evaluate
 from condmsg.outcome import OUTCOME_CONTENT_TYPE, OUTCOME_TYPE, Outcome
 from condmsg.payloads import JSON
 from evaluator import store
-from outbox.enqueue import enqueue_many
+from outbox.enqueue import enqueue_all
 from outbox.message import OutboxMessage
 
 
@@ -40,10 +41,17 @@ def judge(
     now: datetime,
     ack_grace: timedelta,
     instance: str,
+    acks: Mapping[str, Sequence[Ack]] | None = None,
+    copies: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Decided:
-    """Evaluate the pending CMs among ``cms`` and decide those whose verdict is final."""
+    """Evaluate the pending CMs among ``cms`` and decide those whose verdict is final.
+
+    ``acks`` (the counted acks per CM) and ``copies`` (per CM, by destination) spare the
+    queries when the caller has them already (the ack intake does); else they are read.
+    """
     pending = {cm_id: cm for cm_id, cm in cms.items() if cm.state == "pending"}
-    acks = store.counted_acks(session, pending)
+    if acks is None:
+        acks = store.counted_acks(session, pending)
     effective = now - ack_grace
     done = Decided()
     reschedule: list[tuple[str, datetime | None]] = []
@@ -74,17 +82,22 @@ def judge(
     # One statement per kind for the whole batch, not per CM (round trips dominate).
     won = store.decide_many(session, rows, instance=instance, decided_at=now)
     decided = [pending[cm_id] for cm_id in verdicts if cm_id in won]
-    _write_actions(session, decided, verdicts, now)
+    _write_actions(session, decided, verdicts, now, copies)
     done.outcomes = [verdicts[cm.cm_id] for cm in decided]
     return done
 
 
 def _write_actions(
-    session: Session, cms: list[store.CmRow], outcomes: dict[str, Outcome], now: datetime
+    session: Session,
+    cms: list[store.CmRow],
+    outcomes: dict[str, Outcome],
+    now: datetime,
+    copies: Mapping[str, Mapping[str, Any]] | None,
 ) -> None:
     if not cms:
         return
-    copies = store.copies_of(session, [cm.cm_id for cm in cms])
+    if copies is None:
+        copies = store.copies_of(session, [cm.cm_id for cm in cms])
     failed = [cm.cm_id for cm in cms if outcomes[cm.cm_id].verdict is Verdict.VIOLATED]
     compensations = store.compensations_of(session, failed)
     messages: list[OutboxMessage] = []
@@ -117,7 +130,7 @@ def _write_actions(
                         _notice(p.MessageKind.COMPENSATION, cm, copy, row.body, row.content_type)
                     )
     store.release_compensations(session, failed, now)
-    enqueue_many(session, messages)
+    enqueue_all(session, messages)
 
 
 def _notice(

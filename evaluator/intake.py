@@ -23,7 +23,7 @@ from condmsg.acks import Ack
 from condmsg.errors import ProtocolError
 from condmsg.evaluation import evaluate
 from evaluator import store
-from outbox.enqueue import enqueue_many
+from outbox.enqueue import enqueue_all
 from outbox.message import OutboxMessage
 
 Kind = t.AnomalyKind
@@ -34,6 +34,10 @@ class Intake:
     """What one batch did: CMs to re-evaluate, and counts for the metrics."""
 
     touched: dict[str, store.CmRow] = field(default_factory=dict)
+    #: Per touched CM, every ack that counts (stored earlier or in this batch).
+    acks: dict[str, list[Ack]] = field(default_factory=dict)
+    #: Per CM of the batch, its copies by destination (for the outcome actions).
+    copies: dict[str, dict[str, Any]] = field(default_factory=dict)
     stored: int = 0
     dead: int = 0
     anomalies: Counter[str] = field(default_factory=Counter)
@@ -60,11 +64,13 @@ def ingest(
                 )
             )
     if dead:
-        enqueue_many(session, dead)
+        enqueue_all(session, dead)
         intake.dead = len(dead)
     cms = store.load_cms(session, (a.cm_id for a in decoded), lock=True)
-    copies = store.copies_of(session, cms)
-    decided = store.counted_acks(session, [c for c, cm in cms.items() if cm.state != "pending"])
+    copies = intake.copies = store.copies_of(session, cms)
+    # What counted before this batch: for a decided CM to judge a late ack, for a pending
+    # one to be judged below with this batch's acks added (no second query).
+    prior = store.counted_acks(session, cms)
     rows: list[dict[str, Any]] = []
     anomalies: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -102,7 +108,7 @@ def ingest(
             anomaly(Kind.DUPLICATE, ack, "the same ack twice in one batch")
         else:
             seen.add(ack.ack_id)
-            rows.append(_row(ack, cm, decided.get(ack.cm_id, []), now))
+            rows.append(_row(ack, cm, prior.get(ack.cm_id, []), now))
     inserted = store.insert_acks(session, rows)
     by_id = {a.ack_id: a for a in decoded}
     for row in rows:
@@ -114,6 +120,10 @@ def ingest(
         cm = cms[ack.cm_id]
         if cm.state == "pending":
             intake.touched[cm.cm_id] = cm
+            counted = intake.acks.get(cm.cm_id)
+            if counted is None:
+                counted = intake.acks[cm.cm_id] = list(prior.get(cm.cm_id, []))
+            counted.append(ack.to_ack())
         elif row["status"] == t.AckStatus.CHANGES_VERDICT.value:
             anomaly(
                 Kind.LATE_CHANGES_VERDICT,

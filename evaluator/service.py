@@ -219,7 +219,13 @@ class Evaluator:
         with Session(self.engine) as session, session.begin():
             intake = ingest(session, bodies, sender=self.sender, secret=self.secret, now=now)
             result = decisions.judge(
-                session, intake.touched, now=now, ack_grace=self.ack_grace, instance=self.instance
+                session,
+                intake.touched,
+                now=now,
+                ack_grace=self.ack_grace,
+                instance=self.instance,
+                acks=intake.acks,
+                copies=intake.copies,
             )
         self.metrics.observe_intake(intake)
         self.metrics.observe_decisions(result.outcomes)

@@ -151,6 +151,8 @@ def decide_many(
     """
     if not rows:
         return set()
+    if session.get_bind().dialect.name == "postgresql":
+        return _decide_many_pg(session, rows)
     columns = [c for c in rows[0] if c != "cm_id"]
     stmt = (
         sa.update(t.cms)
@@ -168,9 +170,46 @@ def decide_many(
     return {row.cm_id for row in session.execute(query)}
 
 
+#: The PostgreSQL types of a decision's columns (see ``decisions.judge``).
+_DECISION_COLUMNS = {
+    "cm_id": "text",
+    "state": "text",
+    "next_check_at": "timestamptz",
+    "decided_at": "timestamptz",
+    "effective_at": "timestamptz",
+    "reasons_json": "text",
+    "facts_json": "text",
+    "decided_by": "text",
+}
+
+
+def _decide_many_pg(session: Session, rows: Sequence[dict[str, Any]]) -> set[str]:
+    """:func:`decide_many` as one ``UPDATE ... FROM unnest(...) RETURNING`` statement."""
+    arrays = ", ".join(f"CAST(:{c} AS {type_}[])" for c, type_ in _DECISION_COLUMNS.items())
+    sets = ", ".join(f"{c} = d.{c}" for c in _DECISION_COLUMNS if c != "cm_id")
+    stmt = sa.text(
+        f"UPDATE {t.cms.name} AS cm SET {sets} "
+        f"FROM unnest({arrays}) AS d({', '.join(_DECISION_COLUMNS)}) "
+        f"WHERE cm.cm_id = d.cm_id AND cm.state = '{t.CmState.PENDING.value}' "
+        "RETURNING cm.cm_id"
+    )
+    params = {c: [row[c] for row in rows] for c in _DECISION_COLUMNS}
+    return {row.cm_id for row in session.execute(stmt, params)}
+
+
 def set_next_checks(session: Session, rows: Sequence[tuple[str, datetime | None]]) -> None:
-    """Reschedule pending CMs (one executemany)."""
+    """Reschedule pending CMs (one statement on PostgreSQL, else one executemany)."""
     if not rows:
+        return
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            sa.text(
+                f"UPDATE {t.cms.name} AS cm SET next_check_at = d.at "
+                "FROM unnest(CAST(:ids AS text[]), CAST(:ats AS timestamptz[])) AS d(cm_id, at) "
+                f"WHERE cm.cm_id = d.cm_id AND cm.state = '{t.CmState.PENDING.value}'"
+            ),
+            {"ids": [cm_id for cm_id, _ in rows], "ats": [at for _, at in rows]},
+        )
         return
     stmt = (
         sa.update(t.cms)

@@ -56,7 +56,7 @@ from bench._common import (
 )
 from condmsg import Condition, Destination, DestinationSet
 from condmsg import protocol as p
-from condmsg.sender import Sender
+from condmsg.sender import Outgoing, Sender
 from outbox.relay import Relay
 from outbox.table import DEFAULT_TABLE_NAME
 
@@ -230,7 +230,8 @@ def run_threads(threads: int, work: Callable[[int], None]) -> None:
 def send_cms(
     sender: Sender, payload: bytes, cond: Condition, n: int, threads: int, batch: int
 ) -> None:
-    """``n`` sends from ``threads`` threads; ``batch`` > 1 shares one session per batch."""
+    """``n`` sends from ``threads`` threads; ``batch`` > 1 sends ``batch`` CMs per
+    ``send_many`` call (one transaction each)."""
 
     def work(k: int) -> None:
         mine = n // threads + (1 if k < n % threads else 0)
@@ -239,9 +240,8 @@ def send_cms(
                 sender.send(payload, cond)
             return
         for start in range(0, mine, batch):
-            with Session(sender.engine) as session, session.begin():
-                for _ in range(min(batch, mine - start)):
-                    sender.send(payload, cond, session=session)
+            outgoing = Outgoing(payload=payload, condition=cond)
+            sender.send_many([outgoing] * min(batch, mine - start))
 
     run_threads(threads, work)
 
@@ -278,11 +278,9 @@ def sample_copy(admin: Queues, queue: str) -> pika.BasicProperties:
 
 def fill(sender: Sender, relay: Relay, admin: Queues, payload: bytes, queue: str, n: int) -> None:
     """Put ``n`` fresh copies in ``queue`` (batched sends, relayed; not timed)."""
-    cond = Destination(queue, pickup_within=PICKUP)
+    outgoing = Outgoing(payload=payload, condition=Destination(queue, pickup_within=PICKUP))
     for start in range(0, n, 500):
-        with Session(sender.engine) as session, session.begin():
-            for _ in range(min(500, n - start)):
-                sender.send(payload, cond, session=session)
+        sender.send_many([outgoing] * min(500, n - start))
     relay.drain(timeout_s=120)
     admin.wait_depth([queue], n)
 

@@ -13,10 +13,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from condmsg import ConditionError, Destination, DestinationSet
+from condmsg import ConditionError, Destination, DestinationSet, evaluate
 from condmsg import protocol as p
 from condmsg import sender_tables as t
 from condmsg.protocol import MessageKind
+from condmsg.sender import Outgoing
 
 from .condmsg_helpers import SECRET, get_all, publish_copy, wait_for
 
@@ -286,3 +287,55 @@ def test_a_receiver_with_the_secret_rejects_a_forged_copy(
     assert [props.headers[p.H_REASON] for props, _ in moved] == [
         "bad token: the copy's HMAC does not verify"
     ]
+
+
+def test_send_many_records_every_cm_in_one_transaction_and_fans_each_out(
+    db_url: str, unique_name: str, make_sender: Any, channel: Any
+) -> None:
+    sender = make_sender(db_url, _name(unique_name))
+    one, two = f"{unique_name}.q0", f"{unique_name}.q1"
+    pair = DestinationSet(Destination(one), Destination(two), pickup_within=timedelta(seconds=9))
+    cm_ids = sender.send_many(
+        [
+            Outgoing(payload=b"a", condition=Destination(one, pickup_within=timedelta(seconds=5))),
+            Outgoing(payload={"n": 2}, condition=pair, compensation=b"undo 2", headers={"x": 1}),
+            Outgoing(payload="c", condition=pair, notify_success=True),
+        ]
+    )
+    assert len(set(cm_ids)) == 3
+    with sender.engine.connect() as conn:
+        cms = {r.cm_id: r for r in conn.execute(sa.select(t.cms))}
+        copies = conn.execute(sa.select(t.copies.c.cm_id, t.copies.c.destination)).all()
+        comps = {(r.cm_id, r.destination): r for r in conn.execute(sa.select(t.compensations))}
+    assert set(cms) == set(cm_ids)
+    assert [cms[c].notify_success for c in cm_ids] == [False, False, True]
+    # The first check of a CM with no ack yet is exactly what evaluate says at sent_at.
+    for cm_id, condition in zip(
+        cm_ids, [Destination(one, pickup_within=timedelta(seconds=5)), pair, pair], strict=True
+    ):
+        sent_at = cms[cm_id].sent_at.replace(tzinfo=UTC)  # SQLite hands back naive UTC
+        expected = evaluate(condition, sent_at, (), sent_at).next_check_at
+        assert cms[cm_id].next_check_at.replace(tzinfo=UTC) == expected
+    assert sorted(copies) == sorted(
+        [(cm_ids[0], one), (cm_ids[1], one), (cm_ids[1], two), (cm_ids[2], one), (cm_ids[2], two)]
+    )
+    assert comps[(cm_ids[1], two)].body == b"undo 2"
+    assert comps[(cm_ids[2], one)].system_generated
+    _relay(sender)
+    at_one = get_all(channel, one)
+    at_two = get_all(channel, two)
+    assert [props.correlation_id for props, _ in at_one] == cm_ids  # in send order
+    assert [props.correlation_id for props, _ in at_two] == cm_ids[1:]
+    assert at_one[1][0].headers["x"] == 1
+
+
+def test_send_many_is_all_or_nothing(sqlite_url: str, unique_name: str, make_sender: Any) -> None:
+    sender = make_sender(sqlite_url, _name(unique_name))
+    good = Outgoing(payload=b"ok", condition=Destination("q", pickup_within=timedelta(seconds=1)))
+    bad = Outgoing(payload=b"no", condition=Destination("q"))  # no deadline: invalid
+    with pytest.raises(ConditionError, match="no pickup_within or process_within"):
+        sender.send_many([good, bad])
+    assert sender.send_many([]) == []
+    with sender.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(t.cms)).scalar_one() == 0
+        assert conn.execute(sa.text("SELECT count(*) FROM condmsg_outbox")).scalar_one() == 0

@@ -1,4 +1,5 @@
-"""The paper's two examples as scripted ack timelines, evaluated step by step.
+"""The paper's two examples as scripted ack timelines, evaluated step by step
+(``python -m condmsg.demo --timelines``: pure evaluation, no services).
 
 Each scenario is a condition plus a list of steps; a step is either an ack that arrives or
 a moment at which the clock is looked at. At every step the pure ``evaluate`` judges the
@@ -129,3 +130,36 @@ def run(scenario: Scenario) -> Iterator[tuple[Step, EvaluationResult]]:
         yield step, result
         if result.decided:
             return
+
+
+def _offset(at: datetime | timedelta) -> str:
+    delta = at - SENT_AT if isinstance(at, datetime) else at
+    seconds = delta.total_seconds()
+    if seconds >= 86_400:
+        return f"+{seconds / 86_400:.2f}d"
+    if seconds >= 3600:
+        return f"+{seconds / 3600:.1f}h"
+    return f"+{seconds:.1f}s"
+
+
+def show(scenario: Scenario) -> str:
+    """Print the scenario step by step; returns its final verdict."""
+    print(f"\n== {scenario.title}")
+    print(f"   condition: {scenario.condition!r}")
+    final = "pending"
+    for step, result in run(scenario):
+        nxt = _offset(result.next_check_at) if result.next_check_at else "-"
+        when, verdict = _offset(step.at), result.verdict.value
+        print(f"   {when:>9}  {step.note:<48} -> {verdict:<9} next check {nxt}")
+        for reason in result.reasons:
+            print(f"{'':16}{reason}")
+        final = verdict
+    return final
+
+
+def main() -> int:
+    print("condmsg demo: pure evaluation of the paper's examples (sent_at = +0)")
+    outcomes = [show(s) for s in scenarios()]
+    print("\nverdicts:", ", ".join(outcomes))
+    expected = ["satisfied", "violated", "satisfied", "violated"]
+    return 0 if outcomes == expected else 1

@@ -8,11 +8,16 @@ read-then-write transaction takes the write lock up front instead of failing to 
 
 from __future__ import annotations
 
+import functools
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine.url import make_url
+from sqlalchemy.orm import Session
 
 from condmsg.errors import StoreError
 
@@ -71,3 +76,33 @@ def check_reachable(engine: Engine) -> None:
             f"cannot reach the database at {describe_db_url(str(engine.url))}: "
             f"{str(exc.orig).splitlines()[0] if exc.orig else exc}; is it running?"
         ) from None
+
+
+def bulk_insert(session: Session, table: sa.Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert ``rows`` (all with the same keys) in the caller's transaction.
+
+    On PostgreSQL this is one ``INSERT ... SELECT * FROM unnest(<one array per column>)``:
+    a short statement, parsed once and sent in one round trip, whatever the batch size.
+    Elsewhere it is SQLAlchemy's executemany.
+    """
+    if not rows:
+        return
+    if session.get_bind().dialect.name != "postgresql":
+        session.execute(sa.insert(table), list(rows))
+        return
+    columns = tuple(rows[0])
+    arrays = {f"a_{c}": [row[c] for row in rows] for c in columns}
+    for column in columns:
+        if isinstance(table.c[column].type, sa.JSON):
+            values = arrays[f"a_{column}"]
+            arrays[f"a_{column}"] = [None if v is None else json.dumps(v) for v in values]
+    session.execute(_unnest_insert(table, columns), arrays)
+
+
+@functools.lru_cache(maxsize=64)
+def _unnest_insert(table: sa.Table, columns: tuple[str, ...]) -> sa.TextClause:
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    casts = ", ".join(
+        f"CAST(:a_{c} AS {table.c[c].type.compile(dialect=dialect)}[])" for c in columns
+    )
+    return sa.text(f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({casts})")

@@ -30,7 +30,7 @@ from condmsg import sender_tables as t
 from condmsg.amqp import connect
 from condmsg.conditions import Condition
 from condmsg.copies import check_app_headers, plan_copies
-from condmsg.db import make_engine
+from condmsg.db import bulk_insert, make_engine
 from condmsg.errors import BrokerError, ConditionError, ConfigError
 from condmsg.evaluation import Verdict, evaluate
 from condmsg.outcome import Outcome
@@ -140,9 +140,9 @@ class Sender(OwnsOutbox):
             sorted({row["routing_key"] for row in copy_rows if not row["exchange"]})
         )
         with self._transaction(session) as s:
-            s.execute(sa.insert(t.cms), cm_rows)
-            s.execute(sa.insert(t.copies), copy_rows)
-            s.execute(sa.insert(t.compensations), comp_rows)
+            bulk_insert(s, t.cms, cm_rows)
+            bulk_insert(s, t.copies, copy_rows)
+            bulk_insert(s, t.compensations, comp_rows)
             enqueue_all(s, outbox)
         return cm_ids
 

@@ -8,7 +8,6 @@ business rows written in it (and vanish with them on rollback).
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -83,16 +82,15 @@ def enqueue_all(
     if not batch:
         return 0
     now = datetime.now(UTC)
-    rows = [row_values(m, now) for m in batch]
     bind = session.get_bind() if isinstance(session, Session) else session
     if bind.dialect.name == "postgresql":
         # One array per column: one short statement for the whole batch, which PostgreSQL
         # parses once and the driver sends in one round trip.
-        arrays = {c: [row[c] for row in rows] for c in _PG_ARRAYS}
-        arrays["headers"] = [None if h is None else json.dumps(h) for h in arrays["headers"]]
+        arrays = {c: [getattr(m, c) for m in batch] for c in _PG_ARRAYS if c != "headers"}
+        arrays["headers"] = [m.headers_text() for m in batch]
         session.execute(_pg_insert(table_name), arrays | {"created_at": now})
     else:
-        session.execute(sa.insert(outbox_table(table_name)), rows)
+        session.execute(sa.insert(outbox_table(table_name)), [row_values(m, now) for m in batch])
     return len(batch)
 
 

@@ -136,6 +136,12 @@ class OutboxMessage:
             object.__setattr__(message, name, value)
         return message
 
+    def headers_text(self) -> str | None:
+        """Headers as one JSON document (what the JSON column holds), or ``None``."""
+        if self.headers is None:
+            return None
+        return json.dumps(dict(self.headers), separators=(",", ":"))
+
     def headers_json(self) -> dict[str, Any] | None:
         """Headers as a plain dict (what the JSON column stores), or ``None``."""
         if self.headers is None:

@@ -128,6 +128,8 @@ anomalies = sa.Table(
     sa.Column("recorded_at", _TS, nullable=False),
 )
 sa.Index("ix_condmsg_anomaly_recorded_at", anomalies.c.recorded_at)
+# Retention archives a CM's anomalies with it; `condmsg status` lists them per CM.
+sa.Index("ix_condmsg_anomaly_cm_id", anomalies.c.cm_id)
 
 
 class AnomalyKind(StrEnum):

@@ -20,21 +20,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from psycopg.types.json import Json
-from sqlalchemy.orm import Session
 
 from ackd.tables import rlog
+from outbox.pg import driver_connection, wrapped
 from outbox.table import outbox_table
 
-
-def driver_connection(session: Session) -> psycopg.Connection[Any] | None:
-    """The psycopg connection under ``session`` (checked out now), or None elsewhere."""
-    conn = session.connection()
-    if conn.dialect.name != "postgresql" or conn.dialect.driver != "psycopg":
-        return None
-    driver = conn.connection.driver_connection
-    return driver if isinstance(driver, psycopg.Connection) else None
+__all__ = ["claim", "commit_ack_statement", "driver_connection", "execute_and_commit"]
 
 
 def claim(raw: psycopg.Connection[Any], values: Mapping[str, Any]) -> bool:
@@ -46,7 +38,7 @@ def claim(raw: psycopg.Connection[Any], values: Mapping[str, Any]) -> bool:
             cursor.execute(sql, values)
             return cursor.fetchone() is not None
     except psycopg.Error as exc:
-        raise _wrapped(sql, values, exc) from exc
+        raise wrapped(sql, values, exc) from exc
 
 
 def execute_and_commit(
@@ -64,7 +56,7 @@ def execute_and_commit(
                 cursor.execute(sql, values)
             raw.commit()
     except psycopg.Error as exc:
-        raise _wrapped(sql, {}, exc) from exc
+        raise wrapped(sql, {}, exc) from exc
 
 
 def commit_ack_statement(
@@ -100,8 +92,3 @@ def _commit_ack_sql(outbox_columns: tuple[str, ...], rlog_columns: tuple[str, ..
         f"INSERT INTO {table} ({', '.join(outbox_columns)}) "
         f"VALUES ({', '.join(f'%(o_{c})s' for c in outbox_columns)})"
     )
-
-
-def _wrapped(sql: str, values: Mapping[str, Any], exc: psycopg.Error) -> sa.exc.StatementError:
-    """The error as SQLAlchemy would have raised it (callers inspect ``.orig.sqlstate``)."""
-    return sa.exc.DBAPIError.instance(sql, dict(values), exc, psycopg.Error)

@@ -20,6 +20,7 @@ from sqlalchemy.engine.url import make_url
 from sqlalchemy.orm import Session
 
 from condmsg.errors import StoreError
+from outbox import pg
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -81,28 +82,26 @@ def check_reachable(engine: Engine) -> None:
 def bulk_insert(session: Session, table: sa.Table, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert ``rows`` (all with the same keys) in the caller's transaction.
 
-    On PostgreSQL this is one ``INSERT ... SELECT * FROM unnest(<one array per column>)``:
-    a short statement, parsed once and sent in one round trip, whatever the batch size.
-    Elsewhere it is SQLAlchemy's executemany.
+    On PostgreSQL (psycopg) this is one ``INSERT ... SELECT * FROM unnest(...)`` statement
+    with an array per column (:mod:`outbox.pg`), whatever the batch size; elsewhere it is
+    SQLAlchemy's executemany.
     """
     if not rows:
         return
-    if session.get_bind().dialect.name != "postgresql":
+    raw = pg.driver_connection(session)
+    if raw is None:
         session.execute(sa.insert(table), list(rows))
         return
     columns = tuple(rows[0])
-    arrays = {f"a_{c}": [row[c] for row in rows] for c in columns}
+    arrays = {c: [row[c] for row in rows] for c in columns}
     for column in columns:
         if isinstance(table.c[column].type, sa.JSON):
-            values = arrays[f"a_{column}"]
-            arrays[f"a_{column}"] = [None if v is None else json.dumps(v) for v in values]
-    session.execute(_unnest_insert(table, columns), arrays)
+            arrays[column] = [None if v is None else json.dumps(v) for v in arrays[column]]
+    pg.execute(raw, _unnest_insert(table, columns), arrays)
 
 
 @functools.lru_cache(maxsize=64)
-def _unnest_insert(table: sa.Table, columns: tuple[str, ...]) -> sa.TextClause:
+def _unnest_insert(table: sa.Table, columns: tuple[str, ...]) -> str:
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
-    casts = ", ".join(
-        f"CAST(:a_{c} AS {table.c[c].type.compile(dialect=dialect)}[])" for c in columns
-    )
-    return sa.text(f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({casts})")
+    types = {c: str(table.c[c].type.compile(dialect=dialect)) for c in columns}
+    return pg.unnest_insert(table.name, types)

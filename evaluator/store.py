@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from condmsg import sender_tables as t
 from condmsg.acks import Ack, AckKind
 from condmsg.conditions import Condition
+from outbox import pg
 
 
 @lru_cache(maxsize=4096)
@@ -98,16 +99,15 @@ def insert_acks(session: Session, rows: Sequence[dict[str, Any]]) -> set[str]:
     already stored: duplicates)."""
     if not rows:
         return set()
-    if session.get_bind().dialect.name == "postgresql":
+    raw = pg.driver_connection(session)
+    if raw is not None:
         # One array per column: a short statement whatever the batch size (a multi-row
         # VALUES of a whole batch costs more to build and parse than to execute).
-        arrays = ", ".join(f"CAST(:{c} AS {type_}[])" for c, type_ in _ACK_COLUMNS.items())
-        stmt = sa.text(
-            f"INSERT INTO {t.acks.name} ({', '.join(_ACK_COLUMNS)}) SELECT * FROM unnest({arrays})"
-            " ON CONFLICT (ack_id) DO NOTHING RETURNING ack_id"
+        sql = pg.unnest_insert(
+            t.acks.name, _ACK_COLUMNS, suffix="ON CONFLICT (ack_id) DO NOTHING RETURNING ack_id"
         )
         params = {c: [row[c] for row in rows] for c in _ACK_COLUMNS}
-        return {r.ack_id for r in session.execute(stmt, params)}
+        return {ack_id for (ack_id,) in pg.execute(raw, sql, params)}
     insert = (
         sqlite.insert(t.acks)
         .values(list(rows))
@@ -151,8 +151,9 @@ def decide_many(
     """
     if not rows:
         return set()
-    if session.get_bind().dialect.name == "postgresql":
-        return _decide_many_pg(session, rows)
+    raw = pg.driver_connection(session)
+    if raw is not None:
+        return _decide_many_pg(raw, rows)
     columns = [c for c in rows[0] if c != "cm_id"]
     stmt = (
         sa.update(t.cms)
@@ -183,31 +184,31 @@ _DECISION_COLUMNS = {
 }
 
 
-def _decide_many_pg(session: Session, rows: Sequence[dict[str, Any]]) -> set[str]:
+def _decide_many_pg(raw: Any, rows: Sequence[dict[str, Any]]) -> set[str]:
     """:func:`decide_many` as one ``UPDATE ... FROM unnest(...) RETURNING`` statement."""
-    arrays = ", ".join(f"CAST(:{c} AS {type_}[])" for c, type_ in _DECISION_COLUMNS.items())
+    arrays = ", ".join(f"CAST(%({c})b AS {type_}[])" for c, type_ in _DECISION_COLUMNS.items())
     sets = ", ".join(f"{c} = d.{c}" for c in _DECISION_COLUMNS if c != "cm_id")
-    stmt = sa.text(
+    sql = (
         f"UPDATE {t.cms.name} AS cm SET {sets} "
         f"FROM unnest({arrays}) AS d({', '.join(_DECISION_COLUMNS)}) "
         f"WHERE cm.cm_id = d.cm_id AND cm.state = '{t.CmState.PENDING.value}' "
         "RETURNING cm.cm_id"
     )
     params = {c: [row[c] for row in rows] for c in _DECISION_COLUMNS}
-    return {row.cm_id for row in session.execute(stmt, params)}
+    return {cm_id for (cm_id,) in pg.execute(raw, sql, params)}
 
 
 def set_next_checks(session: Session, rows: Sequence[tuple[str, datetime | None]]) -> None:
     """Reschedule pending CMs (one statement on PostgreSQL, else one executemany)."""
     if not rows:
         return
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(
-            sa.text(
-                f"UPDATE {t.cms.name} AS cm SET next_check_at = d.at "
-                "FROM unnest(CAST(:ids AS text[]), CAST(:ats AS timestamptz[])) AS d(cm_id, at) "
-                f"WHERE cm.cm_id = d.cm_id AND cm.state = '{t.CmState.PENDING.value}'"
-            ),
+    raw = pg.driver_connection(session)
+    if raw is not None:
+        pg.execute(
+            raw,
+            f"UPDATE {t.cms.name} AS cm SET next_check_at = d.at "
+            "FROM unnest(CAST(%(ids)b AS text[]), CAST(%(ats)b AS timestamptz[])) AS d(cm_id, at) "
+            f"WHERE cm.cm_id = d.cm_id AND cm.state = '{t.CmState.PENDING.value}'",
             {"ids": [cm_id for cm_id, _ in rows], "ats": [at for _, at in rows]},
         )
         return

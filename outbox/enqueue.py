@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from outbox import pg
 from outbox.errors import OutboxTypeError
 from outbox.message import HeaderValue, OutboxMessage
 from outbox.table import DEFAULT_TABLE_NAME, PENDING, outbox_table
@@ -82,13 +83,12 @@ def enqueue_all(
     if not batch:
         return 0
     now = datetime.now(UTC)
-    bind = session.get_bind() if isinstance(session, Session) else session
-    if bind.dialect.name == "postgresql":
-        # One array per column: one short statement for the whole batch, which PostgreSQL
-        # parses once and the driver sends in one round trip.
+    raw = pg.driver_connection(session)
+    if raw is not None:
+        # One statement for the whole batch (see outbox.pg).
         arrays = {c: [getattr(m, c) for m in batch] for c in _PG_ARRAYS if c != "headers"}
         arrays["headers"] = [m.headers_text() for m in batch]
-        session.execute(_pg_insert(table_name), arrays | {"created_at": now})
+        pg.execute(raw, _pg_insert(table_name), arrays | {"created_at": now})
     else:
         session.execute(sa.insert(outbox_table(table_name)), [row_values(m, now) for m in batch])
     return len(batch)
@@ -114,14 +114,9 @@ _PG_ARRAYS = {
 
 
 @functools.cache
-def _pg_insert(table_name: str) -> sa.TextClause:
-    table = outbox_table(table_name)
-    columns = ", ".join(["created_at", "state", "attempts", *_PG_ARRAYS])
-    unnest = ", ".join(f"CAST(:{c} AS {type_}[])" for c, type_ in _PG_ARRAYS.items())
-    return sa.text(
-        f"INSERT INTO {table.name} ({columns}) "
-        f"SELECT :created_at, '{PENDING}', 0, u.* FROM unnest({unnest}) AS u"
-    )
+def _pg_insert(table_name: str) -> str:
+    constants = {"created_at": "%(created_at)s", "state": f"'{PENDING}'", "attempts": "0"}
+    return pg.unnest_insert(outbox_table(table_name).name, _PG_ARRAYS, constants=constants)
 
 
 def _checked(messages: Iterable[OutboxMessage], caller: str) -> list[OutboxMessage]:

@@ -30,8 +30,9 @@ from functools import partial
 from pathlib import Path
 
 from condmsg import demo_example1, demo_example2, demo_timelines
+from condmsg.amqp import connect
 from condmsg.cli import main as condmsg_main
-from condmsg.db import describe_db_url
+from condmsg.db import check_reachable, describe_db_url, make_engine
 from condmsg.demo_agents import OutcomeListener, RxProcess
 from condmsg.demo_audit import export_and_audit
 from condmsg.demo_setup import (
@@ -79,6 +80,16 @@ def _pg_url(args: argparse.Namespace) -> str:
     return settings.db_url if settings.db_url.startswith("postgresql") else settings.test_pg_url
 
 
+def _check_services(pg_url: str, amqp_url: str) -> None:
+    """StoreError / BrokerError naming the service that does not answer, and how to start it."""
+    engine = make_engine(pg_url)
+    try:
+        check_reachable(engine)
+    finally:
+        engine.dispose()
+    connect(amqp_url, name="condmsg-demo-check").close()
+
+
 class LiveDemo:
     def __init__(self, args: argparse.Namespace) -> None:
         self.names = Names(args.prefix, args.schema)
@@ -96,6 +107,7 @@ class LiveDemo:
         story.say("condmsg demo: the paper's two examples on the real services, then the audit")
         story.say(f"   RabbitMQ {self.amqp_url.split('@')[-1]}, queues {names.prefix}.*")
         story.say(f"   PostgreSQL {describe_db_url(self.pg_url)}, schema {names.schema} (+ _rx_*)")
+        _check_services(self.pg_url, self.amqp_url)
         shutil.rmtree(self.out, ignore_errors=True)
         logs = self.out / "logs"
         logs.mkdir(parents=True)
@@ -227,12 +239,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CondmsgError as exc:
         print(f"\ncondmsg demo: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the services were stopped and the queues deleted
+        return 130
     failed = demo.checks.failed
     took = time.monotonic() - started
     if failed:
         print(f"\ncondmsg demo FAILED ({len(failed)} checks, {took:.0f} s):", file=sys.stderr)
         for text in failed:
             print(f"  ✗ {text}", file=sys.stderr)
+        print(f"  the services' logs are in {demo.out / 'logs'}", file=sys.stderr)
         return 1
     print(f"\ncondmsg demo passed: {demo.checks.passed} checks in {took:.0f} s")
     return 0

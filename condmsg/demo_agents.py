@@ -14,6 +14,7 @@ from typing import Any
 
 from condmsg.demo_setup import wait_for
 from condmsg.demo_story import Story
+from condmsg.errors import CondmsgError
 from condmsg.outcome import Outcome
 from condmsg.sender import Sender
 from condmsg.timeutil import utcnow
@@ -166,13 +167,17 @@ class OutcomeListener:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            # Returns after half a second without a notification, to look at the stop flag.
-            for outcome in self.sender.outcomes(timeout=0.5):
-                with self._lock:
-                    self._arrived[outcome.cm_id] = (outcome, utcnow())
-                self.story.outcome(outcome)
-                if self._stop.is_set():
-                    break
+            try:
+                # Returns after half a second without a notification, to look at the flag.
+                for outcome in self.sender.outcomes(timeout=0.5):
+                    with self._lock:
+                        self._arrived[outcome.cm_id] = (outcome, utcnow())
+                    self.story.outcome(outcome)
+                    if self._stop.is_set():
+                        break
+            except CondmsgError as exc:  # the broker went away: say so, try again
+                self.story.say(f"   (outcome queue: {exc}; reconnecting)")
+                self._stop.wait(1.0)
 
     def get(self, cm_id: str) -> Outcome | None:
         with self._lock:

@@ -214,3 +214,26 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         delete_test_queues()
     except Exception as exc:  # cleanup must never turn a result into an error
         print(f"warning: could not delete test queues: {exc}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep ``--dist loadgroup`` honouring ``xdist_group`` marks on pytest >= 9.2.
+
+    pytest-xdist tells its scheduler a test's group by appending ``@group`` to the node id
+    through the legacy ``item._nodeid`` attribute, which pytest 9.2's structured node ids
+    ignore (pytest-dev/pytest-xdist#1386): tests meant to share a worker (the Spark tests
+    and the demo, one JVM at a time) would be spread over both. Where xdist's suffix did
+    not take effect, this sets it through the structured id; elsewhere it does nothing.
+    """
+    if not getattr(config.option, "loadgroup", False):
+        return
+    try:
+        from _pytest.nodeid import coerce_node_id
+    except ImportError:  # an older pytest, where xdist's own mutation works
+        return
+    for item in items:
+        groups = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args})
+        suffix = "@" + "_".join(groups)
+        if groups and not item.nodeid.endswith(suffix):
+            item._id = coerce_node_id(item.nodeid + suffix)  # type: ignore[attr-defined]

@@ -1,13 +1,15 @@
 """Send and receive benchmark: conditional messages next to raw pika + PostgreSQL.
 
-(a) Send: ``Sender.send()`` to 1 and to 4 destinations, one PostgreSQL transaction per
-    send, from ``--senders`` threads, with the sender's outbox relay running in the
-    background; throughput = copies that reached the destination queues per second, from
-    the first send until every copy is in RabbitMQ (passive ``queue_declare`` counts).
-    Also a batched variant: ``--batch`` sends share one caller session (``session=``).
-    Raw baseline: a bare pika SelectConnection publishing the same number of messages,
-    with the properties and headers of a real copy, to the same queues with the relay's
-    confirm window (batch 500 x 4 in flight). Target: CM / raw >= 0.5.
+(a) Send: CMs to 1 and to 4 destinations from ``--senders`` threads, in two variants:
+    ``Sender.send()`` (one PostgreSQL transaction per CM) and ``Sender.send_many()`` with
+    ``--batch`` CMs per call (one transaction per batch: how a producer sends at volume).
+    The sender's relay runs meanwhile, by default as a ``condmsg relay`` process
+    (``--relay thread``: in-process). Throughput = copies that reached the destination
+    queues per second, from the first send until every copy is in RabbitMQ (passive
+    ``queue_declare`` counts). Raw baseline: a bare pika SelectConnection publishing the
+    same number of messages, with the properties and headers of a real copy, to the same
+    queues with the relay's confirm window (batch 500 x 4 in flight). Target: CM / raw
+    >= 0.5.
 (b) Receive: a ``Receiver`` with a PostgreSQL store handles copies one transaction each,
     inserting one app row; measured both as ``consume(transactional=True)`` and as
     ``transaction()`` + ``tx.read()``. The COMMIT ack is written to the receiver's outbox
@@ -28,11 +30,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -87,6 +93,7 @@ class Options:
     prefetch: int
     rounds: int
     ack_relay: bool
+    relay: str
 
 
 def parse_args() -> Options:
@@ -99,6 +106,12 @@ def parse_args() -> Options:
     ap.add_argument("--prefetch", type=int, default=100, help="consumer prefetch, CM and raw")
     ap.add_argument("--rounds", type=int, default=3, help="baseline/subject alternations")
     ap.add_argument("--ack-relay", action="store_true", help="run the ack relay while receiving")
+    ap.add_argument(
+        "--relay",
+        choices=("process", "thread"),
+        default="process",
+        help="the sender's relay while sending: `condmsg relay` process (default) or in-process",
+    )
     a = ap.parse_args()
     return Options(
         cms=a.cms,
@@ -109,6 +122,7 @@ def parse_args() -> Options:
         prefetch=a.prefetch,
         rounds=a.rounds,
         ack_relay=a.ack_relay,
+        relay=a.relay,
     )
 
 
@@ -373,6 +387,25 @@ class Bench:
         self.samples.setdefault(key, []).append(value)
 
 
+@contextmanager
+def sending_relay(mode: str, relay: Relay, db_url: str) -> Iterator[None]:
+    """The sender's relay during the send measurements: by default a ``condmsg relay``
+    process (the deployment docs/outbox.md recommends: it publishes on the second core
+    while the sending process records CMs), else the in-process relay thread."""
+    if mode == "thread":
+        with relay:
+            yield
+        return
+    env = dict(os.environ, CONDMSG_DB_URL=db_url, CONDMSG_AMQP_URL=AMQP_URL)
+    command = [sys.executable, "-m", "condmsg.cli", "relay", "--log-level", "WARNING"]
+    process = subprocess.Popen(command, env=env)
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+
 def measure_send(b: Bench) -> None:
     """Per round and fan-out: raw publish, then CM sends one per transaction, then batched."""
     o, admin, dests = b.o, b.admin, b.dests
@@ -381,7 +414,6 @@ def measure_send(b: Bench) -> None:
     log("warming up (declares queues, connects the relay) ...")
     for cond in (one, four):
         send_cms(b.sender, b.payload, cond, 50, 1, 1)
-    b.relay.drain(timeout_s=60)
     admin.wait_depth(dests, 250)
     props = sample_copy(admin, dests[0])  # the raw publisher sends copies of a real copy
     admin.purge(dests)
@@ -458,8 +490,9 @@ def main() -> None:
                 rx=rx,
             )
             try:
-                with relay:
+                with sending_relay(o.relay, relay, snd_url):
                     measure_send(b)
+                with relay:
                     acks_written = measure_receive(b, rcv_url, f"bench-{run}")
             finally:
                 sender.engine.dispose()
@@ -480,6 +513,7 @@ def report(o: Options, samples: dict[str, list[float]], acks_written: int) -> No
         "prefetch": o.prefetch,
         "rounds": o.rounds,
         "ack_relay_running": o.ack_relay,
+        "send_relay": o.relay,
         "send_ratio_target": SEND_TARGET,
         "receive_ratio_target": RECEIVE_TARGET,
     }

@@ -6,6 +6,7 @@ travels as a Message Sequence (sequence id, position, size) of several AMQP mess
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from condmsg import protocol as p
-from condmsg.conditions import COMPENSATION_PRIORITY, Condition, Destination
+from condmsg.conditions import COMPENSATION_PRIORITY, Condition, Delivery, Destination
 from condmsg.errors import ProtocolError
 from condmsg.timeutil import to_ms
 from outbox.message import OutboxMessage
@@ -73,10 +74,9 @@ def plan_copies(
     part_bytes: int,
 ) -> list[CopyPlan]:
     """The copies of one CM, one per destination, each split into parts if large."""
-    delivery = condition.delivery()
-    needs = requirement(condition)
+    destinations, delivery, needs = _layout(condition)
     plans: list[CopyPlan] = []
-    for dest in condition.destinations():
+    for dest in destinations:
         props = delivery[dest.name]
         message_id = uuid.uuid4().hex
         exchange = dest.exchange or ""
@@ -131,6 +131,14 @@ def plan_copies(
             )
         )
     return plans
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout(
+    condition: Condition,
+) -> tuple[tuple[Destination, ...], dict[str, Delivery], dict[str, p.Requirement]]:
+    """What the copies take from the condition alone (conditions repeat across CMs)."""
+    return condition.destinations(), condition.delivery(), requirement(condition)
 
 
 def split(body: bytes, part_bytes: int) -> list[bytes]:

@@ -22,6 +22,10 @@ from urllib.parse import quote
 import pytest
 
 AMQP_URL = os.environ.get("CONDMSG_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+#: This test run's mark in every queue name: set once by the controlling process, inherited
+#: by the xdist workers it starts, so the end-of-run sweep deletes this run's leftovers only
+#: (never the queues of another pytest run sharing the broker).
+RUN = os.environ.setdefault("CONDMSG_TEST_RUN", uuid.uuid4().hex[:4])
 PG_URL = os.environ.get("CONDMSG_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 _START_HINTS = {
@@ -103,7 +107,7 @@ def unique_name(request: pytest.FixtureRequest) -> Iterator[str]:
 
     The test's queues are deleted afterwards.
     """
-    name = f"t.{request.node.name[:24]}.{uuid.uuid4().hex[:8]}"
+    name = f"t.{request.node.name[:24]}.{RUN}x{uuid.uuid4().hex[:6]}"
     yield name
     try:
         _delete_queues_of(name)
@@ -168,10 +172,10 @@ def db_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("pg_url"))
 
 
-# Every test names its queues after ``unique_name`` ("t.<test>.<hex>...") or, for a sender,
-# "condmsg.t-<test>-<hex>.<ack|outcome|dead>". Quorum queues are Raft groups: left behind,
-# hundreds of them slow the broker's start and every later run, so the controlling process
-# deletes them once all workers are done.
+# Every test names its queues after ``unique_name`` ("t.<test>.<run>x<hex>...") or, for a
+# sender, "condmsg.t-<test>-<run>x<hex>.<ack|outcome|dead>". Quorum queues are Raft groups:
+# left behind, hundreds of them slow the broker's start and every later run, so the
+# controlling process deletes this run's once all workers are done.
 _TEST_QUEUE_PREFIXES = ("t.", "condmsg.t-")
 
 
@@ -190,7 +194,11 @@ def delete_test_queues(amqp_url: str = AMQP_URL) -> int:
         ).stdout.split()
     except (OSError, subprocess.SubprocessError):
         return 0
-    doomed = [q for q in listed if q.startswith(_TEST_QUEUE_PREFIXES)]
+    doomed = [
+        q
+        for q in listed
+        if q.startswith(_TEST_QUEUE_PREFIXES) and (f".{RUN}x" in q or f"-{RUN}x" in q)
+    ]
     if not doomed:
         return 0
     connection = pika.BlockingConnection(pika.URLParameters(amqp_url))

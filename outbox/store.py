@@ -178,8 +178,15 @@ class OutboxStore:
             txn = conn.begin()
             # The lease: a relay that stops talking while holding rows is disconnected and
             # its locks released after this long (SET LOCAL scope: this claim only).
+            # No synchronous commit for the settle: it only deletes (or parks) published
+            # rows, and if a crash loses that commit the rows simply go out again, which
+            # at-least-once delivery allows; the relay does not wait for a disk flush per
+            # batch.
             conn.execute(
-                sa.text("SELECT set_config('idle_in_transaction_session_timeout', :v, true)"),
+                sa.text(
+                    "SELECT set_config('idle_in_transaction_session_timeout', :v, true), "
+                    "set_config('synchronous_commit', 'off', true)"
+                ),
                 {"v": f"{int(self.lease_timeout_s * 1000)}ms"},
             )
             rows = self._fetch(conn, params)

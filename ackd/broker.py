@@ -66,6 +66,9 @@ class Broker:
         self._deferred: list[int] = []
         self._deferred_since = 0.0
         self._ack_batch = ACK_BATCH
+        #: Acks are deferred only while :meth:`consume` runs: its idle ticks flush them. A
+        #: lone ``read()`` has no loop that would, so its ack goes out at once.
+        self._deferring = False
 
     def _open(self) -> BlockingChannel:
         if self._channel is not None and self._channel.is_open:
@@ -125,6 +128,7 @@ class Broker:
             self._prefetch = prefetch
         # Owed acks hold prefetch slots: settle well before the window is used up.
         self._ack_batch = max(1, min(ACK_BATCH, prefetch // 4))
+        self._deferring = True
         try:
             for method, properties, body in channel.consume(queue, inactivity_timeout=inactivity_s):
                 if method is None:
@@ -133,6 +137,7 @@ class Broker:
                 else:
                     yield self._received(_delivery(queue, method, properties, body))
         finally:
+            self._deferring = False
             self.flush_acks()
             self._ack_batch = ACK_BATCH
             if channel.is_open:
@@ -143,10 +148,12 @@ class Broker:
 
         Deferring is for deliveries whose effect the receiver log already records: a crash
         before the ack makes RabbitMQ redeliver them, and the RLOG drops the redelivery.
-        Owed acks go out as one ``multiple`` ack when :data:`ACK_BATCH` are owed, when the
-        queue runs dry, after :data:`ACK_DELAY_S`, and before the connection closes.
+        It happens only while :meth:`consume` runs; owed acks go out as one ``multiple``
+        ack when :data:`ACK_BATCH` are owed, when the queue is idle (every inactivity
+        tick), after :data:`ACK_DELAY_S` while deliveries keep coming, and when consuming
+        stops or the connection closes.
         """
-        if not deferred:
+        if not (deferred and self._deferring):
             self._settle(delivery, requeue=None)
             return
         if delivery.tag not in self._unsettled:

@@ -28,6 +28,7 @@ def _broker() -> tuple[Broker, RecordingChannel]:
     broker = Broker("amqp://unused", name="t", invalid_queue="t.invalid")
     channel = RecordingChannel()
     broker._channel = channel  # type: ignore[assignment]
+    broker._deferring = True  # as while consume() runs
     return broker, channel
 
 
@@ -90,3 +91,10 @@ def test_an_old_owed_ack_is_flushed_by_the_next_delivery(monkeypatch: Any) -> No
     clock[0] += 1.0
     _deliver(broker, 3)
     assert channel.sent == [("ack", 1, True)]
+
+
+def test_outside_consume_a_deferrable_ack_goes_out_at_once() -> None:
+    broker, channel = _broker()
+    broker._deferring = False  # a lone read(): no loop would flush an owed ack
+    broker.ack(_deliver(broker, 1), deferred=True)
+    assert channel.sent == [("ack", 1, False)]

@@ -90,7 +90,7 @@ def _run(args: argparse.Namespace, say: Any) -> int:
     from spark_audit.export import read_manifest
     from spark_audit.jdbc import jdbc_source, read_jdbc
     from spark_audit.job import AuditOptions, run_audit
-    from spark_audit.readers import Window, apply_window, read_parquet
+    from spark_audit.readers import Window, read_parquet
     from spark_audit.session import SessionOptions, build_session
 
     checks = with_thresholds(DEFAULT_CHECKS, dict(args.threshold))
@@ -112,7 +112,7 @@ def _run(args: argparse.Namespace, say: Any) -> int:
         )
     )
     if args.parquet:
-        data = apply_window(read_parquet(spark, args.parquet), window)
+        data = read_parquet(spark, args.parquet)  # the audit cuts it at the window
         source = str(Path(args.parquet).resolve())
     else:
         jdbc = jdbc_source(args.source, fetchsize=args.fetchsize, partitions=args.jdbc_partitions)

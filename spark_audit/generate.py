@@ -39,9 +39,8 @@ from pyspark.sql import functions as F
 from condmsg.timeutil import to_epoch_us, to_ms
 from spark_audit.export import write_manifest
 from spark_audit.generate_inject import inject
-from spark_audit.reevaluate import recompute
+from spark_audit.reevaluate.recompute import recompute
 from spark_audit.templates import Template, default_templates
-from spark_audit.transforms.conditions import condition_plans, with_plans
 
 _TWO53 = float(2**53)
 
@@ -244,8 +243,7 @@ def _stored_verdicts(cms: DataFrame, acks: DataFrame, spec: GenerateSpec) -> Dat
         F.timestamp_micros("sent_us").alias("sent_at"),
         F.timestamp_micros(F.col("decided_us") - spec.ack_grace_ms * 1000).alias("at"),
     )
-    planned = with_plans(cases, condition_plans(cases))
-    return recompute(planned, acks).select("cm_id", "verdict")
+    return recompute(cases, acks).select("cm_id", "verdict")
 
 
 def generate(spark: SparkSession, spec: GenerateSpec, out: str | Path) -> Injected:

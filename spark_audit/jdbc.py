@@ -13,8 +13,9 @@ The anomalies have a numeric ``id``: they use Spark's ``partitionColumn`` with b
 ``min(id)``/``max(id)``.
 
 The window is pushed into the SQL (``sent_at`` range, ``received_at``/``recorded_at <=
-until``) so PostgreSQL returns only the cut; :func:`spark_audit.readers.apply_window` then
-applies the exact same rules in Spark.
+until``, acks of CMs in the window or orphans) so PostgreSQL returns only the cut;
+:func:`spark_audit.readers.apply_window` then applies the per-row rules in Spark (a
+decision or a release after ``until`` is not visible yet).
 """
 
 from __future__ import annotations
@@ -186,4 +187,4 @@ def read_jdbc(spark: SparkSession, source: JdbcSource, window: Window) -> AuditI
             numPartitions=source.partitions,
         )
     frames[ANOMALIES.name] = conform(anomalies, ANOMALIES)
-    return apply_window(AuditInput(**frames), window)
+    return apply_window(AuditInput(**frames), window, joined=False)

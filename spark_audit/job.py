@@ -1,49 +1,61 @@
-"""The audit job: inputs -> transforms -> Parquet tables, ``summary.json``, ``report.html``.
+"""The audit job: inputs -> the shared frames -> tables, ``summary.json``, ``report.html``.
 
 Reading happens before (:mod:`spark_audit.readers`, :mod:`spark_audit.jdbc`) and writing
-only here, at the edge; everything in between is the pure transforms. The frames that
-several tables derive from (CMs with their plans, the per-ack and per-copy facts, the
-verdict comparison) are persisted once so the source is scanned once.
+only here, at the edge. The work is a fixed, small number of Spark jobs:
+
+1. the distinct conditions and their plans (:func:`spark_audit.transforms.conditions.plan_set`);
+2. every CM, cut at the window and partitioned by ``cm_id`` (cached): the CMs' one shuffle;
+3. every ack in the cut with its CM (cached), and one pass of counts per receiver: the
+   acks' one shuffle; every later join and grouping by ``cm_id`` runs on this
+   partitioning and moves nothing;
+4. the latency histogram (percentiles, distributions, relay lag per receiver);
+5. every CM judged (cached), with one aggregation for the outcome tables and the totals,
+   and one for the per-destination table;
+6. the candidate rows of the detail tables (one filter over the CMs, one over the acks),
+   then one small query per detail table.
+
+Small tables are collected and written from the driver with pyarrow; a detail table with
+more than :data:`DRIVER_ROWS` rows is written by Spark.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 
-from spark_audit import reevaluate
 from spark_audit.checks import DEFAULT_CHECKS, CheckSpec, run_checks, status
-from spark_audit.readers import AuditInput, Window
+from spark_audit.readers import AuditInput, Window, seen_in
+from spark_audit.reevaluate.fallback import judge_rows, python_verdicts
+from spark_audit.reevaluate.recompute import python_cases
 from spark_audit.report import write_report
 from spark_audit.summary import build_summary, metrics_from
-from spark_audit.transforms import anomalies, latency, rates, skew
-from spark_audit.transforms.conditions import condition_plans, with_plans
-from spark_audit.transforms.enrich import ack_facts, copy_facts
+from spark_audit.transforms import anomalies, rates
+from spark_audit.transforms.conditions import plan_set
+from spark_audit.transforms.enrich import cm_facts, cut_cms, enrich_acks, judge, judging_acks
+from spark_audit.transforms.latency import Histograms, histogram_frame
+from spark_audit.transforms.skew import receiver_rows
 
-#: Tables small enough to collect for the summary and the report.
-SMALL_TABLES = (
-    "latency",
-    "latency_histogram",
-    "receivers",
-    "rates_by_sender",
-    "rates_by_shape",
-    "destinations",
-    "outcomes_over_time",
-    "anomaly_counts",
-)
+#: A detail table with at most this many rows is collected and written by the driver.
+DRIVER_ROWS = 200_000
+#: At most this many discrepancies are explained with ``evaluate`` on the driver.
+DRIVER_EXPLAIN = 10_000
 #: Detail tables whose first rows the report shows.
 SAMPLED_TABLES = ("discrepancies", "late_ack_effects", "status_mismatches", "stale_pending")
 SAMPLE_ROWS = 50
+UTC = "UTC"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +66,8 @@ class AuditOptions:
     checks: tuple[CheckSpec, ...] = DEFAULT_CHECKS
     stale_grace: timedelta = timedelta(minutes=1)
     bucket_seconds: int | None = None
+    #: Partitions of the shared frames (default: ``spark.sql.shuffle.partitions``).
+    partitions: int | None = None
 
 
 @dataclass(slots=True)
@@ -82,110 +96,156 @@ class _Clock:
         self.say(f"[audit {now - self.start:7.1f}s] {name}")
 
 
-def build_tables(
-    data: AuditInput, options: AuditOptions
-) -> tuple[dict[str, DataFrame], list[DataFrame]]:
-    """Every output table as a DataFrame (lazy; nothing is read or written here), and the
-    shared intermediate frames marked for persistence (to unpersist when done)."""
-    until = options.window.until
-    level = StorageLevel.MEMORY_AND_DISK
-    # The windowed inputs are joins over the whole source; every table reads them, so they
-    # are computed once (the totals job materialises them).
-    acks = data.acks.persist(level)
-    cms = with_plans(data.cms, condition_plans(data.cms)).persist(level)
-    facts = ack_facts(cms, acks).persist(StorageLevel.MEMORY_AND_DISK)
-    copies = copy_facts(cms, acks, data.compensations, until).persist(StorageLevel.MEMORY_AND_DISK)
-    comparison = reevaluate.verdict_comparison(cms, acks).persist(StorageLevel.MEMORY_AND_DISK)
-    compensated = rates.compensated_cms(cms, data.compensations)
-    tables = {
-        "totals": _totals(cms, acks),
-        "latency": latency.latency_percentiles(facts),
-        "latency_histogram": latency.latency_histogram(facts),
-        "receivers": skew.receiver_clocks(facts),
-        "rates_by_sender": rates.outcome_rates(compensated, "sender"),
-        "rates_by_shape": rates.outcome_rates(compensated, "shape"),
-        "destinations": rates.destination_rates(copies),
-        "discrepancies": reevaluate.discrepancies(comparison, acks),
-        "late_ack_effects": reevaluate.late_ack_effects(cms, comparison, acks),
-        "late_acks": anomalies.late_acks(acks, cms),
-        "orphan_acks": anomalies.orphan_acks(acks, cms, data.anomalies),
-        "duplicate_acks": anomalies.duplicate_acks(data.anomalies),
-        "multiple_consumptions": anomalies.multiple_consumptions(acks, copies),
-        "status_mismatches": anomalies.status_mismatches(acks, cms),
-        "malformed_acks": anomalies.malformed_acks(acks),
-        "stale_pending": anomalies.stale_pending(cms, until, options.stale_grace),
-        "invalid_conditions": cms.where(~F.col("valid")).select(
-            "cm_id", "sender", "condition_json", "error"
-        ),
-        "anomaly_counts": anomalies.anomaly_counts(data.anomalies),
-    }
-    return tables, [acks, cms, facts, copies, comparison]
+# -- small tables: their Arrow schemas ---------------------------------------------------
+
+_F64, _I64, _STR = pa.float64(), pa.int64(), pa.string()
+_TS = pa.timestamp("us", tz=UTC)
+_RATES = [("success_rate", _F64), ("failure_rate", _F64), ("compensation_rate", _F64)]
+_OUTCOMES = [("satisfied", _I64), ("violated", _I64), ("pending", _I64)]
+_LATENCY = [
+    ("destination", _STR),
+    ("recipient", _STR),
+    ("level", _STR),
+    ("acks", _I64),
+    ("commit_acks", _I64),
+    *((f"{m}_p{p}_ms", _F64) for m in ("pickup", "process", "work", "relay") for p in (50, 90, 99)),
+]
+SMALL_SCHEMAS: dict[str, pa.Schema] = {
+    "latency": pa.schema(_LATENCY),
+    "latency_histogram": pa.schema([("metric", _STR), ("bin", pa.int32()), ("count", _I64)]),
+    "receivers": pa.schema(
+        [
+            ("receiver", _STR),
+            ("acks", _I64),
+            ("offset_upper_ms", _F64),
+            ("offset_lower_ms", _F64),
+            ("relay_p50_ms", _F64),
+            ("relay_p90_ms", _F64),
+            ("relay_p99_ms", _F64),
+            ("behind_by_at_least_ms", _F64),
+            ("ahead_by_at_least_ms", _F64),
+            ("skew_proved", pa.bool_()),
+        ]
+    ),
+    "rates_by_sender": pa.schema(
+        [("sender", _STR), ("cms", _I64), *_OUTCOMES, ("compensated", _I64), *_RATES]
+    ),
+    "rates_by_shape": pa.schema(
+        [("shape", _STR), ("cms", _I64), *_OUTCOMES, ("compensated", _I64), *_RATES]
+    ),
+    "destinations": pa.schema(
+        [
+            ("destination", _STR),
+            ("copies", _I64),
+            *_OUTCOMES,
+            ("compensated", _I64),
+            ("pickup_deadlines", _I64),
+            ("pickup_misses", _I64),
+            ("process_deadlines", _I64),
+            ("process_misses", _I64),
+            *_RATES,
+            ("pickup_miss_rate", _F64),
+            ("process_miss_rate", _F64),
+        ]
+    ),
+    "outcomes_over_time": pa.schema([("bucket_start", _TS), *_OUTCOMES]),
+    "anomaly_counts": pa.schema([("kind", _STR), ("count", _I64)]),
+}
+CM_SCHEMAS: dict[str, pa.Schema] = {
+    "late_ack_effects": pa.schema(
+        [
+            ("cm_id", _STR),
+            ("late_acks", _I64),
+            ("stored_verdict", _STR),
+            ("verdict_counted", _STR),
+            ("verdict_with_late", _STR),
+            ("changes_verdict", pa.bool_()),
+            ("flagged", pa.bool_()),
+        ]
+    ),
+    "stale_pending": pa.schema(
+        [("cm_id", _STR), ("sender", _STR), ("sent_at", _TS), ("evaluation_deadline", _TS)]
+    ),
+    "invalid_conditions": pa.schema(
+        [("cm_id", _STR), ("sender", _STR), ("condition_json", _STR), ("error", _STR)]
+    ),
+}
+DISCREPANCY_SCHEMA = pa.schema(
+    [
+        ("cm_id", _STR),
+        ("sender", _STR),
+        ("shape", _STR),
+        ("stored_verdict", _STR),
+        ("recomputed_verdict", _STR),
+        ("path", _STR),
+        ("python_verdict", _STR),
+        ("decided_at", _TS),
+        ("effective_at", _TS),
+        ("counted_acks", _I64),
+        ("reasons", pa.list_(_STR)),
+        ("stored_reasons_json", _STR),
+        ("error", _STR),
+    ]
+)
 
 
-def _bucket_seconds(options: AuditOptions, totals: dict[str, Any]) -> int:
-    """The ``outcomes_over_time`` bucket: given, or about 48 over the CMs' time span."""
-    first, last = totals.pop("first_sent_at"), totals.pop("last_sent_at")
-    if options.bucket_seconds is not None:
-        return options.bucket_seconds
-    if options.window.since is not None:
-        first = options.window.since.replace(tzinfo=None)
-    span = (last - first).total_seconds() if first is not None and last is not None else 0.0
-    return rates.bucket_seconds_for(span)
+class _Output:
+    """Writes the tables under ``tables/`` and keeps their row counts and samples."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.counts: dict[str, int] = {}
+        self.collected: dict[str, list[dict[str, Any]]] = {}
+
+    def rows(self, name: str, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
+        self.arrow(name, pa.Table.from_pylist(rows, schema=schema), keep_all=True)
+
+    def arrow(self, name: str, table: pa.Table, *, keep_all: bool = False) -> None:
+        path = self.root / name
+        path.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path / "part-00000.parquet")
+        self.counts[name] = table.num_rows
+        if keep_all:
+            self.collected[name] = table.to_pylist()
+        elif name in SAMPLED_TABLES and table.num_rows:
+            self.collected[name] = table.slice(0, SAMPLE_ROWS).to_pylist()
+
+    def frame(self, name: str, frame: DataFrame, expected: int) -> None:
+        """A detail table: ``expected`` (an upper bound of) its rows decides the writer."""
+        if expected == 0:
+            schema = to_arrow_schema(frame.schema, timezone=UTC)
+            self.arrow(name, schema.empty_table())
+        elif expected <= DRIVER_ROWS:
+            self.arrow(name, frame.toArrow())
+        else:
+            path = self.root / name
+            frame.write.mode("overwrite").parquet(str(path))
+            written = frame.sparkSession.read.parquet(str(path))
+            self.counts[name] = written.count()
+            if name in SAMPLED_TABLES and self.counts[name]:
+                rows = written.limit(SAMPLE_ROWS).collect()
+                self.collected[name] = [r.asDict(recursive=True) for r in rows]
 
 
-def _totals(cms: DataFrame, acks: DataFrame) -> DataFrame:
-    per_cm = cms.agg(
-        F.count(F.lit(1)).alias("cms"),
-        F.sum((F.col("state") != "pending").cast("long")).alias("decided"),
-        F.sum((F.col("state") == "pending").cast("long")).alias("pending"),
-        F.sum((F.col("valid") & F.col("native")).cast("long")).alias("native_cms"),
-        F.countDistinct("shape").alias("shapes"),
-        F.min("sent_at").alias("first_sent_at"),
-        F.max("sent_at").alias("last_sent_at"),
-    )
-    return per_cm.crossJoin(acks.agg(F.count(F.lit(1)).alias("acks")))
+@contextmanager
+def _tuned(spark: SparkSession) -> Iterator[None]:
+    """Session settings for the audit's run, restored afterwards.
 
-
-def _write_small(frame: DataFrame, path: Path) -> tuple[int, list[dict[str, Any]]]:
-    """Collect a small table once (Arrow) and write it from the driver: one Spark job."""
-    table = frame.toArrow()
-    path.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path / "part-00000.parquet")
-    return table.num_rows, table.to_pylist()
-
-
-def _observed(name: str) -> list[Column]:
-    """Metrics gathered while a detail table is written (no extra pass over it)."""
-    observed = [F.count(F.lit(1)).alias(name)]
-    if name == "status_mismatches":
-        for problem in (
-            "counted_after_decision",
-            "not_counted_while_pending",
-            "not_counted_before_decision",
-        ):
-            hit = (F.col("problem") == problem).cast("long")
-            observed.append(F.coalesce(F.sum(hit), F.lit(0)).alias(f"status:{problem}"))
-    if name == "late_ack_effects":
-        changing = F.col("changes_verdict").cast("long")
-        mismatch = (F.col("changes_verdict") != F.col("flagged")).cast("long")
-        observed.append(
-            F.coalesce(F.sum(changing), F.lit(0)).alias("metric:late_acks_changing_verdict")
-        )
-        observed.append(
-            F.coalesce(F.sum(mismatch), F.lit(0)).alias("metric:late_ack_flag_mismatches")
-        )
-    return observed
-
-
-def _write_detail(name: str, frame: DataFrame, path: Path) -> dict[str, int]:
-    """Write a detail table with Spark, counting its rows (and more) during the write."""
-    observation = Observation(name)
-    frame.observe(observation, *_observed(name)).write.mode("overwrite").parquet(str(path))
-    return {key: int(value or 0) for key, value in observation.get.items()}
-
-
-def _rows(frame: DataFrame) -> list[dict[str, Any]]:
-    return [row.asDict(recursive=True) for row in frame.collect()]
+    * cached frames are stored uncompressed: building the compressed column batches
+      costs more than the audit saves by scanning them (each is read a few times).
+    """
+    settings = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
+    previous: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, before in previous.items():
+            if before is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, before)
 
 
 def run_audit(
@@ -194,47 +254,270 @@ def run_audit(
     options: AuditOptions,
     progress: Callable[[str], None] = print,
 ) -> AuditResult:
-    """Run the whole audit and write its outputs under ``options.out``."""
-    clock = _Clock(progress)
+    """Run the whole audit and write its outputs under ``options.out``.
+
+    ``data`` is the source as read (``read_parquet``, ``read_jdbc``) or already cut
+    (``apply_window``): the audit cuts it at ``options.window`` itself.
+    """
+    with _tuned(spark):
+        return _run(spark, data, options, _Clock(progress))
+
+
+def _run(
+    spark: SparkSession, data: AuditInput, options: AuditOptions, clock: _Clock
+) -> AuditResult:
+    window, until = options.window, options.window.until
     out = options.out
-    tables_dir = out / "tables"
     out.mkdir(parents=True, exist_ok=True)
-    tables, persisted = build_tables(data, options)
-    clock.step("planned")
-    counts: dict[str, int] = {}
-    collected: dict[str, list[dict[str, Any]]] = {}
-    totals = _rows(tables.pop("totals"))[0]
-    cms = persisted[1]
-    tables["outcomes_over_time"] = rates.outcomes_over_time(cms, _bucket_seconds(options, totals))
-    clock.step("read and decoded inputs")
-    for name, frame in tables.items():
-        path = tables_dir / name
-        if name in SMALL_TABLES:
-            counts[name], collected[name] = _write_small(frame, path)
-        else:
-            counts.update(_write_detail(name, frame, path))
-            if name in SAMPLED_TABLES and counts[name]:
-                collected[name] = _rows(spark.read.parquet(str(path)).limit(SAMPLE_ROWS))
-        clock.step(f"wrote {name} ({counts[name]} rows)")
-    for frame in persisted:
+    output = _Output(out / "tables")
+    partitions = options.partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
+    cached: list[DataFrame] = []
+
+    def keep(frame: DataFrame) -> DataFrame:
+        cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
+        return frame
+
+    plans = plan_set(data.cms)
+    clock.step("decoded the conditions")
+    cms = keep(cut_cms(data.cms, plans, window, partitions))
+    cut = (
+        cms.where("in_window")
+        .agg(
+            F.count(F.lit(1)).alias("cms"),
+            F.min("sent_at").alias("first"),
+            F.max("sent_at").alias("last"),
+        )
+        .first()
+    )
+    assert cut is not None
+    acks = keep(enrich_acks(data.acks, data.compensations, cms, plans, window))
+    histograms = Histograms(histogram_frame(acks).toArrow().to_pylist())
+    ack_counts = histograms.totals()
+    output.rows("latency", histograms.latency_rows(), SMALL_SCHEMAS["latency"])
+    output.rows(
+        "latency_histogram", histograms.histogram_rows(), SMALL_SCHEMAS["latency_histogram"]
+    )
+    receivers = receiver_rows(histograms.receiver_metrics(), histograms.relay_by_receiver())
+    output.rows("receivers", receivers, SMALL_SCHEMAS["receivers"])
+    clock.step("read the cut; latencies and clocks")
+
+    python = None
+    if plans.python:
+        python = python_verdicts(python_cases(cms, plans), judging_acks(acks))
+    judged = judge(
+        cm_facts(cms, acks, plans),
+        plans,
+        python=python,
+        until=until,
+        stale_grace=options.stale_grace,
+    )
+    import os
+
+    if os.environ.get("JLIM"):
+        spark.conf.set("spark.sql.codegen.hugeMethodLimit", os.environ["JLIM"])
+    folded = rates.fold(
+        rates.rollup_frame(judged, plans, _bucket(options, cut)).toArrow().to_pylist()
+    )
+    for name in ("rates_by_sender", "rates_by_shape", "outcomes_over_time", "destinations"):
+        output.rows(name, folded[name], SMALL_SCHEMAS[name])
+    clock.step("re-evaluated and rated the CMs")
+
+    overall = {key: int(value) for key, value in folded["overall"].items()}
+    late_metrics = _details(
+        spark, data, options, acks, folded["candidates"], overall, ack_counts, output
+    )
+    clock.step("wrote the detail tables")
+    for frame in cached:
         frame.unpersist()
-    metrics = metrics_from(totals, counts, collected)
+
+    totals = {
+        "cms": int(cut["cms"]),
+        "decided": overall.get("decided", 0),
+        "pending": overall.get("pending", 0),
+        "native_cms": overall.get("native_cms", 0),
+        "shapes": len(folded["rates_by_shape"]),
+        "acks": ack_counts["facts"] + ack_counts["other_rows"],
+    }
+    counts = dict(output.counts)
+    for problem in anomalies.PROBLEMS:
+        counts[f"status:{problem}"] = ack_counts[problem]
+    for metric, value in late_metrics.items():
+        counts[f"metric:{metric}"] = value
+    metrics = metrics_from(totals, counts, output.collected)
     results = run_checks(metrics, options.checks)
     verdict = status(results)
     summary = build_summary(
         status=verdict,
-        window=options.window,
+        window=window,
         source=options.source,
         spark=spark,
         totals=totals,
         metrics=metrics,
         checks=results,
         counts=counts,
-        collected=collected,
+        collected=output.collected,
         timings=clock.timings,
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    write_report(out / "report.html", summary, collected)
+    write_report(out / "report.html", summary, output.collected)
     clock.step(f"wrote summary.json and report.html: {verdict}")
     summary["timings_s"] = clock.timings
     return AuditResult(verdict, summary, out, clock.timings)
+
+
+def _bucket(options: AuditOptions, cut: Any) -> int:
+    """The ``outcomes_over_time`` bucket: given, or about 48 over the CMs' time span."""
+    if options.bucket_seconds is not None:
+        return options.bucket_seconds
+    first, last = cut["first"], cut["last"]
+    if options.window.since is not None:
+        first = options.window.since.replace(tzinfo=None)
+    span = (last - first).total_seconds() if first is not None and last is not None else 0.0
+    return rates.bucket_seconds_for(span)
+
+
+def _acks_by_cm(frame: DataFrame) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for ack in frame.toArrow().to_pylist():
+        found.setdefault(ack["cm_id"], []).append(ack)
+    return found
+
+
+def _judged_with_acks(cases: list[dict[str, Any]], acks: DataFrame) -> dict[str, dict[str, Any]]:
+    """:func:`spark_audit.reevaluate.fallback.judge_row` of each case (``cm_id,
+    condition_json, sent_at, at``) over its ``acks``: on the driver when they are few,
+    else on the executors."""
+    if len(cases) <= DRIVER_EXPLAIN:
+        by_cm = _acks_by_cm(acks)
+        rows = judge_rows({**c, "acks": by_cm.get(c["cm_id"], [])} for c in cases)
+    else:
+        frame = acks.sparkSession.createDataFrame(
+            [(c["cm_id"], c["condition_json"], c["sent_at"], c["at"]) for c in cases],
+            "cm_id string, condition_json string, sent_at timestamp, at timestamp",
+        )
+        rows = python_verdicts(frame, acks).toArrow().to_pylist()
+    return {row["cm_id"]: row for row in rows}
+
+
+def _details(
+    spark: SparkSession,
+    data: AuditInput,
+    options: AuditOptions,
+    acks: DataFrame,
+    candidates: list[dict[str, Any]],
+    overall: Mapping[str, int],
+    ack_counts: Mapping[str, int],
+    output: _Output,
+) -> dict[str, int]:
+    """Every detail table: the per-CM ones from the candidate CMs (on the driver), the
+    ack-level ones from the candidate acks (see :mod:`spark_audit.transforms.anomalies`).
+    Returns the late-ack metrics (judged here: see ``verdict_with_late`` in
+    :func:`spark_audit.transforms.enrich.judge`)."""
+    stale = [c for c in candidates if c["stale"]]
+    output.rows("stale_pending", stale, CM_SCHEMAS["stale_pending"])
+    invalid = [c for c in candidates if not c["valid"]]
+    output.rows("invalid_conditions", invalid, CM_SCHEMAS["invalid_conditions"])
+    wrong = [c for c in candidates if c["decided"] and not c["agrees"]]
+    late = [c for c in candidates if c["decided"] and c["late_acks"]]
+    wrong_ids, late_ids = {c["cm_id"] for c in wrong}, {c["cm_id"] for c in late}
+    flagged = spark.createDataFrame(
+        [
+            (c["cm_id"], c["cm_id"] in wrong_ids, c["multi"] > 0, c["cm_id"] in late_ids)
+            for c in candidates
+            if c["cm_id"] in wrong_ids or c["multi"] > 0 or c["cm_id"] in late_ids
+        ],
+        "cm_id string, discrepant boolean, multi boolean, late boolean",
+    )
+    rows = anomalies.ack_candidates(acks, flagged)
+    expected = sum(
+        ack_counts[k] for k in ("late_acks", "malformed_acks", "orphan_rows", *anomalies.PROBLEMS)
+    )
+    if expected <= DRIVER_ROWS:
+        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+    late_metrics = _late_effects(late, rows, output)
+    anomaly_frame = data.anomalies.where(seen_in(options.window, "recorded_at"))
+    kinds = {r["kind"]: int(r["count"]) for r in anomalies.anomaly_counts(anomaly_frame).collect()}
+    output.rows(
+        "anomaly_counts",
+        [{"kind": k, "count": v} for k, v in sorted(kinds.items())],
+        SMALL_SCHEMAS["anomaly_counts"],
+    )
+    _discrepancies(data, wrong, rows, output)
+    output.frame("late_acks", anomalies.late_acks(rows), ack_counts["late_acks"])
+    orphans = ack_counts["orphan_rows"] + kinds.get("unknown_cm", 0)
+    output.frame("orphan_acks", anomalies.orphan_acks(rows, anomaly_frame), orphans)
+    output.frame(
+        "duplicate_acks", anomalies.duplicate_acks(anomaly_frame), kinds.get("duplicate", 0)
+    )
+    output.frame(
+        "multiple_consumptions",
+        anomalies.multiple_consumptions(rows),
+        overall.get("multiple_consumptions", 0),
+    )
+    mismatches = sum(ack_counts[p] for p in anomalies.PROBLEMS)
+    output.frame("status_mismatches", anomalies.status_mismatches(rows), mismatches)
+    output.frame("malformed_acks", anomalies.malformed_acks(rows), ack_counts["malformed_acks"])
+    rows.unpersist()
+    return late_metrics
+
+
+def _late_effects(late: list[dict[str, Any]], rows: DataFrame, output: _Output) -> dict[str, int]:
+    """The ``late_ack_effects`` table: each decided CM with late acks judged again with
+    every ack (where the compiled path judged it; ``evaluate`` already did for the rest)."""
+    missing = [{**c, "at": c["effective_at"]} for c in late if c["verdict_with_late"] is None]
+    if missing:
+        judged = _judged_with_acks(missing, anomalies.flagged_acks(rows, "late"))
+        for case in late:
+            if case["verdict_with_late"] is None and case["cm_id"] in judged:
+                case["verdict_with_late"] = judged[case["cm_id"]]["py_verdict_all"]
+    effects = []
+    for c in late:
+        changes = (
+            c["verdict_with_late"] is not None and c["verdict_with_late"] != c["recomputed_verdict"]
+        )
+        effects.append(
+            {
+                **c,
+                "stored_verdict": c["state"],
+                "verdict_counted": c["recomputed_verdict"],
+                "changes_verdict": changes,
+            }
+        )
+    output.rows("late_ack_effects", effects, CM_SCHEMAS["late_ack_effects"])
+    return {
+        "late_acks_changing_verdict": sum(e["changes_verdict"] for e in effects),
+        "late_ack_flag_mismatches": sum(e["changes_verdict"] != e["flagged"] for e in effects),
+    }
+
+
+def _discrepancies(
+    data: AuditInput, wrong: list[dict[str, Any]], rows: DataFrame, output: _Output
+) -> None:
+    """The disagreeing CMs with evidence: ``evaluate``'s verdict and reasons over their
+    counted acks, and the evaluator's stored reasons."""
+    if not wrong:
+        output.arrow("discrepancies", DISCREPANCY_SCHEMA.empty_table())
+        return
+    spark = rows.sparkSession
+    evidence = anomalies.flagged_acks(rows, "discrepant").where("counted")
+    ids = spark.createDataFrame([(c["cm_id"],) for c in wrong], "cm_id string")
+    stored = data.cms.join(F.broadcast(ids), "cm_id", "left_semi").select("cm_id", "reasons_json")
+    reasons = {r["cm_id"]: r["reasons_json"] for r in stored.toArrow().to_pylist()}
+    cases = [{**c, "at": c["effective_at"]} for c in wrong]
+    explained = _judged_with_acks(cases, evidence)
+    counted = {r["cm_id"]: int(r["count"]) for r in evidence.groupBy("cm_id").count().collect()}
+    table = []
+    for case in cases:
+        found = explained.get(case["cm_id"], {})
+        table.append(
+            {
+                **case,
+                "stored_verdict": case["state"],
+                "python_verdict": found.get("py_verdict"),
+                "counted_acks": counted.get(case["cm_id"], 0),
+                "reasons": found.get("py_reasons") or [],
+                "stored_reasons_json": reasons.get(case["cm_id"]),
+                "error": case["error"] or found.get("py_error"),
+            }
+        )
+    output.arrow("discrepancies", pa.Table.from_pylist(table, schema=DISCREPANCY_SCHEMA))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_audit.layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, OUTCOME_COLUMNS
@@ -53,7 +53,29 @@ def outcomes_of(cms: DataFrame) -> DataFrame:
     return cms.where(F.col("state") != "pending").select(*OUTCOME_COLUMNS)
 
 
-def apply_window(data: AuditInput, window: Window) -> AuditInput:
+def sent_in(window: Window, column: str = "sent_at") -> Column:
+    """``since <= column < until``: a CM in the window."""
+    inside = F.col(column) < F.lit(window.until)
+    if window.since is not None:
+        inside = inside & (F.col(column) >= F.lit(window.since))
+    return inside
+
+
+def seen_in(window: Window, column: str) -> Column:
+    """``since <= column <= until``: an orphan ack received, or an anomaly recorded, in the
+    window."""
+    inside = F.col(column) <= F.lit(window.until)
+    if window.since is not None:
+        inside = inside & (F.col(column) >= F.lit(window.since))
+    return inside
+
+
+def decided_after(window: Window) -> Column:
+    """No decision visible at ``until`` (none yet, or one taken later)."""
+    return F.col("decided_at").isNull() | (F.col("decided_at") > F.lit(window.until))
+
+
+def apply_window(data: AuditInput, window: Window, *, joined: bool = True) -> AuditInput:
     """The cut of ``data`` at ``window`` (pure: frames in, frames out).
 
     * CMs sent in ``[since, until)``; a decision taken after ``until`` is not yet visible
@@ -62,51 +84,55 @@ def apply_window(data: AuditInput, window: Window) -> AuditInput:
     * acks received by ``until`` for those CMs, plus acks for CMs unknown to the store
       (orphans) received in the window; acks for CMs outside the window are dropped;
     * anomalies recorded in the window.
+
+    ``joined=False``: the source already kept only the acks, copies and compensations
+    of the CMs in the window (the JDBC reader's SQL does); only the per-row rules apply.
+
+    The audit (:func:`spark_audit.job.run_audit`) applies the same rules itself with the
+    same predicates, fused into its one join of the acks with the CMs; it accepts a frame
+    cut already (the cut is idempotent).
     """
     until = F.lit(window.until)
-    in_window = F.col("sent_at") < until
-    if window.since is not None:
-        in_window = in_window & (F.col("sent_at") >= F.lit(window.since))
-    decided_late = F.col("decided_at").isNull() | (F.col("decided_at") > until)
-    cms = data.cms.where(in_window).withColumn(
+    decided_late = decided_after(window)
+    cms = data.cms.where(sent_in(window)).withColumn(
         "state", F.when(decided_late, F.lit("pending")).otherwise(F.col("state"))
     )
     for name in _DECISION_COLUMNS:
         cms = cms.withColumn(name, F.when(decided_late, F.lit(None)).otherwise(F.col(name)))
     cms = conform(cms, CMS)
 
+    released = F.when(F.col("released_at") <= until, F.col("released_at"))
+    anomalies = conform(data.anomalies.where(seen_in(window, "recorded_at")), ANOMALIES)
+    if not joined:
+        return AuditInput(
+            cms=cms,
+            copies=data.copies,
+            acks=data.acks.where(F.col("received_at") <= until),
+            compensations=data.compensations.withColumn("released_at", released),
+            anomalies=anomalies,
+        )
     kept = cms.select("cm_id")
     # One join of the acks with every CM's sent_at decides both cases: an ack of a CM in
     # the window, or an orphan (no CM at all) received in the window.
     sent = data.cms.select("cm_id", F.col("sent_at").alias("_cm_sent_at"))
-    cm_in_window = F.col("_cm_sent_at") < until
-    if window.since is not None:
-        cm_in_window = cm_in_window & (F.col("_cm_sent_at") >= F.lit(window.since))
-        orphan_in_window = F.col("received_at") >= F.lit(window.since)
-    else:
-        orphan_in_window = F.lit(True)
     acks = (
         data.acks.where(F.col("received_at") <= until)
         .join(sent, "cm_id", "left")
         .where(
-            F.coalesce(cm_in_window, F.lit(False))
-            | (F.col("_cm_sent_at").isNull() & orphan_in_window)
+            F.coalesce(sent_in(window, "_cm_sent_at"), F.lit(False))
+            | (F.col("_cm_sent_at").isNull() & seen_in(window, "received_at"))
         )
     )
     copies = data.copies.join(kept, "cm_id", "left_semi")
     compensations = data.compensations.join(kept, "cm_id", "left_semi").withColumn(
-        "released_at",
-        F.when(F.col("released_at") <= until, F.col("released_at")),
+        "released_at", released
     )
-    recorded = F.col("recorded_at") <= until
-    if window.since is not None:
-        recorded = recorded & (F.col("recorded_at") >= F.lit(window.since))
     return AuditInput(
         cms=cms,
         copies=conform(copies, COPIES),
         acks=conform(acks, ACKS),
         compensations=conform(compensations, COMPENSATIONS),
-        anomalies=conform(data.anomalies.where(recorded), ANOMALIES),
+        anomalies=anomalies,
     )
 
 

@@ -1,14 +1,15 @@
-"""Re-evaluation with ``condmsg.evaluate`` itself, over Arrow batches (``mapInArrow``).
+"""Re-evaluation with ``condmsg.evaluate`` itself.
 
-Used for every condition the native path does not cover (nested sets, topic
-destinations), and to write the reasons of every discrepancy. Each row handed to Python is
+Used for every condition the compiled path does not cover (see
+:mod:`spark_audit.transforms.conditions`), and to write the reasons of every discrepancy.
+On the executors (:func:`python_verdicts`, ``mapInArrow``) each row handed to Python is
 one CM with its acks collected into an array, so no grouping happens in Python and a
-batch holds many CMs.
+batch holds many CMs; a few CMs are judged on the driver (:func:`judge_rows`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -25,13 +26,15 @@ from condmsg.evaluation import evaluate
 RESULT_SCHEMA = T.StructType(
     [
         T.StructField("cm_id", T.StringType()),
-        T.StructField("verdict", T.StringType()),
-        T.StructField("reasons", T.ArrayType(T.StringType())),
-        T.StructField("error", T.StringType()),
+        T.StructField("py_verdict", T.StringType()),
+        T.StructField("py_verdict_all", T.StringType()),
+        T.StructField("py_reasons", T.ArrayType(T.StringType())),
+        T.StructField("py_error", T.StringType()),
     ]
 )
 
-ACK_FIELDS = ("destination", "recipient", "kind", "read_at", "committed_at")
+#: The fields of one ack handed to Python (``counted``: judged for the stored verdict).
+ACK_FIELDS = ("destination", "recipient", "kind", "read_at", "committed_at", "counted")
 
 
 @lru_cache(maxsize=4096)
@@ -40,7 +43,7 @@ def _condition(text: str) -> Condition:
 
 
 def evaluate_row(
-    condition_json: str, sent_at: Any, at: Any, acks: list[dict[str, Any]] | None
+    condition_json: str, sent_at: Any, at: Any, acks: Iterable[dict[str, Any]] | None
 ) -> tuple[str | None, list[str], str | None]:
     """``(verdict, reasons, error)`` for one CM; errors are reported, never raised."""
     try:
@@ -61,31 +64,48 @@ def evaluate_row(
     return result.verdict.value, list(result.reasons), None
 
 
+def judge_row(row: dict[str, Any]) -> dict[str, Any]:
+    """One CM (``cm_id, condition_json, sent_at, at, acks``) -> a :data:`RESULT_SCHEMA` row:
+    the verdict over the counted acks (with reasons) and over every ack."""
+    acks = row["acks"] or []
+    counted = [a for a in acks if a["counted"]]
+    verdict, reasons, error = evaluate_row(
+        row["condition_json"], row["sent_at"], row["at"], counted
+    )
+    verdict_all = verdict
+    if error is None and len(counted) < len(acks):
+        verdict_all, _, error = evaluate_row(row["condition_json"], row["sent_at"], row["at"], acks)
+    return {
+        "cm_id": row["cm_id"],
+        "py_verdict": verdict,
+        "py_verdict_all": verdict_all,
+        "py_reasons": reasons,
+        "py_error": error,
+    }
+
+
+def judge_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [judge_row(row) for row in rows]
+
+
 def _evaluate_batches(batches: Iterator[Any]) -> Iterator[Any]:
     import pyarrow as pa
 
     schema = to_arrow_schema(RESULT_SCHEMA)
     for batch in batches:
-        out: dict[str, list[Any]] = {"cm_id": [], "verdict": [], "reasons": [], "error": []}
-        for row in batch.to_pylist():
-            verdict, reasons, error = evaluate_row(
-                row["condition_json"], row["sent_at"], row["at"], row["acks"]
-            )
-            out["cm_id"].append(row["cm_id"])
-            out["verdict"].append(verdict)
-            out["reasons"].append(reasons)
-            out["error"].append(error)
-        yield pa.RecordBatch.from_pydict(out, schema=schema)
+        yield pa.RecordBatch.from_pylist(judge_rows(batch.to_pylist()), schema=schema)
+
+
+def collected_acks(acks: DataFrame) -> DataFrame:
+    """``cm_id, acks``: the acks (``cm_id`` + :data:`ACK_FIELDS`) collected per CM."""
+    return acks.groupBy("cm_id").agg(F.collect_list(F.struct(*ACK_FIELDS)).alias("acks"))
 
 
 def python_verdicts(cases: DataFrame, acks: DataFrame) -> DataFrame:
-    """``cm_id, verdict, reasons, error`` for ``cases`` (``cm_id, condition_json, sent_at,
-    at``), judged by ``condmsg.evaluate`` over ``acks``."""
-    # Only the acks of these cases travel to Python (a semi-join first: the cases are often
-    # a small fraction, e.g. the discrepancies or the non-native conditions).
+    """:data:`RESULT_SCHEMA` rows for ``cases`` (``cm_id, condition_json, sent_at, at``),
+    judged by ``condmsg.evaluate`` over ``acks`` (``cm_id`` + :data:`ACK_FIELDS`)."""
     mine = acks.join(cases.select("cm_id"), "cm_id", "left_semi")
-    grouped = mine.groupBy("cm_id").agg(
-        F.collect_list(F.struct(*ACK_FIELDS)).alias("acks"),
+    rows = cases.select("cm_id", "condition_json", "sent_at", "at").join(
+        collected_acks(mine), "cm_id", "left"
     )
-    rows = cases.select("cm_id", "condition_json", "sent_at", "at").join(grouped, "cm_id", "left")
     return rows.mapInArrow(_evaluate_batches, RESULT_SCHEMA)

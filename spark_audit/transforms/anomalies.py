@@ -1,23 +1,163 @@
 """Ack anomalies: orphans, duplicates, multiple consumptions, late acks, status labels,
-malformed rows, and CMs left pending past their evaluation deadline."""
+malformed rows.
+
+Their counts come with the latency histogram (:data:`COUNTERS`, per receiver); the rows
+come from *candidates*: one filter over the acks (:func:`ack_candidates`) keeps every row
+any ack-level table can hold (and the acks of the CMs the per-CM tables explain), so each
+table is then a cheap query of a small frame.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from condmsg.sender_tables import AckStatus, AnomalyKind
-from spark_audit.reevaluate import well_formed
+from spark_audit.layout import ACKS
+from spark_audit.transforms.enrich import COUNTED_STATUS, acks_only, judging_acks
 
 STATUSES = tuple(s.value for s in AckStatus)
+PROBLEMS = ("counted_after_decision", "not_counted_while_pending", "not_counted_before_decision")
 
 
-def orphan_acks(acks: DataFrame, cms: DataFrame, anomalies: DataFrame) -> DataFrame:
+def _counted() -> Column:
+    return F.col("status") == COUNTED_STATUS
+
+
+def late() -> Column:
+    """An ack of a decided CM that was not counted (received after the decision)."""
+    return F.col("known") & F.col("decided_us").isNotNull() & (F.col("status") != COUNTED_STATUS)
+
+
+def problem() -> Column:
+    """The status label contradicting the timestamps, if any.
+
+    * ``counted_after_decision`` (error): counted, yet received after the decision;
+    * ``not_counted_before_decision`` (warning): received by ``decided_at`` but not counted,
+      which a second evaluator instance racing with the intake can produce;
+    * ``not_counted_while_pending`` (error): not counted although the CM is undecided.
+    """
+    counted = _counted()
+    received_after = F.col("received_us") > F.col("decided_us")
+    return (
+        F.when(~F.col("known"), F.lit(None))
+        .when(F.col("decided_us").isNull() & ~counted, F.lit("not_counted_while_pending"))
+        .when(counted & received_after, F.lit("counted_after_decision"))
+        .when(~counted & ~received_after, F.lit("not_counted_before_decision"))
+    )
+
+
+def malformed() -> Column:
+    """A row ``condmsg.Ack`` would reject, or with an unknown status (never judged)."""
+    return ~F.col("wf") | ~F.col("status").isin(*STATUSES)
+
+
+#: Per-ack counts gathered with the latency histogram (per receiver).
+COUNTERS = ("late_acks", "malformed_acks", "orphan_rows", *PROBLEMS)
+
+
+def counters() -> dict[str, Column]:
+    """The conditions of :data:`COUNTERS`: late, malformed and orphan acks, and each
+    status problem."""
+    found = problem()
+    return {
+        "late_acks": late(),
+        "malformed_acks": malformed(),
+        "orphan_rows": ~F.col("known"),
+        **{name: found == name for name in PROBLEMS},
+    }
+
+
+def ack_candidates(enriched: DataFrame, flagged: DataFrame) -> DataFrame:
+    """The acks any ack-level detail table can hold.
+
+    ``flagged``: ``cm_id, discrepant, multi, late`` of the CMs whose acks are needed: as
+    evidence of a discrepancy, of a multiple consumption, or to judge the CM with its
+    late acks (a small frame, broadcast).
+    """
+    joined = acks_only(enriched).join(F.broadcast(flagged), "cm_id", "left")
+    wanted = (
+        late()
+        | problem().isNotNull()
+        | malformed()
+        | ~F.col("known")
+        | F.coalesce(F.col("discrepant"), F.lit(False))
+        | F.coalesce(F.col("multi"), F.lit(False))
+        | F.coalesce(F.col("late"), F.lit(False))
+    )
+    return joined.where(F.coalesce(wanted, F.lit(False))).withColumn("problem", problem())
+
+
+def _ts(column: str) -> Column:
+    return F.timestamp_micros(F.col(column))
+
+
+def late_acks(candidates: DataFrame) -> DataFrame:
+    return candidates.where(late()).select(
+        "ack_id",
+        "cm_id",
+        "destination",
+        "recipient",
+        "receiver",
+        "status",
+        _ts("read_us").alias("read_at"),
+        _ts("committed_us").alias("committed_at"),
+        _ts("received_us").alias("received_at"),
+        _ts("decided_us").alias("decided_at"),
+        ((F.col("received_us") - F.col("decided_us")) / F.lit(1000.0)).alias("after_decision_ms"),
+    )
+
+
+def status_mismatches(candidates: DataFrame) -> DataFrame:
+    return candidates.where(F.col("problem").isNotNull()).select(
+        "ack_id",
+        "cm_id",
+        "status",
+        _ts("received_us").alias("received_at"),
+        _ts("decided_us").alias("decided_at"),
+        "problem",
+    )
+
+
+def malformed_acks(candidates: DataFrame) -> DataFrame:
+    """The malformed rows, as stored."""
+    stamps = {"read_at": "read_us", "committed_at": "committed_us", "received_at": "received_us"}
+    return candidates.where(F.coalesce(malformed(), F.lit(False))).select(
+        *(
+            _ts(stamps[name]).alias(name) if name in stamps else F.col(name)
+            for name in ACKS.column_names
+        )
+    )
+
+
+def multiple_consumptions(candidates: DataFrame) -> DataFrame:
+    """Consumptions acknowledged more than once under different ack ids.
+
+    A queue copy is consumed once (``consumer`` empty), and each recipient's copy of a
+    topic destination once (``consumer`` the recipient, ``(anonymous)`` for acks without
+    one); two acks for one consumption mean a redelivery produced a second ack (the
+    receiver's inbox should have prevented it).
+    """
+    return (
+        candidates.where(
+            F.coalesce(F.col("multi"), F.lit(False))
+            & F.col("known")
+            & F.col("wf")
+            & F.col("slot").isNotNull()
+        )
+        .groupBy("cm_id", "destination", "consumer")
+        .agg(
+            F.count(F.lit(1)).alias("acks"),
+            F.sort_array(F.collect_list("ack_id")).alias("ack_ids"),
+        )
+        .where(F.col("acks") > 1)
+    )
+
+
+def orphan_acks(candidates: DataFrame, anomalies: DataFrame) -> DataFrame:
     """Acks for CMs the store does not know: rows of the ack table without a CM, and
     ``unknown_cm`` anomalies; one row per ack id with where it was seen (``source``)."""
-    stored = acks.join(cms.select("cm_id"), "cm_id", "left_anti").select(
+    stored = candidates.where(~F.col("known")).select(
         "ack_id", "cm_id", "destination", "receiver", F.lit(1).alias("in_acks")
     )
     recorded = anomalies.where(F.col("kind") == AnomalyKind.UNKNOWN_CM.value).select(
@@ -54,82 +194,6 @@ def anomaly_counts(anomalies: DataFrame) -> DataFrame:
     return anomalies.groupBy("kind").count().orderBy("kind")
 
 
-def multiple_consumptions(acks: DataFrame, copy_facts: DataFrame) -> DataFrame:
-    """Copies acknowledged more than once under different ack ids.
-
-    A queue copy is consumed once, and each recipient's copy of a topic destination once;
-    two acks for one consumption mean a redelivery produced a second ack (the receiver's
-    inbox should have prevented it).
-    """
-    topics = copy_facts.select("cm_id", "destination", "is_topic").distinct()
-    consumer = F.when(F.col("is_topic"), F.coalesce("recipient", F.lit(""))).otherwise(F.lit(""))
-    return (
-        acks.where(well_formed())
-        .join(topics, ["cm_id", "destination"])
-        .groupBy("cm_id", "destination", consumer.alias("consumer"))
-        .agg(
-            F.count(F.lit(1)).alias("acks"), F.sort_array(F.collect_list("ack_id")).alias("ack_ids")
-        )
-        .where(F.col("acks") > 1)
-    )
-
-
-def late_acks(acks: DataFrame, cms: DataFrame) -> DataFrame:
-    """Acks of decided CMs that were not counted (received after the decision)."""
-    decided = cms.where(F.col("decided_at").isNotNull()).select("cm_id", "decided_at")
-    return (
-        acks.join(decided, "cm_id")
-        .where(F.col("status") != AckStatus.COUNTED.value)
-        .select(
-            "ack_id",
-            "cm_id",
-            "destination",
-            "recipient",
-            "receiver",
-            "status",
-            "read_at",
-            "committed_at",
-            "received_at",
-            "decided_at",
-            ((F.unix_micros("received_at") - F.unix_micros("decided_at")) / F.lit(1000.0)).alias(
-                "after_decision_ms"
-            ),
-        )
-    )
-
-
-def status_mismatches(acks: DataFrame, cms: DataFrame) -> DataFrame:
-    """Acks whose status label contradicts the timestamps.
-
-    * ``counted_after_decision`` (error): counted, yet received after the decision;
-    * ``not_counted_before_decision`` (warning): received by ``decided_at`` but not counted,
-      which a second evaluator instance racing with the intake can produce;
-    * ``not_counted_while_pending`` (error): not counted although the CM is undecided.
-    """
-    joined = acks.join(cms.select("cm_id", "decided_at"), "cm_id")
-    counted = F.col("status") == AckStatus.COUNTED.value
-    received_after = F.col("received_at") > F.col("decided_at")
-    problem = (
-        F.when(F.col("decided_at").isNull() & ~counted, F.lit("not_counted_while_pending"))
-        .when(counted & received_after, F.lit("counted_after_decision"))
-        .when(~counted & ~received_after, F.lit("not_counted_before_decision"))
-    )
-    return (
-        joined.withColumn("problem", problem)
-        .where(F.col("problem").isNotNull())
-        .select("ack_id", "cm_id", "status", "received_at", "decided_at", "problem")
-    )
-
-
-def malformed_acks(acks: DataFrame) -> DataFrame:
-    """Ack rows ``condmsg.Ack`` would reject, or with an unknown status (never judged)."""
-    bad = ~F.coalesce(well_formed(), F.lit(False)) | ~F.col("status").isin(*STATUSES)
-    return acks.where(bad)
-
-
-def stale_pending(cms: DataFrame, until: datetime, grace: timedelta) -> DataFrame:
-    """CMs still pending ``grace`` after their evaluation deadline, at ``until``."""
-    limit = F.lit(until - grace)
-    return cms.where((F.col("state") == "pending") & (F.col("evaluation_deadline") < limit)).select(
-        "cm_id", "sender", "sent_at", "evaluation_deadline"
-    )
+def flagged_acks(candidates: DataFrame, flag: str) -> DataFrame:
+    """The well-formed acks of the CMs flagged ``flag`` (in the fallback's layout)."""
+    return judging_acks(candidates.where(F.coalesce(F.col(flag), F.lit(False))))

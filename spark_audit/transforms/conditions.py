@@ -1,58 +1,171 @@
 """Condition plans in Spark: one :func:`spark_audit.plans.plan_of` per distinct condition.
 
-Conditions repeat (an application sends the same few shapes), so the Python decode runs on
-``cms.select("condition_json").distinct()`` through ``mapInArrow`` and the result is
-joined back: the per-CM cost is a join, not a Python call.
+Conditions repeat (an application sends a few condition templates), so plans are made per
+*distinct* ``condition_json`` and attached to the CMs by a small ``plan_id``: the per-CM
+cost is a broadcast lookup, not a decode. With up to :data:`MAX_DRIVER_PLANS` distinct
+conditions (the normal case) the driver decodes them; beyond that the decode runs on the
+executors (``mapInArrow``) and ``plan_id`` is a 64-bit hash of the condition, checked for
+collisions.
+
+The :class:`PlanSet` also holds the compiled skeletons: up to :data:`MAX_SKELETONS` of the
+most used skeletons whose trees fit the compiled path (``Plan.native``) are judged by
+Spark expressions (:mod:`spark_audit.reevaluate.compiled`); every other valid condition
+by ``condmsg.evaluate`` (:mod:`spark_audit.reevaluate.fallback`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from spark_audit.plans import plan_of
+from condmsg.conditions import Condition
+from spark_audit.plans import Numbered, numbered, plan_of
 
-_MEMBER = T.StructType(
-    [
-        T.StructField("name", T.StringType()),
-        T.StructField("recipient", T.StringType()),
-        T.StructField("own_pickup_ms", T.LongType()),
-        T.StructField("own_process_ms", T.LongType()),
-    ]
-)
-_DEADLINES = T.StructType(
-    [
-        T.StructField("destination", T.StringType()),
-        T.StructField("recipient", T.StringType()),
-        T.StructField("is_topic", T.BooleanType()),
-        T.StructField("required", T.BooleanType()),
-        T.StructField("pickup_ms", T.LongType()),
-        T.StructField("process_ms", T.LongType()),
-    ]
-)
+#: The driver decodes at most this many distinct conditions (else the executors do).
+MAX_DRIVER_PLANS = 10_000
+#: At most this many skeletons are compiled into the verdict expression.
+MAX_SKELETONS = 32
+
+_LONGS = T.ArrayType(T.LongType())
 PLAN_SCHEMA = T.StructType(
     [
         T.StructField("condition_json", T.StringType()),
         T.StructField("valid", T.BooleanType()),
         T.StructField("error", T.StringType()),
         T.StructField("shape", T.StringType()),
+        T.StructField("skeleton", T.StringType()),
         T.StructField("eval_window_ms", T.LongType()),
-        T.StructField("native", T.BooleanType()),
-        T.StructField("members", T.ArrayType(_MEMBER)),
-        T.StructField("set_pickup_ms", T.LongType()),
-        T.StructField("set_process_ms", T.LongType()),
-        T.StructField("min_pickup", T.LongType()),
-        T.StructField("max_pickup", T.LongType()),
-        T.StructField("min_process", T.LongType()),
-        T.StructField("max_process", T.LongType()),
-        T.StructField("destinations", T.ArrayType(_DEADLINES)),
+        T.StructField("structurally_native", T.BooleanType()),
+        T.StructField("leaf_count", T.IntegerType()),
+        T.StructField("leaf_names", T.ArrayType(T.StringType())),
+        T.StructField("leaf_recipients", T.ArrayType(T.StringType())),
+        T.StructField("leaf_topic", T.ArrayType(T.BooleanType())),
+        T.StructField("leaf_required", T.ArrayType(T.BooleanType())),
+        T.StructField("leaf_pickup_ms", _LONGS),
+        T.StructField("leaf_process_ms", _LONGS),
+        T.StructField("node_pickup_ms", _LONGS),
+        T.StructField("node_process_ms", _LONGS),
+        T.StructField("node_min_pickup", _LONGS),
+        T.StructField("node_max_pickup", _LONGS),
+        T.StructField("node_min_process", _LONGS),
+        T.StructField("node_max_process", _LONGS),
+        T.StructField("probe_slot", T.ArrayType(T.IntegerType())),
+        T.StructField("probe_process", T.ArrayType(T.BooleanType())),
+        T.StructField("probe_ms", _LONGS),
     ]
 )
+
+
+def _hash() -> Column:
+    """The 64-bit lookup key of a condition (see :meth:`PlanSet.attach`)."""
+    return F.xxhash64("condition_json")
+
+
+#: Columns of :attr:`PlanSet.frame` needed to map an ack to its destination slot.
+LEAF_COLUMNS = ("leaf_names", "leaf_recipients", "leaf_topic")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSet:
+    """The plans of a set of CMs.
+
+    ``frame``: :data:`PLAN_SCHEMA` plus ``plan_id`` (long), ``skel_id`` (int, null when not
+    compiled) and ``native``. ``skeletons``: the compiled skeletons by ``skel_id``, as
+    numbered representative trees. ``slots``: the most destinations of any valid plan
+    (the width of the per-destination facts); ``probes``: the most probes of a compiled
+    plan. ``python``: some valid condition is judged by ``evaluate``. ``small``: the
+    frame is broadcast in joins.
+    """
+
+    frame: DataFrame
+    skeletons: dict[int, Numbered]
+    slots: int
+    probes: int
+    python: bool
+    small: bool
+
+    def lookup(self, *columns: str) -> DataFrame:
+        """``plan_id`` and ``columns`` of the plans, broadcast when small."""
+        frame = self.frame.select("plan_id", *columns)
+        return F.broadcast(frame) if self.small else frame
+
+    def attach(self, cms: DataFrame) -> DataFrame:
+        """``cms`` with the ``plan_id`` of their ``condition_json``.
+
+        With the plans on the driver, the lookup key is a 64-bit hash of the condition
+        (checked unique among the distinct conditions), so no CM row compares strings.
+        """
+        if self.small:
+            ids = F.broadcast(self.frame.select(_hash().alias("_condition_hash"), "plan_id"))
+            return cms.withColumn("_condition_hash", _hash()).join(ids, "_condition_hash", "left")
+        ids = self.frame.select("condition_json", "plan_id")
+        return cms.join(ids, "condition_json", "left")
+
+
+def _frame_rows(plans: list[dict[str, Any]], skel_ids: dict[str, int]) -> list[dict[str, Any]]:
+    return [
+        {
+            **row,
+            "plan_id": index,
+            "skel_id": skel_ids.get(row["skeleton"]) if row["structurally_native"] else None,
+        }
+        for index, row in enumerate(plans)
+    ]
+
+
+def _with_ids_schema() -> T.StructType:
+    return T.StructType(
+        [
+            *PLAN_SCHEMA.fields,
+            T.StructField("plan_id", T.LongType()),
+            T.StructField("skel_id", T.IntegerType()),
+        ]
+    )
+
+
+def _chosen(weights: Counter[str]) -> dict[str, int]:
+    """Skeleton -> ``skel_id`` for the :data:`MAX_SKELETONS` most used skeletons."""
+    top = sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_SKELETONS]
+    return {skeleton: index for index, (skeleton, _) in enumerate(top)}
+
+
+def plan_set(cms: DataFrame, *, native: bool = True) -> PlanSet:
+    """The :class:`PlanSet` of ``cms`` (``native=False``: compile nothing, for tests)."""
+    counted = cms.groupBy("condition_json").agg(
+        F.count(F.lit(1)).alias("count"), F.max(_hash()).alias("hash")
+    )
+    rows = counted.limit(MAX_DRIVER_PLANS + 1).collect()
+    if len(rows) > MAX_DRIVER_PLANS or len({row["hash"] for row in rows}) < len(rows):
+        return _executor_plan_set(cms, counted.drop("hash"), native=native)
+    plans = [plan_of(row["condition_json"]) for row in rows]
+    weights: Counter[str] = Counter()
+    examples: dict[str, str] = {}
+    for plan, row in zip(plans, rows, strict=True):
+        if plan.native and native:
+            weights[plan.skeleton] += row["count"]
+            examples.setdefault(plan.skeleton, plan.condition_json)
+    skel_ids = _chosen(weights)
+    data = _frame_rows([p.as_row() for p in plans], skel_ids)
+    frame = cms.sparkSession.createDataFrame(data, _with_ids_schema()).withColumn(
+        "native", F.col("skel_id").isNotNull()
+    )
+    compiled = [p for p in plans if p.skeleton in skel_ids and p.native]
+    return PlanSet(
+        frame=frame,
+        skeletons={i: numbered(Condition.from_json(examples[s])) for s, i in skel_ids.items()},
+        slots=max((len(p.leaves) for p in plans if p.valid), default=0),
+        probes=max((len(p.probes) for p in compiled), default=0),
+        python=any(p.valid and p.skeleton not in skel_ids for p in plans),
+        small=True,
+    )
 
 
 def _plan_batches(batches: Iterator[Any]) -> Iterator[Any]:
@@ -64,16 +177,55 @@ def _plan_batches(batches: Iterator[Any]) -> Iterator[Any]:
         yield pa.RecordBatch.from_pylist(rows, schema=schema)
 
 
-def condition_plans(cms: DataFrame) -> DataFrame:
-    """One row per distinct ``condition_json`` of ``cms``, with :data:`PLAN_SCHEMA`."""
-    distinct = cms.select("condition_json").distinct()
-    return distinct.mapInArrow(_plan_batches, PLAN_SCHEMA)
-
-
-def with_plans(cms: DataFrame, plans: DataFrame) -> DataFrame:
-    """``cms`` with the plan columns (``shape``, ``native``, ``eval_window_ms``, ...).
-
-    ``plans`` has one row per *distinct* condition, normally a handful (applications send
-    a few condition templates), so it is broadcast rather than shuffled with the CMs.
-    """
-    return cms.join(F.broadcast(plans), "condition_json", "left")
+def _executor_plan_set(cms: DataFrame, counted: DataFrame, *, native: bool) -> PlanSet:
+    """Many distinct conditions: decode them on the executors (see the module doc)."""
+    decoded = (
+        counted.select("condition_json")
+        .mapInArrow(_plan_batches, PLAN_SCHEMA)
+        .withColumn("plan_id", F.xxhash64("condition_json"))
+        .localCheckpoint()
+    )
+    stats = decoded.agg(
+        F.count(F.lit(1)).alias("plans"),
+        F.countDistinct("plan_id").alias("ids"),
+        F.max(F.when(F.col("valid"), F.col("leaf_count"))).alias("slots"),
+        F.max((F.col("valid") & ~F.col("structurally_native")).cast("int")).alias("wide"),
+    ).first()
+    assert stats is not None
+    if stats["plans"] != stats["ids"]:
+        raise RuntimeError("plan_id hash collision between distinct conditions")
+    weights: Counter[str] = Counter()
+    examples: dict[str, str] = {}
+    if native:
+        per_skeleton = (
+            decoded.where("structurally_native")
+            .join(counted, "condition_json")
+            .groupBy("skeleton")
+            .agg(F.sum("count").alias("cms"), F.min("condition_json").alias("example"))
+            .collect()
+        )
+        for row in per_skeleton:
+            weights[row["skeleton"]] = row["cms"]
+            examples[row["skeleton"]] = row["example"]
+    skel_ids = _chosen(weights)
+    skel_map: Column = (
+        F.create_map(*chain.from_iterable((F.lit(s), F.lit(i)) for s, i in skel_ids.items()))
+        if skel_ids
+        else F.create_map().cast("map<string,int>")
+    )
+    skel_id = F.when(F.col("structurally_native"), F.try_element_at(skel_map, F.col("skeleton")))
+    frame = (
+        decoded.withColumn("skel_id", skel_id.cast("int"))
+        .withColumn("native", F.col("skel_id").isNotNull())
+        .localCheckpoint()
+    )
+    probes = frame.where("native").agg(F.max(F.size("probe_ms"))).first()
+    python = frame.where(F.col("valid") & ~F.col("native")).limit(1).count() > 0
+    return PlanSet(
+        frame=frame,
+        skeletons={i: numbered(Condition.from_json(examples[s])) for s, i in skel_ids.items()},
+        slots=int(stats["slots"] or 0),
+        probes=int((probes[0] if probes else 0) or 0),
+        python=python or bool(stats["wide"]),
+        small=False,
+    )

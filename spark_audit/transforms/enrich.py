@@ -1,123 +1,475 @@
-"""The joined frames the metrics are computed from: per ack, and per expected copy.
+"""The audit's shared frames, built with one shuffle of the CMs and one of the acks.
 
-Durations are in milliseconds (``double``), computed from integer microseconds so that
-nothing is lost to floating-point timestamps. Receiver timestamps (``read_at``,
-``committed_at``) and sender/evaluator timestamps (``sent_at``, ``received_at``) come from
-different clocks; :mod:`spark_audit.transforms.skew` bounds the difference.
+1. :func:`cut_cms`: every CM of the source, one row each, hash-partitioned by ``cm_id`` with
+   its ``plan_id`` and whether it is in the window (the cut, DESIGN section 6). CMs outside
+   the window stay (without them an ack of theirs would look like an orphan).
+2. :func:`enrich_acks`: every ack in the cut, and every released compensation, with its
+   CM's columns and the destination *slot* of its CM's plan (the acks are shuffled once to
+   the CMs' partitioning; the join itself moves nothing more).
+3. :func:`cm_facts`: per CM in the window, its columns and the facts its verdict and its
+   deadline misses are judged from (:mod:`spark_audit.reevaluate.compiled`): one
+   aggregation over the CM rows and the ack rows together (acks of a topic destination
+   grouped per recipient first), all on the same partitioning, so nothing is shuffled and
+   no join is needed (a CM without acks has its own row).
+4. :func:`judge`: every CM in the window with its recomputed verdict (counted acks), its
+   compensations and its per-destination deadline misses.
+
+Instants are integer microseconds (``*_us``); durations are derived where they are used.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from spark_audit.reevaluate import well_formed
+from condmsg.sender_tables import AckStatus
+from spark_audit.readers import Window, decided_after, seen_in, sent_in
+from spark_audit.reevaluate import VERDICTS, well_formed
+from spark_audit.reevaluate.compiled import COUNTED, compiled_values, verdict_name
+from spark_audit.transforms.conditions import LEAF_COLUMNS, PlanSet
+
+COUNTED_STATUS = AckStatus.COUNTED.value
+#: The consumer key of every ack of a queue destination (a queue copy is consumed once).
+QUEUE_CONSUMER = ""
+#: The consumer key of a topic ack without a recipient (``evaluate``'s name for it).
+ANONYMOUS = "(anonymous)"
+#: A CM's state as a number (fixed-width aggregation buffers); anything else is ``OTHER``.
+STATES = ("pending", "satisfied", "violated")
+OTHER_STATE = len(STATES)
 
 
-def _ms(later: Column, earlier: Column) -> Column:
-    return (later - earlier) / F.lit(1000.0)
+def _us(column: str) -> Column:
+    return F.unix_micros(F.col(column))
 
 
-def ack_facts(cms_planned: DataFrame, acks: DataFrame) -> DataFrame:
-    """Every well-formed ack of a known CM, with the CM's columns and its latencies.
+def _state_code(state: Column) -> Column:
+    code = F.lit(OTHER_STATE)
+    for index, name in reversed(list(enumerate(STATES))):
+        code = F.when(state == name, F.lit(index)).otherwise(code)
+    return code
 
-    ``pickup_ms`` = read_at - sent_at; ``process_ms`` = committed_at - sent_at (COMMIT
-    acks); ``work_ms`` = committed_at - read_at; ``relay_ms`` = received_at minus the
-    ack's own event (committed_at for a COMMIT ack, read_at for a READ ack): the time the
-    ack spent in the receiver's outbox, its relay, RabbitMQ and the evaluator's intake.
+
+def state_name(code: Column) -> Column:
+    name = F.lit(None).cast("string")
+    for index, value in reversed(list(enumerate(STATES))):
+        name = F.when(code == index, F.lit(value)).otherwise(name)
+    return name
+
+
+def cut_cms(cms: DataFrame, plans: PlanSet, window: Window | None, partitions: int) -> DataFrame:
+    """Every CM of ``cms`` with ``in_window`` and its state as of ``window.until``.
+
+    A decision taken after ``until`` is not visible yet (state ``pending``, no decision
+    instants). Columns: ``cm_id, in_window, sender, sent_at, sent_us, plan_id, state_code
+    (:data:`STATES`), decided_at, effective_at, evaluation_deadline``; ``partitions``
+    partitions by ``cm_id``.
     """
-    cms = cms_planned.select(
-        "cm_id", "sender", "sent_at", "shape", "state", "decided_at", "evaluation_deadline"
-    )
-    sent, read = F.unix_micros("sent_at"), F.unix_micros("read_at")
-    commit = F.when(F.col("kind") == "commit", F.unix_micros("committed_at"))
-    received = F.unix_micros("received_at")
+    state, decided, effective = F.col("state"), F.col("decided_at"), F.col("effective_at")
+    in_window: Column = F.lit(True)
+    if window is not None:
+        in_window = sent_in(window)
+        late = decided_after(window)
+        state = F.when(late, F.lit("pending")).otherwise(state)
+        decided = F.when(~late, decided)
+        effective = F.when(~late, effective)
     return (
-        acks.where(well_formed())
-        .join(cms, "cm_id")
-        .select(
-            "*",
-            _ms(read, sent).alias("pickup_ms"),
-            _ms(commit, sent).alias("process_ms"),
-            _ms(commit, read).alias("work_ms"),
-            _ms(received, F.coalesce(commit, read)).alias("relay_ms"),
-        )
-    )
-
-
-def copy_facts(
-    cms_planned: DataFrame, acks: DataFrame, compensations: DataFrame, until: datetime
-) -> DataFrame:
-    """One row per destination of every valid CM's condition, with its deadline facts.
-
-    ``pickup_missed``/``process_missed`` are set only for CMs whose evaluation deadline has
-    passed at ``until`` (their facts are final): TRUE when no ack (recipient-filtered where
-    the destination names one) was read / committed by the tightest deadline that applies
-    to the destination. ``compensated`` says a compensation was released to it.
-    """
-    copies = (
-        cms_planned.where(F.col("valid"))
+        plans.attach(cms)
         .select(
             "cm_id",
+            in_window.alias("in_window"),
             "sender",
-            "shape",
-            "state",
-            F.unix_micros("sent_at").alias("sent_us"),
-            (F.col("evaluation_deadline") <= F.lit(until)).alias("final"),
-            F.inline("destinations"),
+            "sent_at",
+            _us("sent_at").alias("sent_us"),
+            "plan_id",
+            _state_code(state).alias("state_code"),
+            decided.alias("decided_at"),
+            effective.alias("effective_at"),
+            "evaluation_deadline",
         )
-        .withColumnRenamed("recipient", "named_recipient")
+        .repartition(partitions, "cm_id")
     )
-    evidence = acks.where(well_formed()).select(
+
+
+def enrich_acks(
+    acks: DataFrame,
+    compensations: DataFrame,
+    cms_cut: DataFrame,
+    plans: PlanSet,
+    window: Window | None,
+) -> DataFrame:
+    """Every ack in the cut, with its CM's columns (``known`` false for an orphan), and
+    every compensation released by ``until`` (``is_comp``: its ``received_us`` is the
+    release; it rides along so the one join serves both).
+
+    The cut: acks received by ``until``, of CMs in the window, and orphans (no CM in the
+    source at all) received in the window. Per ack: ``wf`` (well-formed: ``condmsg.Ack``
+    accepts it), ``slot`` (its destination's position in the CM's plan, null if the
+    condition does not name it), ``matched`` (counts for that destination: the recipient
+    matches where the destination names one) and ``consumer`` (the consumption it
+    belongs to: the recipient for a topic destination, else one per destination).
+    """
+    released = compensations.where(F.col("released_at").isNotNull()).select(
+        F.lit(None).cast("string").alias("ack_id"),
         "cm_id",
         "destination",
-        F.col("recipient").alias("ack_recipient"),
-        F.unix_micros("read_at").alias("read_us"),
-        F.when(F.col("kind") == "commit", F.unix_micros("committed_at")).alias("commit_us"),
+        F.lit(None).cast("string").alias("recipient"),
+        F.lit(None).cast("string").alias("receiver"),
+        F.lit("compensation").alias("kind"),
+        F.lit(None).cast("timestamp").alias("read_at"),
+        F.lit(None).cast("timestamp").alias("committed_at"),
+        F.col("released_at").alias("received_at"),
+        F.lit(None).cast("string").alias("status"),
+        F.lit(True).alias("is_comp"),
     )
-    matched = F.col("read_us").isNotNull() & (
-        F.col("named_recipient").isNull() | (F.col("ack_recipient") == F.col("named_recipient"))
+    events = acks.select(*released.columns[:-1], F.lit(False).alias("is_comp")).unionByName(
+        released
     )
-    keys = [
+    orphan_ok: Column = F.lit(True)
+    if window is not None:
+        events = events.where(F.col("received_at") <= F.lit(window.until))
+        orphan_ok = seen_in(window, "received_at")
+    cms = cms_cut.select(
+        "cm_id", "in_window", "sender", "sent_us", "plan_id", _us("decided_at").alias("decided_us")
+    )
+    joined = events.join(cms.hint("shuffle_hash"), "cm_id", "left")
+    known = F.col("in_window").isNotNull()
+    in_cut = F.coalesce(F.col("in_window"), F.lit(False)) | (~known & orphan_ok & ~F.col("is_comp"))
+    with_leaves = joined.where(in_cut).join(plans.lookup(*LEAF_COLUMNS), "plan_id", "left")
+    position = F.expr("array_position(leaf_names, destination)")
+    slot = F.when(position > 0, position - 1).cast("int")
+    return (
+        with_leaves.select(
+            "ack_id",
+            "cm_id",
+            "destination",
+            "recipient",
+            "receiver",
+            "kind",
+            "status",
+            _us("read_at").alias("read_us"),
+            _us("committed_at").alias("committed_us"),
+            _us("received_at").alias("received_us"),
+            "is_comp",
+            known.alias("known"),
+            (F.coalesce(well_formed(), F.lit(False)) & ~F.col("is_comp")).alias("wf"),
+            "sender",
+            "sent_us",
+            "decided_us",
+            "plan_id",
+            slot.alias("slot"),
+            F.get(F.col("leaf_recipients"), slot).alias("_named"),
+            F.coalesce(F.get(F.col("leaf_topic"), slot), F.lit(False)).alias("topic"),
+        )
+        .select(
+            "*",
+            (
+                F.col("slot").isNotNull()
+                & (F.col("_named").isNull() | (F.col("recipient") == F.col("_named")))
+            ).alias("matched"),
+            F.when(F.col("topic"), F.coalesce(F.col("recipient"), F.lit(ANONYMOUS)))
+            .otherwise(F.lit(QUEUE_CONSUMER))
+            .alias("consumer"),
+        )
+        .drop("_named")
+    )
+
+
+def acks_only(enriched: DataFrame) -> DataFrame:
+    """The ack rows of :func:`enrich_acks` (without the compensations)."""
+    return enriched.where(~F.col("is_comp"))
+
+
+def judging_acks(enriched: DataFrame) -> DataFrame:
+    """The well-formed acks of known CMs in the layout ``condmsg.evaluate`` is handed
+    (:data:`spark_audit.reevaluate.fallback.ACK_FIELDS`)."""
+    return enriched.where(F.col("known") & F.col("wf")).select(
         "cm_id",
         "destination",
-        "sender",
-        "shape",
-        "state",
-        "sent_us",
-        "final",
-        "named_recipient",
-        "is_topic",
-        "required",
-        "pickup_ms",
-        "process_ms",
+        "recipient",
+        "kind",
+        F.timestamp_micros("read_us").alias("read_at"),
+        F.timestamp_micros(commit_us()).alias("committed_at"),
+        (F.col("status") == COUNTED_STATUS).alias("counted"),
+    )
+
+
+def commit_us() -> Column:
+    """``committed_at`` (µs) of a COMMIT ack, else null."""
+    return F.when(F.col("kind") == "commit", F.col("committed_us"))
+
+
+_CM_COLUMNS = ("sent_at", "state_code", "decided_at", "effective_at", "evaluation_deadline")
+_FACT_KEYS = ("cm_id", "sender", "plan_id", "sent_us", "slot")
+
+
+def _fact_rows(enriched: DataFrame) -> DataFrame:
+    """The ack and compensation rows :func:`cm_facts` aggregates (acks' partitioning).
+
+    An ack of a queue destination (or of none in the tree) is its own row; the acks of a
+    topic destination are first grouped per recipient (``topic`` rows), since a topic is
+    judged per recipient. Per row: ``n_wf`` acks; per variant ``v`` (``c`` counted acks,
+    ``a`` all): ``n_v`` matching acks, ``r_v`` first read, ``m_v`` first commit; ``late``
+    acks not counted, ``flag`` (one is labelled ``changes_verdict``), ``comp`` (a
+    compensation released to the slot's destination).
+    """
+    rows = enriched.where(F.col("known") & F.col("wf"))
+    counted = F.col("status") == COUNTED_STATUS
+    matched = F.col("matched")
+    single = [F.lit(1).cast("long").alias("n_wf")]
+    grouped = [F.count(F.lit(1)).alias("n_wf")]
+    for variant, taken in (("c", matched & counted), ("a", matched)):
+        single += [
+            F.when(taken, F.lit(1)).otherwise(F.lit(0)).cast("long").alias(f"n_{variant}"),
+            F.when(taken, F.col("read_us")).alias(f"r_{variant}"),
+            F.when(taken, commit_us()).alias(f"m_{variant}"),
+        ]
+        grouped += [
+            F.count(F.when(taken, 1)).alias(f"n_{variant}"),
+            F.min(F.when(taken, F.col("read_us"))).alias(f"r_{variant}"),
+            F.min(F.when(taken, commit_us())).alias(f"m_{variant}"),
+        ]
+    late = F.when(~counted, F.lit(1)).otherwise(F.lit(0)).cast("long")
+    flag = (F.col("status") == AckStatus.CHANGES_VERDICT.value).cast("int")
+    acks = rows.where(~F.col("topic")).select(
+        *_FACT_KEYS,
+        *single,
+        late.alias("late"),
+        flag.alias("flag"),
+        F.lit(False).alias("topic"),
+        F.lit(0).alias("comp"),
+    )
+    recipients = (
+        rows.where(F.col("topic"))
+        .groupBy(*_FACT_KEYS, "consumer")
+        .agg(*grouped, F.sum(late).alias("late"), F.max(flag).alias("flag"))
+        .drop("consumer")
+        .withColumn("topic", F.lit(True))
+        .withColumn("comp", F.lit(0))
+    )
+    compensations = enriched.where(F.col("known") & F.col("is_comp")).select(
+        *_FACT_KEYS, F.lit(1).alias("comp")
+    )
+    return acks.unionByName(recipients).unionByName(compensations, allowMissingColumns=True)
+
+
+def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFrame:
+    """Every CM in the window, one row each: its columns (``state`` decoded), the fact
+    columns of :mod:`spark_audit.reevaluate.compiled` over the counted acks (``c_*``) for
+    ``plans.slots`` slots and ``plans.probes`` probes, the first read and commit over
+    every ack (``a_r{i}``, ``a_m{i}``: deadline misses), ``comp{i}`` (a compensation
+    released to slot ``i``'s destination), ``compensated``, ``late_acks``, ``flag`` and
+    ``multi`` (consumptions acked more than once).
+
+    One aggregation over the CM rows and the fact rows, both partitioned by ``cm_id``.
+    """
+    cm_rows = cms_cut.where("in_window").select(
+        "cm_id", "sender", "plan_id", "sent_us", *_CM_COLUMNS, F.lit(1).alias("is_cm")
+    )
+    rows = cm_rows.unionByName(_fact_rows(enriched), allowMissingColumns=True)
+    if plans.probes:
+        rows = rows.join(plans.lookup("probe_slot", "probe_process", "probe_ms"), "plan_id", "left")
+    slot = F.col("slot")
+    aggregates: list[Column] = [
+        F.max("plan_id").alias("plan_id"),
+        F.max("sent_us").alias("sent_us"),
+        F.max("is_cm").alias("is_cm"),
+        *(F.max(name).alias(name) for name in _CM_COLUMNS),
     ]
-    per_copy = (
-        copies.join(evidence, ["cm_id", "destination"], "left")
-        .groupBy(*keys)
-        .agg(
-            F.count(F.when(matched, 1)).alias("acks"),
-            F.min(F.when(matched, F.col("read_us"))).alias("first_read_us"),
-            F.min(F.when(matched, F.col("commit_us"))).alias("first_commit_us"),
+    for v in ("c", "a"):
+        for i in range(plans.slots):
+            here = slot == i
+            if v == "c":
+                aggregates.append(F.sum(F.when(here, F.col(f"n_{v}"))).alias(f"{v}_n{i}"))
+            aggregates += [
+                F.min(F.when(here, F.col(f"r_{v}"))).alias(f"{v}_r{i}"),
+                F.min(F.when(here, F.col(f"m_{v}"))).alias(f"{v}_m{i}"),
+            ]
+        for j in range(plans.probes if v == "c" else 0):
+            first = F.when(F.get(F.col("probe_process"), j), F.col(f"m_{v}")).otherwise(
+                F.col(f"r_{v}")
+            )
+            deadline = F.col("sent_us") + F.get(F.col("probe_ms"), j) * F.lit(1000)
+            hit = F.col("topic") & (slot == F.get(F.col("probe_slot"), j)) & (first <= deadline)
+            aggregates.append(F.count(F.when(hit, 1)).alias(f"{v}_h{j}"))
+    queue = ~F.col("topic")
+    aggregates += [
+        F.sum(F.when(queue & (slot == i), F.col("n_wf"))).alias(f"_wf{i}")
+        for i in range(plans.slots)
+    ]
+    aggregates += [
+        F.max(F.when(slot == i, F.col("comp"))).alias(f"comp{i}") for i in range(plans.slots)
+    ]
+    aggregates += [
+        F.max("comp").alias("compensated"),
+        F.sum("late").alias("late_acks"),
+        F.max("flag").alias("flag"),
+        F.count(F.when(F.col("topic") & (F.col("n_wf") > 1), 1)).alias("_multi_topic"),
+    ]
+    per_cm = rows.groupBy("cm_id", "sender").agg(*aggregates).where(F.col("is_cm") == 1)
+    repeated = [
+        F.when(F.col(f"_wf{i}") > 1, F.lit(1)).otherwise(F.lit(0)) for i in range(plans.slots)
+    ]
+    multi = sum(repeated, F.col("_multi_topic"))
+    return per_cm.select(
+        "*",
+        state_name(F.col("state_code")).alias("state"),
+        multi.alias("multi"),
+        F.coalesce(F.col("late_acks"), F.lit(0)).alias("_late"),
+    ).drop("is_cm", "_multi_topic", "state_code", *(f"_wf{i}" for i in range(plans.slots)))
+
+
+def decided_case() -> Column:
+    """A CM with a stored decision (the cases the re-evaluation judges)."""
+    return (
+        F.col("state").isin(*VERDICTS)
+        & F.col("effective_at").isNotNull()
+        & F.col("decided_at").isNotNull()
+    )
+
+
+def discrepant() -> Column:
+    """A decided CM whose recomputed verdict differs from the stored one."""
+    return F.col("decided") & ~F.col("agrees")
+
+
+def with_late_acks() -> Column:
+    """A decided CM with well-formed acks that were not counted."""
+    return F.col("decided") & (F.col("late_acks") > 0)
+
+
+def judge(
+    facts: DataFrame,
+    plans: PlanSet,
+    *,
+    python: DataFrame | None,
+    until: datetime | None,
+    stale_grace: timedelta,
+) -> DataFrame:
+    """Every CM in the window (:func:`cm_facts`) with its verdicts, anomalies and
+    destination facts.
+
+    ``python``: ``cm_id, py_verdict, py_verdict_all, py_reasons, py_error`` of the CMs
+    that ``evaluate`` judges (:func:`spark_audit.reevaluate.fallback.python_verdicts`).
+    ``verdict_with_late``: with late acks, the verdict over every ack where ``evaluate``
+    judged the CM (else null: the driver judges those few CMs, see
+    :func:`spark_audit.job.run_audit`). Per slot ``i`` (the plan's destination
+    ``leaf_names[i]``): ``d_pm{i}``/``d_cm{i}`` pickup/processing deadline missed (null
+    unless the CM's evaluation deadline passed by ``until``), ``d_comp{i}`` compensation
+    released to it (null past the plan's slots).
+    """
+    plan_columns = [
+        "valid",
+        "native",
+        "skel_id",
+        "error",
+        "eval_window_ms",
+        "leaf_names",
+        "leaf_pickup_ms",
+        "leaf_process_ms",
+        "node_pickup_ms",
+        "node_process_ms",
+        "node_min_pickup",
+        "node_max_pickup",
+        "node_min_process",
+        "node_max_process",
+    ]
+    joined = facts.join(plans.lookup(*plan_columns), "plan_id", "left")
+    if python is None:
+        joined = joined.select(
+            "*",
+            *(
+                F.lit(None).cast(kind).alias(name)
+                for name, kind in (
+                    ("py_verdict", "string"),
+                    ("py_verdict_all", "string"),
+                    ("py_reasons", "array<string>"),
+                    ("py_error", "string"),
+                )
+            ),
         )
+    else:
+        joined = joined.join(python, "cm_id", "left")
+    at_us = _us("effective_at")
+    valid = F.coalesce(F.col("valid"), F.lit(False))
+    native = valid & F.coalesce(F.col("native"), F.lit(False))
+    staged = joined.select(
+        "*",
+        at_us.alias("at_us"),
+        (at_us >= F.col("sent_us") + F.col("eval_window_ms") * F.lit(1000)).alias("final"),
+        F.coalesce(decided_case(), F.lit(False)).alias("decided"),
+        valid.alias("_valid"),
+        native.alias("_native"),
     )
-    released = (
-        compensations.where(F.col("released_at").isNotNull())
-        .select("cm_id", "destination", F.lit(True).alias("compensated"))
-        .dropDuplicates(["cm_id", "destination"])
+    compiled = compiled_values(plans.skeletons)
+    for stage in compiled.stages:
+        staged = staged.selectExpr("*", *stage)
+    value = compiled.values[COUNTED.variant]
+    valued = staged.selectExpr("*", f"CASE WHEN decided AND _native THEN {value} END AS _value")
+    decided = F.col("decided")
+    recomputed = (
+        F.when(~decided | ~F.col("_valid"), F.lit(None))
+        .when(F.col("_native"), F.expr(verdict_name("_value")))
+        .otherwise(F.col("py_verdict"))
     )
+    # With late acks, the verdict over every ack: ``evaluate``'s for the CMs it judges;
+    # for the compiled ones the driver fills it in (they are few, see job._late_effects).
+    with_late = F.when(
+        decided & F.col("_valid") & ~F.col("_native") & (F.col("_late") > 0),
+        F.col("py_verdict_all"),
+    )
+    path = (
+        F.when(~F.col("_valid"), F.lit("invalid"))
+        .when(F.col("_native"), F.lit("native"))
+        .otherwise(F.lit("python"))
+    )
+    error = F.when(
+        ~F.col("_valid"), F.coalesce(F.col("error"), F.lit("condition does not decode"))
+    ).when(~F.col("_native"), F.col("py_error"))
+    final_deadline = (
+        F.col("evaluation_deadline") <= F.lit(until) if until is not None else F.lit(True)
+    )
+    stale = F.lit(False)
+    if until is not None:
+        limit = F.lit(until - stale_grace)
+        stale = (F.col("state") == "pending") & (F.col("evaluation_deadline") < limit)
+    slots: list[Column] = []
+    for i in range(plans.slots):
+        name = F.get(F.col("leaf_names"), i)
+        present = F.col("_valid") & name.isNotNull()
 
-    def missed(ms: str, first: str) -> Column:
-        deadline = F.col("sent_us") + F.col(ms) * F.lit(1000)
-        on_time = F.coalesce(F.col(first) <= deadline, F.lit(False))
-        return F.when(F.col(ms).isNotNull() & F.col("final"), ~on_time)
+        def missed(ms_array: str, first: str, present: Column = present, i: int = i) -> Column:
+            ms = F.get(F.col(ms_array), i)
+            on_time = F.coalesce(
+                F.col(f"{first}{i}") <= F.col("sent_us") + ms * F.lit(1000), F.lit(False)
+            )
+            return F.when(present & final_deadline & ms.isNotNull(), ~on_time)
 
-    return per_copy.join(released, ["cm_id", "destination"], "left").select(
-        *keys,
-        "acks",
-        missed("pickup_ms", "first_read_us").alias("pickup_missed"),
-        missed("process_ms", "first_commit_us").alias("process_missed"),
-        F.coalesce(F.col("compensated"), F.lit(False)).alias("compensated"),
-    )
+        slots += [
+            missed("leaf_pickup_ms", "a_r").alias(f"d_pm{i}"),
+            missed("leaf_process_ms", "a_m").alias(f"d_cm{i}"),
+            F.when(present, F.coalesce(F.col(f"comp{i}") == 1, F.lit(False))).alias(f"d_comp{i}"),
+        ]
+    return valued.select(
+        "cm_id",
+        "sender",
+        "sent_at",
+        "plan_id",
+        "state",
+        "decided_at",
+        "effective_at",
+        "evaluation_deadline",
+        decided.alias("decided"),
+        F.col("_valid").alias("valid"),
+        recomputed.alias("recomputed_verdict"),
+        path.alias("path"),
+        error.alias("error"),
+        F.col("_late").alias("late_acks"),
+        (F.coalesce(F.col("flag"), F.lit(0)) == 1).alias("flagged"),
+        with_late.alias("verdict_with_late"),
+        F.coalesce(F.col("multi"), F.lit(0)).alias("multi"),
+        (F.coalesce(F.col("compensated"), F.lit(0)) == 1).alias("compensated"),
+        stale.alias("stale"),
+        *slots,
+    ).withColumn("agrees", F.coalesce(F.col("recomputed_verdict") == F.col("state"), F.lit(False)))

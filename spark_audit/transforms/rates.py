@@ -1,91 +1,203 @@
 """Outcome, compensation and deadline-miss rates (by sender, condition shape, destination,
-and over time)."""
+and over time), the per-CM totals, and the CMs the per-CM detail tables list.
+
+One aggregation over the judged CMs (:func:`spark_audit.transforms.enrich.judge`), grouped
+by plan, sender and ``sent_at`` bucket, gives partial counts that the driver folds into
+every table: per shape (a plan's), per sender, per bucket, per destination (a plan's slot
+``i`` is the destination ``leaf_names[i]``) and overall. A CM that a detail table lists (a
+*candidate*: disagreeing verdict, late acks, multiple consumption, stale, invalid
+condition) is its own group, keyed by its ``cm_id``, so the same pass returns its row.
+"""
 
 from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from spark_audit.transforms.conditions import PlanSet
+from spark_audit.transforms.enrich import discrepant, with_late_acks
 
-def _ratio(part: Column, whole: Column) -> Column:
-    return F.when(whole > 0, part / whole)
-
-
-def _outcome_counts() -> list[Column]:
-    state = F.col("state")
-    return [
-        F.count(F.lit(1)).alias("cms"),
-        F.sum((state == "satisfied").cast("long")).alias("satisfied"),
-        F.sum((state == "violated").cast("long")).alias("violated"),
-        F.sum((state == "pending").cast("long")).alias("pending"),
-        F.sum(F.col("compensated").cast("long")).alias("compensated"),
-    ]
-
-
-def _with_rates(frame: DataFrame) -> DataFrame:
-    decided = F.col("satisfied") + F.col("violated")
-    return frame.select(
-        "*",
-        _ratio(F.col("satisfied"), decided).alias("success_rate"),
-        _ratio(F.col("violated"), decided).alias("failure_rate"),
-        _ratio(F.col("compensated"), decided).alias("compensation_rate"),
-    )
-
-
-def compensated_cms(cms: DataFrame, compensations: DataFrame) -> DataFrame:
-    """``cms`` with ``compensated``: a compensation was released for the CM."""
-    released = (
-        compensations.where(F.col("released_at").isNotNull())
-        .select("cm_id")
-        .distinct()
-        .withColumn("compensated", F.lit(True))
-    )
-    return cms.join(released, "cm_id", "left").withColumn(
-        "compensated", F.coalesce(F.col("compensated"), F.lit(False))
-    )
-
-
-def outcome_rates(cms_compensated: DataFrame, by: str) -> DataFrame:
-    """Success, failure and compensation rates of the CMs grouped by ``by``
-    (``sender`` or ``shape``). Rates are over decided CMs; pending ones are counted apart."""
-    return _with_rates(cms_compensated.groupBy(by).agg(*_outcome_counts())).orderBy(by)
-
-
-def destination_rates(copy_facts: DataFrame) -> DataFrame:
-    """Per destination: outcomes of the CMs it took part in, compensations released to
-    it, and its pickup / processing deadline-miss rates (over final CMs only)."""
-    counts = copy_facts.groupBy("destination").agg(
-        *_outcome_counts(),
-        F.count("pickup_missed").alias("pickup_deadlines"),
-        F.sum(F.col("pickup_missed").cast("long")).alias("pickup_misses"),
-        F.count("process_missed").alias("process_deadlines"),
-        F.sum(F.col("process_missed").cast("long")).alias("process_misses"),
-    )
-    return (
-        _with_rates(counts)
-        .withColumn("pickup_miss_rate", _ratio(F.col("pickup_misses"), F.col("pickup_deadlines")))
-        .withColumn(
-            "process_miss_rate", _ratio(F.col("process_misses"), F.col("process_deadlines"))
-        )
-        .withColumnRenamed("cms", "copies")
-        .orderBy("destination")
-    )
+OUTCOMES = ("satisfied", "violated", "pending")
+#: The per-CM counts summed into ``overall`` by :func:`fold`.
+CM_COUNTS = (
+    "cms",
+    *OUTCOMES,
+    "compensated",
+    "decided",
+    "native_cms",
+    "discrepancies",
+    "late_ack_effects",
+    "multiple_consumptions",
+    "stale_pending",
+    "invalid_conditions",
+)
+#: Per-destination counts (per slot in :func:`rollup_frame`).
+DESTINATION_COUNTS = (
+    "pickup_deadlines",
+    "pickup_misses",
+    "process_deadlines",
+    "process_misses",
+    "compensated",
+)
+#: The columns of a candidate CM's row.
+CANDIDATE_COLUMNS = (
+    "sent_at",
+    "state",
+    "decided_at",
+    "effective_at",
+    "evaluation_deadline",
+    "decided",
+    "valid",
+    "agrees",
+    "recomputed_verdict",
+    "path",
+    "error",
+    "late_acks",
+    "flagged",
+    "verdict_with_late",
+    "multi",
+    "stale",
+)
 
 
-def outcomes_over_time(cms: DataFrame, bucket_seconds: int) -> DataFrame:
-    """CM outcomes by ``sent_at`` bucket (``bucket_start``, UTC)."""
+def _count(condition: Column) -> Column:
+    return F.count(F.when(condition, 1))
+
+
+def candidate() -> Column:
+    """A CM one of the per-CM detail tables lists (or whose acks the ack tables need)."""
+    return discrepant() | with_late_acks() | F.col("stale") | ~F.col("valid") | (F.col("multi") > 0)
+
+
+def rollup_frame(judged: DataFrame, plans: PlanSet, bucket_seconds: int) -> DataFrame:
+    """Partial counts per (plan, sender, ``sent_at`` bucket, candidate ``cm_id``)."""
     seconds = F.unix_seconds("sent_at")
-    start = F.timestamp_seconds(F.floor(seconds / bucket_seconds) * bucket_seconds)
-    state = F.col("state")
-    return (
-        cms.groupBy(start.alias("bucket_start"))
-        .agg(
-            F.sum((state == "satisfied").cast("long")).alias("satisfied"),
-            F.sum((state == "violated").cast("long")).alias("violated"),
-            F.sum((state == "pending").cast("long")).alias("pending"),
-        )
-        .orderBy("bucket_start")
+    bucket = F.timestamp_seconds(F.floor(seconds / bucket_seconds) * bucket_seconds)
+    state, decided, late = F.col("state"), F.col("decided"), with_late_acks()
+    per_slot: list[Column] = []
+    for i in range(plans.slots):
+        pickup, process, comp = F.col(f"d_pm{i}"), F.col(f"d_cm{i}"), F.col(f"d_comp{i}")
+        per_slot += [
+            F.count(pickup).alias(f"pickup_deadlines{i}"),
+            _count(pickup).alias(f"pickup_misses{i}"),
+            F.count(process).alias(f"process_deadlines{i}"),
+            _count(process).alias(f"process_misses{i}"),
+            _count(comp).alias(f"compensated{i}"),
+        ]
+    # A candidate's own columns are grouping keys (null for every other CM), so the
+    # aggregation keeps fixed-width buffers (a hash aggregation, not a sort).
+    judged = judged.withColumn("_candidate", candidate())
+    chosen = F.col("_candidate")
+    grouped = judged.groupBy(
+        "plan_id",
+        "sender",
+        bucket.alias("bucket_start"),
+        F.when(chosen, F.col("cm_id")).alias("cm_id"),
+        *(F.when(chosen, F.col(name)).alias(f"cm_{name}") for name in CANDIDATE_COLUMNS),
+    ).agg(
+        F.count(F.lit(1)).alias("cms"),
+        *(_count(state == outcome).alias(outcome) for outcome in OUTCOMES),
+        _count(F.col("compensated")).alias("compensated"),
+        _count(decided).alias("decided"),
+        _count(F.col("path") == "native").alias("native_cms"),
+        _count(discrepant()).alias("discrepancies"),
+        _count(late).alias("late_ack_effects"),
+        F.sum("multi").alias("multiple_consumptions"),
+        _count(F.col("stale")).alias("stale_pending"),
+        _count(~F.col("valid")).alias("invalid_conditions"),
+        *per_slot,
     )
+    details = plans.frame.select("plan_id", "shape", "leaf_names", "condition_json")
+    return grouped.join(F.broadcast(details) if plans.small else details, "plan_id", "left")
+
+
+def _ratio(part: float | int | None, whole: float | int | None) -> float | None:
+    return part / whole if part is not None and whole else None
+
+
+def _with_rates(row: dict[str, Any]) -> dict[str, Any]:
+    decided = row["satisfied"] + row["violated"]
+    return {
+        **row,
+        "success_rate": _ratio(row["satisfied"], decided),
+        "failure_rate": _ratio(row["violated"], decided),
+        "compensation_rate": _ratio(row["compensated"], decided),
+    }
+
+
+def _add(into: dict[str, int], row: Mapping[str, Any], keys: Iterable[str]) -> None:
+    for key in keys:
+        into[key] = into.get(key, 0) + int(row[key] or 0)
+
+
+def fold(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The collected :func:`rollup_frame` as tables: ``rates_by_sender``,
+    ``rates_by_shape``, ``outcomes_over_time``, ``destinations`` (row lists), ``overall``
+    (:data:`CM_COUNTS` over every CM) and ``candidates`` (one dict per candidate CM)."""
+    outcome_keys = ("cms", *OUTCOMES, "compensated")
+    senders: dict[Any, dict[str, int]] = defaultdict(dict)
+    shapes: dict[Any, dict[str, int]] = defaultdict(dict)
+    buckets: dict[Any, dict[str, int]] = defaultdict(dict)
+    destinations: dict[str, dict[str, int]] = defaultdict(dict)
+    overall: dict[str, int] = {}
+    candidates = []
+    for row in rows:
+        _add(senders[row["sender"]], row, outcome_keys)
+        _add(shapes[row["shape"]], row, outcome_keys)
+        _add(buckets[row["bucket_start"]], row, OUTCOMES)
+        _add(overall, row, CM_COUNTS)
+        for i, name in enumerate(row["leaf_names"] or ()):
+            into = destinations[name]
+            _add(into, row, ("cms", *OUTCOMES))
+            for key in DESTINATION_COUNTS:
+                into[key] = into.get(key, 0) + int(row.get(f"{key}{i}") or 0)
+        if row["cm_id"] is not None:
+            candidates.append(
+                {
+                    "cm_id": row["cm_id"],
+                    "sender": row["sender"],
+                    "shape": row["shape"],
+                    "condition_json": row["condition_json"],
+                    **{name: row[f"cm_{name}"] for name in CANDIDATE_COLUMNS},
+                }
+            )
+    return {
+        "rates_by_sender": [
+            _with_rates({"sender": k, **v}) for k, v in sorted(senders.items(), key=_by_key)
+        ],
+        "rates_by_shape": [
+            _with_rates({"shape": k, **v}) for k, v in sorted(shapes.items(), key=_by_key)
+        ],
+        "outcomes_over_time": [{"bucket_start": k, **v} for k, v in sorted(buckets.items())],
+        "destinations": [_destination(k, v) for k, v in sorted(destinations.items())],
+        "overall": overall,
+        "candidates": sorted(candidates, key=lambda c: str(c["cm_id"])),
+    }
+
+
+def _by_key(item: tuple[Any, Any]) -> str:
+    return "" if item[0] is None else str(item[0])
+
+
+def _destination(name: str, counts: Mapping[str, int]) -> dict[str, Any]:
+    row = _with_rates(
+        {
+            "destination": name,
+            "copies": counts["cms"],
+            **{k: counts[k] for k in OUTCOMES},
+            "compensated": counts["compensated"],
+        }
+    )
+    return {
+        **row,
+        **{k: counts[k] for k in DESTINATION_COUNTS if k != "compensated"},
+        "pickup_miss_rate": _ratio(counts["pickup_misses"], counts["pickup_deadlines"]),
+        "process_miss_rate": _ratio(counts["process_misses"], counts["process_deadlines"]),
+    }
 
 
 def bucket_seconds_for(span_seconds: float, buckets: int = 48) -> int:

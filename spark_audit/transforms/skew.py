@@ -15,35 +15,42 @@ extra measurement:
 acks; ``behind_by_at_least_ms``/``ahead_by_at_least_ms`` are the proven skew (0 when the
 bounds are consistent with a correct clock). A lower bound above the upper one means the
 sender's and the evaluator's clocks disagree with each other as well.
+
+The bounds (``facts``, ``min_pickup_us``, ``min_relay_us`` per receiver) and the relay
+percentiles come from the latency histogram (:class:`spark_audit.transforms.latency.Histograms`).
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-
-from spark_audit.transforms.latency import ACCURACY
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
-def receiver_clocks(ack_facts: DataFrame) -> DataFrame:
-    """Per receiver: acks, skew bounds (ms) and relay-lag percentiles (ms)."""
-    relay = F.percentile_approx("relay_ms", [0.5, 0.9, 0.99], ACCURACY)
-    return (
-        ack_facts.groupBy("receiver")
-        .agg(
-            F.count(F.lit(1)).alias("acks"),
-            F.min("pickup_ms").alias("offset_upper_ms"),
-            # relay_ms = received_at - event, so event - received_at = -relay_ms.
-            F.max(-F.col("relay_ms")).alias("offset_lower_ms"),
-            relay[0].alias("relay_p50_ms"),
-            relay[1].alias("relay_p90_ms"),
-            relay[2].alias("relay_p99_ms"),
+def receiver_rows(
+    metrics: Iterable[Mapping[str, Any]], relay: Mapping[str, Mapping[str, float | None]]
+) -> list[dict[str, Any]]:
+    """The ``receivers`` table: per receiver with well-formed acks of known CMs."""
+    rows = []
+    for m in metrics:
+        if not m["facts"]:
+            continue
+        upper = m["min_pickup_us"] / 1000.0
+        # relay = received_at - event, so event - received_at = -relay.
+        lower = -m["min_relay_us"] / 1000.0
+        behind, ahead = max(0.0, -upper), max(0.0, lower)
+        percentiles = relay.get(m["receiver"], {})
+        rows.append(
+            {
+                "receiver": m["receiver"],
+                "acks": m["facts"],
+                "offset_upper_ms": upper,
+                "offset_lower_ms": lower,
+                "relay_p50_ms": percentiles.get("relay_p50_ms"),
+                "relay_p90_ms": percentiles.get("relay_p90_ms"),
+                "relay_p99_ms": percentiles.get("relay_p99_ms"),
+                "behind_by_at_least_ms": behind,
+                "ahead_by_at_least_ms": ahead,
+                "skew_proved": behind > 0 or ahead > 0,
+            }
         )
-        .withColumn("behind_by_at_least_ms", F.greatest(F.lit(0.0), -F.col("offset_upper_ms")))
-        .withColumn("ahead_by_at_least_ms", F.greatest(F.lit(0.0), F.col("offset_lower_ms")))
-        .withColumn(
-            "skew_proved",
-            (F.col("behind_by_at_least_ms") > 0) | (F.col("ahead_by_at_least_ms") > 0),
-        )
-        .orderBy("receiver")
-    )
+    return sorted(rows, key=lambda r: str(r["receiver"]))

@@ -1,4 +1,4 @@
-"""Every transform on one small handmade store whose answers are worked out by hand.
+"""The whole audit on one small handmade store whose answers are worked out by hand.
 
 The store (T0 = 2024-01-01 UTC; times in ms after T0):
 
@@ -21,14 +21,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from condmsg.conditions import Destination, DestinationSet
+from spark_audit.job import AuditOptions, run_audit
 from spark_audit.readers import AuditInput, Window, apply_window
-from spark_audit.reevaluate import discrepancies, late_ack_effects, verdict_comparison
-from spark_audit.transforms import anomalies, latency, rates, skew
-from spark_audit.transforms.conditions import condition_plans, with_plans
-from spark_audit.transforms.enrich import ack_facts, copy_facts
+from spark_audit.transforms.conditions import plan_set
+from spark_audit.transforms.latency import percentile
 from tests.spark.builders import T0, ack_row, at, cm_row, frame
 from tests.spark.conftest import SPARK_MARKS
 
@@ -127,59 +127,47 @@ def _store(spark: Any) -> AuditInput:
 
 
 @pytest.fixture(scope="session")
-def store(spark: Any) -> AuditInput:
-    data = apply_window(_store(spark), Window(until=UNTIL))
-    return AuditInput(
-        cms=data.cms.localCheckpoint(),
-        copies=data.copies,
-        acks=data.acks.localCheckpoint(),
-        compensations=data.compensations,
-        anomalies=data.anomalies,
+def audited(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The whole audit of the handmade store (uncut: the audit cuts it at ``UNTIL``)."""
+    out = tmp_path_factory.mktemp("handmade")
+    options = AuditOptions(
+        out=out, window=Window(until=UNTIL), source="handmade", bucket_seconds=3600
     )
+    result = run_audit(spark, _store(spark), options, progress=lambda _m: None)
+    tables = {path.name: pq.read_table(path).to_pylist() for path in (out / "tables").iterdir()}
+    return {"summary": result.summary, "tables": tables}
 
 
-@pytest.fixture(scope="session")
-def planned(store: AuditInput) -> Any:
-    return with_plans(store.cms, condition_plans(store.cms)).localCheckpoint()
+def _by(rows: list[dict[str, Any]], *keys: str) -> dict[Any, dict[str, Any]]:
+    return {tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]: r for r in rows}
 
 
-@pytest.fixture(scope="session")
-def facts(planned: Any, store: AuditInput) -> Any:
-    return ack_facts(planned, store.acks).localCheckpoint()
-
-
-@pytest.fixture(scope="session")
-def copies(planned: Any, store: AuditInput) -> Any:
-    return copy_facts(planned, store.acks, store.compensations, UNTIL).localCheckpoint()
-
-
-def _by(rows: list[Any], *keys: str) -> dict[Any, dict[str, Any]]:
-    return {tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]: r.asDict() for r in rows}
-
-
-def test_plans_give_shapes_and_native_flags(planned: Any) -> None:
-    got = _by(planned.select("cm_id", "shape", "native", "valid").collect(), "cm_id")
+def test_plans_give_shapes_and_native_flags(spark: Any) -> None:
+    cms = _store(spark).cms
+    plans = plan_set(cms)
+    rows = plans.attach(cms).join(plans.frame.drop("condition_json"), "plan_id").collect()
+    got = {r["cm_id"]: r.asDict() for r in rows}
     assert got["c1"]["shape"] == "queue(pickup)"
     assert got["c3"]["shape"] == "set(pickup,min_pickup=1)[queue,queue]"
+    assert got["c3"]["skeleton"] == "set(pickup,min_pickup)[queue(),queue()]"
     assert all(r["native"] and r["valid"] for r in got.values())
 
 
-def test_reevaluation_finds_the_one_wrong_verdict(planned: Any, store: AuditInput) -> None:
-    comparison = verdict_comparison(planned, store.acks)
-    rows = discrepancies(comparison, store.acks).collect()
+def test_reevaluation_finds_the_one_wrong_verdict(audited: dict[str, Any]) -> None:
+    rows = audited["tables"]["discrepancies"]
     assert [(r["cm_id"], r["stored_verdict"], r["recomputed_verdict"]) for r in rows] == [
         ("c2", "satisfied", "violated")
     ]
     evidence = rows[0]
     assert evidence["python_verdict"] == "violated"
+    assert evidence["path"] == "native"
     assert evidence["counted_acks"] == 1
     assert any("READ ack" in reason for reason in evidence["reasons"])
+    assert evidence["stored_reasons_json"] == "[]"
 
 
-def test_late_ack_that_would_change_the_verdict(planned: Any, store: AuditInput) -> None:
-    comparison = verdict_comparison(planned, store.acks)
-    rows = late_ack_effects(planned, comparison, store.acks).collect()
-    assert [r.asDict() for r in rows] == [
+def test_late_ack_that_would_change_the_verdict(audited: dict[str, Any]) -> None:
+    assert audited["tables"]["late_ack_effects"] == [
         {
             "cm_id": "c3",
             "late_acks": 1,
@@ -190,10 +178,14 @@ def test_late_ack_that_would_change_the_verdict(planned: Any, store: AuditInput)
             "flagged": True,
         }
     ]
+    metrics = audited["summary"]["metrics"]
+    assert (metrics["late_acks_changing_verdict"], metrics["late_ack_flag_mismatches"]) == (1, 0)
 
 
-def test_latency_percentiles_per_destination_recipient_and_overall(facts: Any) -> None:
-    rows = latency.latency_percentiles(facts).collect()
+def test_latency_percentiles_per_destination_recipient_and_overall(
+    audited: dict[str, Any],
+) -> None:
+    rows = audited["tables"]["latency"]
     overall = next(r for r in rows if r["level"] == "all")
     assert overall["acks"] == 6  # a7 is malformed, a5 is an orphan
     qa = next(r for r in rows if r["level"] == "recipient" and r["destination"] == "qa")
@@ -202,8 +194,8 @@ def test_latency_percentiles_per_destination_recipient_and_overall(facts: Any) -
     assert qa["process_p50_ms"] is None
 
 
-def test_latency_histogram_bins(facts: Any) -> None:
-    rows = {(r["metric"], r["bin"]): r["count"] for r in latency.latency_histogram(facts).collect()}
+def test_latency_histogram_bins(audited: dict[str, Any]) -> None:
+    rows = {(r["metric"], r["bin"]): r["count"] for r in audited["tables"]["latency_histogram"]}
     # pickups: 200, 100, 500, -2000, -1990, 2000 ms
     assert rows == {
         ("pickup", -1): 2,
@@ -214,8 +206,18 @@ def test_latency_histogram_bins(facts: Any) -> None:
     }
 
 
-def test_clock_skew_bounds_per_receiver(facts: Any) -> None:
-    got = _by(skew.receiver_clocks(facts).collect(), "receiver")
+def test_percentiles_interpolate_within_a_bucket() -> None:
+    # Two values in one bucket: rank 1 is the smallest, rank 2 the largest, exactly.
+    assert percentile([(2, 1000, 1010)], 0.5) == 1.0
+    assert percentile([(2, 1000, 1010)], 0.99) == 1.01
+    # Four values, ranks 2 and 4 fall in the second bucket (three values, 100..103 µs).
+    assert percentile([(1, 5, 5), (3, 100, 103)], 0.5) == 0.1
+    assert percentile([(1, 5, 5), (3, 100, 103)], 0.9) == 0.103
+    assert percentile([], 0.5) is None
+
+
+def test_clock_skew_bounds_per_receiver(audited: dict[str, Any]) -> None:
+    got = _by(audited["tables"]["receivers"], "receiver")
     assert got["rA"]["skew_proved"] is False
     assert got["rB"]["behind_by_at_least_ms"] == 2000.0
     assert got["rB"]["ahead_by_at_least_ms"] == 0.0
@@ -224,22 +226,29 @@ def test_clock_skew_bounds_per_receiver(facts: Any) -> None:
     assert got["rB"]["relay_p50_ms"] == 2010.0
 
 
-def test_outcome_rates_by_sender_and_over_time(store: AuditInput, planned: Any) -> None:
-    compensated = rates.compensated_cms(planned, store.compensations)
-    by_sender = _by(rates.outcome_rates(compensated, "sender").collect(), "sender")
+def test_outcome_rates_by_sender_and_over_time(audited: dict[str, Any]) -> None:
+    by_sender = _by(audited["tables"]["rates_by_sender"], "sender")
     assert by_sender["s1"]["satisfied"] == 2
     assert by_sender["s1"]["success_rate"] == 1.0
     assert (by_sender["s2"]["violated"], by_sender["s2"]["pending"]) == (2, 1)
     assert by_sender["s2"]["compensation_rate"] == 0.5
-    buckets = rates.outcomes_over_time(planned, 3600).collect()
+    buckets = audited["tables"]["outcomes_over_time"]
     assert [(r["satisfied"], r["violated"], r["pending"]) for r in buckets] == [
         (2, 1, 1),
         (0, 1, 0),
     ]
+    assert audited["summary"]["totals"] == {
+        "cms": 5,
+        "decided": 4,
+        "pending": 1,
+        "native_cms": 5,
+        "shapes": 3,
+        "acks": 8,
+    }
 
 
-def test_destination_rates_with_deadline_misses(copies: Any) -> None:
-    got = _by(rates.destination_rates(copies).collect(), "destination")
+def test_destination_rates_with_deadline_misses(audited: dict[str, Any]) -> None:
+    got = _by(audited["tables"]["destinations"], "destination")
     assert (got["qa"]["pickup_deadlines"], got["qa"]["pickup_misses"]) == (3, 1)
     assert (got["qb"]["pickup_misses"], got["qb"]["process_misses"]) == (1, 1)
     assert (got["qc"]["pickup_deadlines"], got["qc"]["pickup_misses"]) == (1, 0)
@@ -247,19 +256,25 @@ def test_destination_rates_with_deadline_misses(copies: Any) -> None:
     assert got["qa"]["copies"] == 3
 
 
-def test_anomaly_tables(store: AuditInput, planned: Any, copies: Any) -> None:
-    orphans = _by(anomalies.orphan_acks(store.acks, store.cms, store.anomalies).collect(), "ack_id")
+def test_anomaly_tables(audited: dict[str, Any]) -> None:
+    tables = audited["tables"]
+    orphans = _by(tables["orphan_acks"], "ack_id")
     assert {k: v["source"] for k, v in orphans.items()} == {"a5": "both", "a6": "anomaly"}
-    assert [r["ack_id"] for r in anomalies.duplicate_acks(store.anomalies).collect()] == ["a1"]
-    multiple = anomalies.multiple_consumptions(store.acks, copies).collect()
-    assert [(r["cm_id"], r["ack_ids"]) for r in multiple] == [("c4", ["a4", "a4b"])]
-    late = anomalies.late_acks(store.acks, planned).collect()
+    assert [r["ack_id"] for r in tables["duplicate_acks"]] == ["a1"]
+    multiple = tables["multiple_consumptions"]
+    assert [(r["cm_id"], r["consumer"], r["ack_ids"]) for r in multiple] == [
+        ("c4", "", ["a4", "a4b"])
+    ]
+    late = tables["late_acks"]
     assert [(r["ack_id"], r["after_decision_ms"]) for r in late] == [("a3", 100.0)]
-    mismatches = anomalies.status_mismatches(store.acks, planned).collect()
+    mismatches = tables["status_mismatches"]
     assert [(r["ack_id"], r["problem"]) for r in mismatches] == [("a8", "counted_after_decision")]
-    assert [r["ack_id"] for r in anomalies.malformed_acks(store.acks).collect()] == ["a7"]
-    stale = anomalies.stale_pending(planned, UNTIL, timedelta(minutes=1)).collect()
-    assert [r["cm_id"] for r in stale] == ["c4"]
+    assert [r["ack_id"] for r in tables["malformed_acks"]] == ["a7"]
+    assert [r["cm_id"] for r in tables["stale_pending"]] == ["c4"]
+    assert tables["invalid_conditions"] == []
+    metrics = audited["summary"]["metrics"]
+    assert metrics["counted_after_decision"] == 1
+    assert metrics["discrepancies"] == 1
 
 
 def test_window_is_a_consistent_cut(spark: Any) -> None:

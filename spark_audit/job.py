@@ -311,10 +311,6 @@ def _run(
         until=until,
         stale_grace=options.stale_grace,
     )
-    import os
-
-    if os.environ.get("JLIM"):
-        spark.conf.set("spark.sql.codegen.hugeMethodLimit", os.environ["JLIM"])
     folded = rates.fold(
         rates.rollup_frame(judged, plans, _bucket(options, cut)).toArrow().to_pylist()
     )

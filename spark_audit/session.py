@@ -17,6 +17,8 @@ from pyspark.sql import SparkSession
 #: Debian's libpostgresql-jdbc-java. Override with ``--jdbc-jar`` or ``CONDMSG_JDBC_JAR``.
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
 ENV_JDBC_JAR = "CONDMSG_JDBC_JAR"
+#: Let HotSpot compile methods over 8000 bytes of bytecode (see :func:`session_config`).
+HUGE_METHODS = "-XX:-DontCompileHugeMethods"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +46,13 @@ def session_config(options: SessionOptions) -> dict[str, str]:
         # UTC-adjusted INT64 micros, like the exporter's files: pyarrow and other readers
         # see timezone-aware instants (Spark's INT96 default reads back naive).
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        # HotSpot does not JIT-compile a method over 8000 bytes of bytecode by default, and
+        # Spark's whole-stage code for the audit's wide rows (the joined facts, the compiled
+        # verdicts) is far larger: it would run in the bytecode interpreter. Takes effect
+        # where this session starts the JVM (local mode); with spark-submit pass it as
+        # --driver-java-options / spark.executor.extraJavaOptions.
+        "spark.driver.extraJavaOptions": HUGE_METHODS,
+        "spark.executor.extraJavaOptions": HUGE_METHODS,
     }
     jar = options.jar()
     if jar is not None:

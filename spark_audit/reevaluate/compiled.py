@@ -60,17 +60,37 @@ class Facts:
 
     variant: str
 
+    # The non-null copies of the facts (stage 0, see :class:`Compiled`): a comparison of
+    # non-nullable values generates a fraction of the code of a nullable one.
     def n(self, slot: int) -> Sql:
-        return f"coalesce({self.variant}_n{slot}, 0)"
+        return f"_{self.variant}n{slot}"
 
     def first(self, slot: int, kind: Kind) -> Sql:
-        return f"{self.variant}_{'r' if kind is Kind.PICKUP else 'm'}{slot}"
+        return f"_{self.variant}{'r' if kind is Kind.PICKUP else 'm'}{slot}"
 
     def held(self, probe: int) -> Sql:
-        return f"coalesce({self.variant}_h{probe}, 0)"
+        return f"_{self.variant}h{probe}"
+
+    def inputs(self, slot: int | None, probe: int | None) -> dict[str, Sql]:
+        """Stage-0 columns: the facts made non-null (a missing first read or commit is
+        later than any deadline, a missing count is 0)."""
+        v = self.variant
+        found: dict[str, Sql] = {}
+        if slot is not None:
+            found[self.n(slot)] = f"coalesce({v}_n{slot}, 0)"
+            for kind in Kind:
+                column = f"{v}_{'r' if kind is Kind.PICKUP else 'm'}{slot}"
+                found[self.first(slot, kind)] = f"coalesce({column}, {_LATEST})"
+        if probe is not None:
+            found[self.held(probe)] = f"coalesce({v}_h{probe}, 0)"
+        return found
 
 
 COUNTED, ALL = Facts("c"), Facts("a")
+#: Later than any instant (µs): a first read or commit that did not happen.
+_LATEST = (1 << 63) - 1
+#: Stage-0 columns every verdict reads: the instant of judgement and whether it is final.
+_CLOCK = {"_at": "coalesce(at_us, 0)", "_fin": "coalesce(final, false)"}
 
 
 def _param(name: str, index: int) -> Sql:
@@ -79,7 +99,7 @@ def _param(name: str, index: int) -> Sql:
 
 
 def _deadline(owner: int, kind: Kind) -> Sql:
-    return f"(sent_us + {_param(f'node_{kind}_ms', owner)} * 1000)"
+    return f"coalesce(sent_us + {_param(f'node_{kind}_ms', owner)} * 1000, 0)"
 
 
 def _case(*branches: tuple[Sql, int], otherwise: int) -> Sql:
@@ -88,19 +108,30 @@ def _case(*branches: tuple[Sql, int], otherwise: int) -> Sql:
 
 
 def _single(facts: Facts, slot: int, kind: Kind, deadline: Sql) -> Sql:
-    late = f"{facts.n(slot)} > 0 OR final"
+    late = f"{facts.n(slot)} > 0 OR _fin"
     if kind is Kind.PROCESS:
-        late += f" OR at_us > {deadline}"
+        late += f" OR _at > {deadline}"
     return _case(
         (f"{facts.first(slot, kind)} <= {deadline}", TRUE), (late, FALSE), otherwise=UNKNOWN
     )
 
 
 def _bounds(item: Numbered, kind: Kind) -> tuple[Sql | None, Sql | None]:
+    """The node's count bounds (non-null stage-0 columns), where its skeleton has them."""
     node = item.node
-    low = _param(f"node_min_{kind}", item.index) if node.min_count(kind) is not None else None
-    high = _param(f"node_max_{kind}", item.index) if node.max_count(kind) is not None else None
+    low = f"_lo{kind.value[1]}{item.index}" if node.min_count(kind) is not None else None
+    high = f"_hi{kind.value[1]}{item.index}" if node.max_count(kind) is not None else None
     return low, high
+
+
+def _bound_inputs(item: Numbered, kind: Kind) -> dict[str, Sql]:
+    low, high = _bounds(item, kind)
+    found = {}
+    if low is not None:
+        found[low] = f"coalesce({_param(f'node_min_{kind}', item.index)}, 0)"
+    if high is not None:
+        found[high] = f"coalesce({_param(f'node_max_{kind}', item.index)}, 0)"
+    return found
 
 
 def _all_of(values: list[Sql]) -> Sql:
@@ -109,7 +140,7 @@ def _all_of(values: list[Sql]) -> Sql:
 
 def _topic(facts: Facts, item: Numbered, kind: Kind, deadline: Sql, probe: int) -> Sql:
     held = facts.held(probe)
-    pool_open = "(NOT final)" if kind is Kind.PICKUP else f"(NOT final AND at_us <= {deadline})"
+    pool_open = "(NOT _fin)" if kind is Kind.PICKUP else f"(NOT _fin AND _at <= {deadline})"
     low, high = _bounds(item, kind)
     if low is None and high is None:
         return _case((f"{held} > 0", TRUE), (pool_open, UNKNOWN), otherwise=FALSE)
@@ -150,7 +181,9 @@ class Compiled:
     """Verdict expressions in stages, so that the generated code stays small.
 
     Stage 0 holds every deadline the compiled skeletons use (``sent_us`` plus a node's
-    duration), stage 1 every queue leaf's value at such a deadline and every topic
+    duration) and non-null copies of the facts, counts and clock they read (smaller
+    generated code: HotSpot does not compile a method over 8000 bytes of bytecode),
+    stage 1 every queue leaf's value at such a deadline and every topic
     leaf's, both shared by all skeletons (the parameters are the row's own plan arrays);
     later stages hold the tallies and values of sets with counts (a count rule reads its
     members several times; inlined, nested counts would grow exponentially). Each
@@ -173,10 +206,15 @@ class _Builder:
         self.stages.setdefault(level, {}).setdefault(name, f"{expr} AS {name}")
         return name
 
+    def _inputs(self, columns: dict[str, Sql]) -> None:
+        for name, expr in {**_CLOCK, **columns}.items():
+            self._column(0, name, expr)
+
     def deadline(self, owner: int, kind: Kind) -> Sql:
         return self._column(0, f"_d{kind.value[1]}{owner}", _deadline(owner, kind))
 
     def leaf(self, facts: Facts, slot: int, kind: Kind, owner: int) -> Sql:
+        self._inputs(facts.inputs(slot, None))
         deadline = self.deadline(owner, kind)
         name = f"_{facts.variant}{kind.value[1]}{slot}_{owner}"
         return self._column(1, name, _single(facts, slot, kind, deadline))
@@ -198,6 +236,7 @@ class _Builder:
             if not node.is_topic:
                 return self.leaf(facts, item.slot, kind, owner), 2
             probe = probes[(item.slot, kind, owner)]
+            self._inputs({**facts.inputs(None, probe), **_bound_inputs(item, kind)})
             value = _topic(facts, item, kind, self.deadline(owner, kind), probe)
             name = f"_{facts.variant}{skel_id}t{probe}"
             return self._column(1, name, f"CASE WHEN skel_id = {skel_id} THEN {value} END"), 2
@@ -207,6 +246,7 @@ class _Builder:
         low, high = _bounds(item, kind)
         if low is None and high is None:
             return _all_of(values), level
+        self._inputs(_bound_inputs(item, kind))
         name = f"_{facts.variant}{skel_id}{kind.value[1]}{owner}_{item.index}"
         hit = f"skel_id = {skel_id}"
         tally = self._column(level, f"{name}t", f"CASE WHEN {hit} THEN {_tally(values)} END")

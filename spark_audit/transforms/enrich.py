@@ -270,52 +270,44 @@ def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFra
     rows = cm_rows.unionByName(_fact_rows(enriched), allowMissingColumns=True)
     if plans.probes:
         rows = rows.join(plans.lookup("probe_slot", "probe_process", "probe_ms"), "plan_id", "left")
-    slot = F.col("slot")
-    aggregates: list[Column] = [
-        F.max("plan_id").alias("plan_id"),
-        F.max("sent_us").alias("sent_us"),
-        F.max("is_cm").alias("is_cm"),
-        *(F.max(name).alias(name) for name in _CM_COLUMNS),
+    # SQL text: one parse per aggregate rather than a Py4J call per expression node.
+    sql = [
+        "max(plan_id) AS plan_id",
+        "max(sent_us) AS sent_us",
+        "max(is_cm) AS is_cm",
+        *(f"max({name}) AS {name}" for name in _CM_COLUMNS),
     ]
     for v in ("c", "a"):
         for i in range(plans.slots):
-            here = slot == i
             if v == "c":
-                aggregates.append(F.sum(F.when(here, F.col(f"n_{v}"))).alias(f"{v}_n{i}"))
-            aggregates += [
-                F.min(F.when(here, F.col(f"r_{v}"))).alias(f"{v}_r{i}"),
-                F.min(F.when(here, F.col(f"m_{v}"))).alias(f"{v}_m{i}"),
+                sql.append(f"sum(CASE WHEN slot = {i} THEN n_{v} END) AS {v}_n{i}")
+            sql += [
+                f"min(CASE WHEN slot = {i} THEN r_{v} END) AS {v}_r{i}",
+                f"min(CASE WHEN slot = {i} THEN m_{v} END) AS {v}_m{i}",
             ]
         for j in range(plans.probes if v == "c" else 0):
-            first = F.when(F.get(F.col("probe_process"), j), F.col(f"m_{v}")).otherwise(
-                F.col(f"r_{v}")
-            )
-            deadline = F.col("sent_us") + F.get(F.col("probe_ms"), j) * F.lit(1000)
-            hit = F.col("topic") & (slot == F.get(F.col("probe_slot"), j)) & (first <= deadline)
-            aggregates.append(F.count(F.when(hit, 1)).alias(f"{v}_h{j}"))
-    queue = ~F.col("topic")
-    aggregates += [
-        F.sum(F.when(queue & (slot == i), F.col("n_wf"))).alias(f"_wf{i}")
+            first = f"CASE WHEN get(probe_process, {j}) THEN m_{v} ELSE r_{v} END"
+            deadline = f"sent_us + get(probe_ms, {j}) * 1000"
+            hit = f"topic AND slot = get(probe_slot, {j}) AND {first} <= {deadline}"
+            sql.append(f"count(CASE WHEN {hit} THEN 1 END) AS {v}_h{j}")
+    sql += [
+        f"sum(CASE WHEN NOT topic AND slot = {i} THEN n_wf END) AS _wf{i}"
         for i in range(plans.slots)
     ]
-    aggregates += [
-        F.max(F.when(slot == i, F.col("comp"))).alias(f"comp{i}") for i in range(plans.slots)
+    sql += [f"max(CASE WHEN slot = {i} THEN comp END) AS comp{i}" for i in range(plans.slots)]
+    sql += [
+        "max(comp) AS compensated",
+        "sum(late) AS late_acks",
+        "max(flag) AS flag",
+        "count(CASE WHEN topic AND n_wf > 1 THEN 1 END) AS _multi_topic",
     ]
-    aggregates += [
-        F.max("comp").alias("compensated"),
-        F.sum("late").alias("late_acks"),
-        F.max("flag").alias("flag"),
-        F.count(F.when(F.col("topic") & (F.col("n_wf") > 1), 1)).alias("_multi_topic"),
-    ]
+    aggregates = [F.expr(text) for text in sql]
     per_cm = rows.groupBy("cm_id", "sender").agg(*aggregates).where(F.col("is_cm") == 1)
-    repeated = [
-        F.when(F.col(f"_wf{i}") > 1, F.lit(1)).otherwise(F.lit(0)) for i in range(plans.slots)
-    ]
-    multi = sum(repeated, F.col("_multi_topic"))
+    repeated = "".join(f" + CASE WHEN _wf{i} > 1 THEN 1 ELSE 0 END" for i in range(plans.slots))
     return per_cm.select(
         "*",
         state_name(F.col("state_code")).alias("state"),
-        multi.alias("multi"),
+        F.expr(f"_multi_topic{repeated}").alias("multi"),
         F.coalesce(F.col("late_acks"), F.lit(0)).alias("_late"),
     ).drop("is_cm", "_multi_topic", "state_code", *(f"_wf{i}" for i in range(plans.slots)))
 
@@ -375,7 +367,8 @@ def judge(
         "node_min_process",
         "node_max_process",
     ]
-    joined = facts.join(plans.lookup(*plan_columns), "plan_id", "left")
+    joined = facts if python is None else facts.join(python, "cm_id", "left")
+    joined = joined.join(plans.lookup(*plan_columns), "plan_id", "left")
     if python is None:
         joined = joined.select(
             "*",
@@ -389,8 +382,6 @@ def judge(
                 )
             ),
         )
-    else:
-        joined = joined.join(python, "cm_id", "left")
     at_us = _us("effective_at")
     valid = F.coalesce(F.col("valid"), F.lit(False))
     native = valid & F.coalesce(F.col("native"), F.lit(False))
@@ -427,30 +418,34 @@ def judge(
     error = F.when(
         ~F.col("_valid"), F.coalesce(F.col("error"), F.lit("condition does not decode"))
     ).when(~F.col("_native"), F.col("py_error"))
-    final_deadline = (
-        F.col("evaluation_deadline") <= F.lit(until) if until is not None else F.lit(True)
-    )
     stale = F.lit(False)
     if until is not None:
         limit = F.lit(until - stale_grace)
         stale = (F.col("state") == "pending") & (F.col("evaluation_deadline") < limit)
+    # Per slot, in SQL text (one parse per column): a deadline is missed only once final.
+    final = "_final_deadline"
     slots: list[Column] = []
     for i in range(plans.slots):
-        name = F.get(F.col("leaf_names"), i)
-        present = F.col("_valid") & name.isNotNull()
+        present = f"_valid AND get(leaf_names, {i}) IS NOT NULL"
 
-        def missed(ms_array: str, first: str, present: Column = present, i: int = i) -> Column:
-            ms = F.get(F.col(ms_array), i)
-            on_time = F.coalesce(
-                F.col(f"{first}{i}") <= F.col("sent_us") + ms * F.lit(1000), F.lit(False)
+        def missed(kind: str, first: str, present: str = present, i: int = i) -> Column:
+            ms = f"get(leaf_{kind}_ms, {i})"
+            on_time = f"coalesce({first}{i} <= sent_us + {ms} * 1000, false)"
+            return F.expr(
+                f"CASE WHEN {present} AND {final} AND {ms} IS NOT NULL THEN NOT {on_time} END"
             )
-            return F.when(present & final_deadline & ms.isNotNull(), ~on_time)
 
         slots += [
-            missed("leaf_pickup_ms", "a_r").alias(f"d_pm{i}"),
-            missed("leaf_process_ms", "a_m").alias(f"d_cm{i}"),
-            F.when(present, F.coalesce(F.col(f"comp{i}") == 1, F.lit(False))).alias(f"d_comp{i}"),
+            missed("pickup", "a_r").alias(f"d_pm{i}"),
+            missed("process", "a_m").alias(f"d_cm{i}"),
+            F.expr(f"CASE WHEN {present} THEN coalesce(comp{i} = 1, false) END").alias(
+                f"d_comp{i}"
+            ),
         ]
+    valued = valued.withColumn(
+        final,
+        F.col("evaluation_deadline") <= F.lit(until) if until is not None else F.lit(True),
+    )
     return valued.select(
         "cm_id",
         "sender",

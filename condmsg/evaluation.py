@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum, StrEnum
 
 from condmsg.acks import Ack, AckKind
@@ -113,8 +113,8 @@ def evaluate(
     """
     if not isinstance(condition, Condition):
         raise ConditionError(f"condition must be a Condition, got {type(condition).__name__}")
-    condition.validate()
-    judge = _Judge(condition, _aware("sent_at", sent_at), acks)
+    shape = _shape_of(condition)
+    judge = _Judge(condition, _aware("sent_at", sent_at), acks, shape)
     now = _aware("now", now)
     verdict, constraints = judge.at(now)
     next_check_at = None
@@ -149,21 +149,87 @@ def _aware(name: str, value: object) -> datetime:
     return as_utc(value)
 
 
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What evaluating a condition needs of its tree, worked out once per condition."""
+
+    window: timedelta
+    nodes: tuple[tuple[str, Condition], ...]
+    leaves: tuple[Destination, ...]
+    #: (path, node, its label, kind, duration) of every constraint, in the order judged.
+    constraints: tuple[tuple[str, Condition, str, Kind, timedelta], ...]
+    #: A processing fact turns FALSE once its deadline is strictly past.
+    process_steps: tuple[timedelta, ...]
+    #: The destinations with their paths, depth first (for the facts).
+    leaf_paths: tuple[tuple[str, Destination], ...]
+
+
+#: Shapes by condition identity, holding the condition so that its id stays its own. A
+#: store decodes each distinct condition document once, so the same objects recur.
+_SHAPES: dict[int, tuple[Condition, _Shape]] = {}
+_SHAPES_MAX = 4096
+
+
+def _shape_of(condition: Condition) -> _Shape:
+    """The condition validated as a root, and its shape (cached by identity: conditions
+    are frozen, so neither validity nor shape can change)."""
+    cached = _SHAPES.get(id(condition))
+    if cached is not None and cached[0] is condition:
+        return cached[1]
+    condition.validate()
+    nodes = tuple(condition.walk())
+    shape = _Shape(
+        window=condition.evaluation_window(),
+        nodes=nodes,
+        leaves=condition.destinations(),
+        constraints=tuple(
+            (path, node, node.label, kind, within)
+            for path, node in nodes
+            for kind in Kind
+            if (within := node.within(kind)) is not None
+        ),
+        process_steps=tuple(
+            node.process_within + RESOLUTION for _, node in nodes if node.process_within is not None
+        ),
+        leaf_paths=tuple((p, n) for p, n in nodes if isinstance(n, Destination)),
+    )
+    if len(_SHAPES) >= _SHAPES_MAX:
+        _SHAPES.clear()
+    _SHAPES[id(condition)] = (condition, shape)
+    return shape
+
+
+_VERDICT_OF = {
+    Truth.TRUE: Verdict.SATISFIED,
+    Truth.FALSE: Verdict.VIOLATED,
+    Truth.UNKNOWN: Verdict.PENDING,
+}
+
+
 class _Judge:
     """The acks of one CM, indexed, judged at any instant."""
 
-    def __init__(self, condition: Condition, sent_at: datetime, acks: Iterable[Ack]) -> None:
+    def __init__(
+        self,
+        condition: Condition,
+        sent_at: datetime,
+        acks: Iterable[Ack],
+        shape: _Shape | None = None,
+    ) -> None:
+        if shape is None:
+            shape = _shape_of(condition)
         self.condition = condition
+        self.shape = shape
         self.sent_at = sent_at
-        self.deadline = sent_at + condition.evaluation_window()
-        self.nodes: Sequence[tuple[str, Condition]] = tuple(condition.walk())
+        self.deadline = sent_at + shape.window
+        self.nodes: Sequence[tuple[str, Condition]] = shape.nodes
         by_name: dict[str, list[Ack]] = defaultdict(list)
         for ack in acks:
             if not isinstance(ack, Ack):
                 raise ConditionError(f"evaluate: acks must be Ack, got {type(ack).__name__}")
             by_name[ack.destination].append(ack)
         self.acks: dict[str, tuple[Ack, ...]] = {}
-        for leaf in condition.destinations():
+        for leaf in shape.leaves:
             matching = by_name.get(leaf.name, [])
             if leaf.recipient is not None:
                 matching = [a for a in matching if a.recipient == leaf.recipient]
@@ -171,45 +237,39 @@ class _Judge:
 
     def breakpoints_after(self, now: datetime) -> list[datetime]:
         instants = {self.deadline}
-        for _, node in self.nodes:
-            if node.process_within is not None:
-                # A processing fact turns FALSE once its deadline is strictly past.
-                instants.add(self.sent_at + node.process_within + RESOLUTION)
+        for step in self.shape.process_steps:
+            instants.add(self.sent_at + step)
         return sorted(i for i in instants if i > now)
 
     def at(self, now: datetime) -> tuple[Verdict, tuple[ConstraintResult, ...]]:
         final = now >= self.deadline
         results: list[ConstraintResult] = []
-        for path, node in self.nodes:
-            for kind in Kind:
-                within = node.within(kind)
-                if within is None:
-                    continue
-                deadline = self.sent_at + within
-                value, detail = self.holds(node, kind, deadline, now, final)
-                by_timeout = (
-                    final
-                    and value is Truth.FALSE
-                    and self.holds(node, kind, deadline, now, False)[0] is Truth.UNKNOWN
+        overall = Truth.TRUE
+        for path, node, label, kind, within in self.shape.constraints:
+            deadline = self.sent_at + within
+            value, detail = self.holds(node, kind, deadline, now, final)
+            by_timeout = (
+                final
+                and value is Truth.FALSE
+                and self.holds(node, kind, deadline, now, False)[0] is Truth.UNKNOWN
+            )
+            results.append(
+                ConstraintResult(
+                    path=path,
+                    node=label,
+                    kind=kind,
+                    deadline=deadline,
+                    value=value,
+                    detail=detail,
+                    by_timeout=by_timeout,
                 )
-                results.append(
-                    ConstraintResult(
-                        path=path,
-                        node=node.label,
-                        kind=kind,
-                        deadline=deadline,
-                        value=value,
-                        detail=detail,
-                        by_timeout=by_timeout,
-                    )
-                )
-        overall = all_of(r.value for r in results)
-        verdict = {
-            Truth.TRUE: Verdict.SATISFIED,
-            Truth.FALSE: Verdict.VIOLATED,
-            Truth.UNKNOWN: Verdict.PENDING,
-        }[overall]
-        return verdict, tuple(results)
+            )
+            # all_of over the values, as they come.
+            if value is Truth.FALSE:
+                overall = Truth.FALSE
+            elif value is Truth.UNKNOWN and overall is Truth.TRUE:
+                overall = Truth.UNKNOWN
+        return _VERDICT_OF[overall], tuple(results)
 
     # -- the recursive rule -----------------------------------------------------------
 
@@ -262,9 +322,7 @@ class _Judge:
 
     def facts(self) -> tuple[DestinationFacts, ...]:
         found: list[DestinationFacts] = []
-        for path, node in self.nodes:
-            if not isinstance(node, Destination):
-                continue
+        for path, node in self.shape.leaf_paths:
             acks = self.acks[node.name]
             commits = [a.committed_at for a in acks if a.committed_at is not None]
             found.append(

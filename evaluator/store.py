@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
@@ -57,6 +57,9 @@ def _utc(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+_CM_COLUMNS = "cm_id, sender, sent_at, condition_json, state, notify_success, effective_at"
+
+
 def load_cms(session: Session, cm_ids: Iterable[str], *, lock: bool = False) -> dict[str, CmRow]:
     """The CM rows for ``cm_ids``. With ``lock`` (PostgreSQL), rows are locked ``FOR UPDATE``
     in id order, so that two instances deciding overlapping batches queue behind each other
@@ -64,19 +67,62 @@ def load_cms(session: Session, cm_ids: Iterable[str], *, lock: bool = False) -> 
     ids = sorted(set(cm_ids))
     if not ids:
         return {}
+    raw = pg.driver_connection(session)
+    if raw is not None:
+        # One array parameter, not one bind per id: the statement text stays the same
+        # whatever the batch, so psycopg parses it once.
+        sql = (
+            f"SELECT {_CM_COLUMNS} FROM {t.cms.name} "
+            "WHERE cm_id = ANY(CAST(%(ids)b AS text[])) ORDER BY cm_id"
+            + (" FOR UPDATE" if lock else "")
+        )
+        return {
+            row[0]: CmRow(
+                cm_id=row[0],
+                sender=row[1],
+                sent_at=_utc(row[2]),
+                condition=parse_condition(row[3]),
+                state=row[4],
+                notify_success=row[5],
+                effective_at=_utc(row[6]) if row[6] is not None else None,
+            )
+            for row in pg.execute(raw, sql, {"ids": ids})
+        }
     query = sa.select(t.cms).where(t.cms.c.cm_id.in_(ids)).order_by(t.cms.c.cm_id)
     if lock and session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update()
     return {row.cm_id: CmRow.of(row) for row in session.execute(query)}
 
 
-def copies_of(session: Session, cm_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+class CopyRow(NamedTuple):
+    """What the evaluator needs of a copy: who may ack it, and where notices go."""
+
+    destination: str
+    recipient: str | None
+    exchange: str
+    routing_key: str
+
+
+def copies_of(session: Session, cm_ids: Iterable[str]) -> dict[str, dict[str, CopyRow]]:
     """Per CM, its copies by destination name."""
     ids = list(set(cm_ids))
-    found: dict[str, dict[str, Any]] = defaultdict(dict)
-    if ids:
-        for row in session.execute(sa.select(t.copies).where(t.copies.c.cm_id.in_(ids))):
-            found[row.cm_id][row.destination] = row
+    found: dict[str, dict[str, CopyRow]] = defaultdict(dict)
+    if not ids:
+        return found
+    raw = pg.driver_connection(session)
+    if raw is not None:
+        rows: Iterable[Any] = pg.execute(
+            raw,
+            "SELECT cm_id, destination, recipient, exchange, routing_key "
+            f"FROM {t.copies.name} WHERE cm_id = ANY(CAST(%(ids)b AS text[]))",
+            {"ids": ids},
+        )
+    else:
+        c = t.copies.c
+        query = sa.select(c.cm_id, c.destination, c.recipient, c.exchange, c.routing_key)
+        rows = session.execute(query.where(c.cm_id.in_(ids)))
+    for cm_id, destination, recipient, exchange, routing_key in rows:
+        found[cm_id][destination] = CopyRow(destination, recipient, exchange, routing_key)
     return found
 
 
@@ -123,17 +169,29 @@ def counted_acks(session: Session, cm_ids: Iterable[str]) -> dict[str, list[Ack]
     found: dict[str, list[Ack]] = defaultdict(list)
     if not ids:
         return found
-    query = sa.select(t.acks).where(
-        t.acks.c.cm_id.in_(ids), t.acks.c.status == t.AckStatus.COUNTED.value
-    )
-    for row in session.execute(query):
-        found[row.cm_id].append(
+    raw = pg.driver_connection(session)
+    if raw is not None:
+        rows: Iterable[Any] = pg.execute(
+            raw,
+            "SELECT cm_id, destination, kind, read_at, committed_at, recipient "
+            f"FROM {t.acks.name} WHERE cm_id = ANY(CAST(%(ids)b AS text[])) "
+            f"AND status = '{t.AckStatus.COUNTED.value}'",
+            {"ids": ids},
+        )
+    else:
+        c = t.acks.c
+        query = sa.select(
+            c.cm_id, c.destination, c.kind, c.read_at, c.committed_at, c.recipient
+        ).where(c.cm_id.in_(ids), c.status == t.AckStatus.COUNTED.value)
+        rows = session.execute(query)
+    for cm_id, destination, kind, read_at, committed_at, recipient in rows:
+        found[cm_id].append(
             Ack(
-                destination=row.destination,
-                kind=AckKind(row.kind),
-                read_at=_utc(row.read_at),
-                committed_at=_utc(row.committed_at) if row.committed_at else None,
-                recipient=row.recipient,
+                destination=destination,
+                kind=AckKind(kind),
+                read_at=_utc(read_at),
+                committed_at=_utc(committed_at) if committed_at else None,
+                recipient=recipient,
             )
         )
     return found

@@ -37,9 +37,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bench._common import emit_result, log
+from condmsg.archive_layout import ACKS, ANOMALIES
 from spark_audit.generate import GenerateSpec, Injected, generate
 from spark_audit.job import AuditOptions, run_audit
-from spark_audit.layout import ACKS, ANOMALIES
 from spark_audit.readers import Window, read_parquet
 from spark_audit.session import SessionOptions, build_session
 from spark_audit.templates import default_templates

@@ -20,9 +20,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from condmsg.archive_layout import MANIFEST, TABLES, arrow_schema, write_manifest
 from condmsg.errors import CondmsgError
-from spark_audit.export import _batches, arrow_schema, write_manifest
-from spark_audit.layout import MANIFEST, TABLES
+from condmsg.export import _batches
 
 #: The one part file per table, as ``condmsg export`` names it.
 PART = "part-00000.parquet"

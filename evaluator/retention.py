@@ -38,11 +38,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from condmsg import sender_tables as t
+from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, Table
 from condmsg.db import describe_db_url
 from condmsg.errors import ConfigError, StoreError
 from condmsg.timeutil import utcnow
 from evaluator.archive import write_archive
-from spark_audit.layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, Table
 
 DEFAULT_BATCH = 1000
 #: Ids per ``IN (...)`` list: far below SQLite's and psycopg's parameter limits.

@@ -6,13 +6,17 @@ lag and clock-skew bounds, re-evaluates every decided conditional message with
 ``condmsg.evaluate``'s semantics, and writes Parquet detail tables, ``summary.json`` and a
 self-contained ``report.html``.
 
-Importing this package does not import pyspark: ``condmsg export`` (SQLAlchemy + pyarrow)
-and the layout definitions work without a JVM. The Spark entry points live in
+Importing this package does not import pyspark. The Parquet layout it reads is
+:mod:`condmsg.archive_layout` (``condmsg export``, SQLAlchemy + pyarrow, writes it without a
+JVM). The Spark entry points live in
 :mod:`spark_audit.job` and :mod:`spark_audit.generate`.
 """
 
 from __future__ import annotations
 
-from spark_audit.layout import LAYOUT_VERSION, SUMMARY_VERSION, TABLES
+from condmsg.archive_layout import LAYOUT_VERSION, TABLES
+
+#: Version of ``summary.json`` (see :mod:`spark_audit.summary`).
+SUMMARY_VERSION = 1
 
 __all__ = ["LAYOUT_VERSION", "SUMMARY_VERSION", "TABLES"]

@@ -85,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, say: Any) -> int:
+    from condmsg.archive_layout import read_manifest
     from condmsg.timeutil import utcnow
     from spark_audit.checks import DEFAULT_CHECKS, with_thresholds
-    from spark_audit.export import read_manifest
     from spark_audit.jdbc import jdbc_source, read_jdbc
     from spark_audit.job import AuditOptions, run_audit
     from spark_audit.readers import Window, read_parquet

@@ -36,8 +36,8 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from condmsg.archive_layout import write_manifest
 from condmsg.timeutil import to_epoch_us, to_ms
-from spark_audit.export import write_manifest
 from spark_audit.generate_inject import inject
 from spark_audit.reevaluate.recompute import recompute
 from spark_audit.templates import Template, default_templates

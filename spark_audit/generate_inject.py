@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES
 from condmsg.timeutil import to_epoch_us
-from spark_audit.layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES
 from spark_audit.schemas import conform
 
 if TYPE_CHECKING:

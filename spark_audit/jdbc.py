@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_audit.layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, Table
+from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, Table
 from spark_audit.readers import AuditInput, Window, apply_window
 from spark_audit.schemas import conform
 

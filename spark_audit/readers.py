@@ -15,7 +15,7 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_audit.layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, OUTCOME_COLUMNS
+from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, OUTCOME_COLUMNS
 from spark_audit.schemas import SCHEMAS, conform
 
 _DECISION_COLUMNS = ("decided_at", "effective_at", "reasons_json", "facts_json", "decided_by")

@@ -1,4 +1,4 @@
-"""Spark schemas of the input tables (derived from :mod:`spark_audit.layout`)."""
+"""Spark schemas of the input tables (derived from :mod:`condmsg.archive_layout`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_audit.layout import OUTCOME_COLUMNS, TABLES, ColumnType, Table
+from condmsg.archive_layout import OUTCOME_COLUMNS, TABLES, ColumnType, Table
 
 _SPARK_TYPES: dict[ColumnType, T.DataType] = {
     "string": T.StringType(),

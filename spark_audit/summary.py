@@ -1,7 +1,7 @@
 """The versioned ``summary.json``: totals, metrics, checks, table row counts.
 
 Schema (``"schema": "condmsg.audit.summary"``, ``"version"`` =
-:data:`spark_audit.layout.SUMMARY_VERSION`; a new key is a compatible change, a renamed or
+:data:`spark_audit.SUMMARY_VERSION`; a new key is a compatible change, a renamed or
 removed one bumps the version)::
 
     {"schema", "version", "status": "pass" | "warn" | "fail", "generated_at",
@@ -20,8 +20,8 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from condmsg.timeutil import utcnow
+from spark_audit import SUMMARY_VERSION
 from spark_audit.checks import CheckResult
-from spark_audit.layout import SUMMARY_VERSION
 from spark_audit.readers import Window
 
 SCHEMA_NAME = "condmsg.audit.summary"

@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spark_audit.export import export_store
+    from condmsg.export import export_store
 
     result = export_store(
         args.db_url,

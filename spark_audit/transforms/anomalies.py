@@ -12,8 +12,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from condmsg.sender_tables import AckStatus, AnomalyKind
-from spark_audit.layout import ACKS
+from condmsg.archive_layout import ACKS, AckStatus, AnomalyKind
 from spark_audit.transforms.enrich import COUNTED_STATUS, acks_only, judging_acks
 
 STATUSES = tuple(s.value for s in AckStatus)

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from condmsg.sender_tables import AckStatus
+from condmsg.archive_layout import AckStatus
 from spark_audit.readers import Window, decided_after, seen_in, sent_in
 from spark_audit.reevaluate import VERDICTS, well_formed
 from spark_audit.reevaluate.compiled import COUNTED, compiled_values, verdict_name

@@ -27,6 +27,7 @@ from condmsg import Destination
 from condmsg import protocol as p
 from condmsg import sender_tables as t
 from condmsg.acks import AckKind
+from condmsg.archive_layout import MANIFEST, TABLES, TABLES_BY_NAME, arrow_schema
 from condmsg.cli import main
 from condmsg.errors import ConfigError
 from condmsg.settings import Settings, parse_duration
@@ -35,8 +36,6 @@ from evaluator import archive as archive_module
 from evaluator.archive import PART, ArchiveError
 from evaluator.retention import RetentionPolicy, retain
 from evaluator.service import Evaluator
-from spark_audit.export import arrow_schema
-from spark_audit.layout import MANIFEST, TABLES, TABLES_BY_NAME
 
 from .condmsg_helpers import SECRET, wait_for
 

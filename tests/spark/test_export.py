@@ -10,10 +10,9 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 
 from condmsg import sender_tables as st
+from condmsg.archive_layout import LAYOUT_VERSION, TABLES, arrow_schema
 from condmsg.cli import main as condmsg_main
 from condmsg.conditions import Destination
-from spark_audit.export import arrow_schema
-from spark_audit.layout import LAYOUT_VERSION, TABLES
 from tests.spark.builders import T0, ack_row, at, cm_row
 
 

@@ -12,10 +12,10 @@ import pytest
 import sqlalchemy as sa
 
 from condmsg import sender_tables as st
+from condmsg.archive_layout import TABLES
 from condmsg.conditions import Destination, DestinationSet
-from spark_audit.export import export_store
+from condmsg.export import export_store
 from spark_audit.jdbc import cm_id_predicates, jdbc_source, read_jdbc
-from spark_audit.layout import TABLES
 from spark_audit.readers import AuditInput, Window, apply_window, read_parquet
 from tests.spark.builders import T0, ack_row, at, cm_row
 from tests.spark.conftest import SPARK_MARKS

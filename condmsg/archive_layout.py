@@ -1,11 +1,15 @@
-"""The audit's input layout: one table per sender-store table, one explicit schema each.
+"""The archive layout: the Parquet tables that ``condmsg export``, the evaluator's
+retention archives and ``spark_audit.generate`` write and the Spark audit reads.
 
-This module is the single source of truth for column names and types. It imports neither
-pyspark nor pyarrow: :mod:`spark_audit.schemas` derives Spark ``StructType`` s from it and
-:mod:`spark_audit.export` derives Arrow schemas, so the JDBC reader, the Parquet reader, the
-exporter and the generator cannot drift apart.
+One table per sender-store table, one explicit schema each, plus ``_manifest.json``. This
+module is the single source of truth for column names and types, and it is pure: it
+imports neither pyspark nor SQLAlchemy (only pyarrow, for :func:`arrow_schema`), so the
+Spark audit, the exporter and the evaluator's archiver share it without pulling in each
+other's libraries. :mod:`spark_audit.schemas` derives Spark ``StructType`` s from it, so
+the JDBC reader, the Parquet reader, the exporter and the generator cannot drift apart.
 
-Column names are those of :mod:`condmsg.sender_tables`. Two deliberate differences:
+Column and table names are those of :mod:`condmsg.sender_tables` (``tests/unit/
+test_archive_layout.py`` checks that they agree). Two deliberate differences:
 
 * ``compensations`` carries ``body_bytes`` (the size of the stored body) instead of the
   body itself: the audit needs to know a compensation exists and when it was released,
@@ -19,15 +23,20 @@ Arrow ``timestamp[us, tz=UTC]``).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Literal
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from condmsg import sender_tables
+import pyarrow as pa
+
+from condmsg.timeutil import utcnow
 
 #: Version of the Parquet layout written by ``condmsg export`` and ``spark_audit.generate``.
 LAYOUT_VERSION = 1
-#: Version of ``summary.json``.
-SUMMARY_VERSION = 1
 #: Name of the file that describes an exported directory.
 MANIFEST = "_manifest.json"
 
@@ -56,7 +65,7 @@ class Table:
 
 CMS = Table(
     "cms",
-    sender_tables.cms.name,
+    "condmsg_cm",
     (
         Column("cm_id", "string", False),
         Column("sender", "string", False),
@@ -79,7 +88,7 @@ CMS = Table(
 
 COPIES = Table(
     "copies",
-    sender_tables.copies.name,
+    "condmsg_copy",
     (
         Column("cm_id", "string", False),
         Column("destination", "string", False),
@@ -94,7 +103,7 @@ COPIES = Table(
 
 ACKS = Table(
     "acks",
-    sender_tables.acks.name,
+    "condmsg_ack",
     (
         Column("ack_id", "string", False),
         Column("cm_id", "string", False),
@@ -111,7 +120,7 @@ ACKS = Table(
 
 COMPENSATIONS = Table(
     "compensations",
-    sender_tables.compensations.name,
+    "condmsg_compensation",
     (
         Column("cm_id", "string", False),
         Column("destination", "string", False),
@@ -124,7 +133,7 @@ COMPENSATIONS = Table(
 
 ANOMALIES = Table(
     "anomalies",
-    sender_tables.anomalies.name,
+    "condmsg_anomaly",
     (
         Column("id", "long", False),
         Column("kind", "string", False),
@@ -151,3 +160,87 @@ OUTCOME_COLUMNS = (
     "facts_json",
     "decided_by",
 )
+
+
+class AckStatus(StrEnum):
+    """The values of ``acks.status``: how the evaluator treated a stored ack (the values
+    of :class:`condmsg.sender_tables.AckStatus`)."""
+
+    COUNTED = "counted"
+    AFTER_DECISION = "after_decision"
+    CHANGES_VERDICT = "changes_verdict"
+
+
+class AnomalyKind(StrEnum):
+    """The values of ``anomalies.kind`` (those of :class:`condmsg.sender_tables.AnomalyKind`)."""
+
+    DUPLICATE = "duplicate"
+    UNKNOWN_CM = "unknown_cm"
+    BAD_TOKEN = "bad_token"
+    WRONG_DESTINATION = "wrong_destination"
+    WRONG_RECIPIENT = "wrong_recipient"
+    AFTER_DECISION = "after_decision"
+    LATE_CHANGES_VERDICT = "late_changes_verdict"
+    MALFORMED = "malformed"
+
+
+# -- Arrow schemas and the manifest --------------------------------------------------------
+
+_ARROW_TYPES: dict[ColumnType, pa.DataType] = {
+    "string": pa.string(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "bool": pa.bool_(),
+}
+
+
+def arrow_schema(table: Table) -> pa.Schema:
+    """The Arrow schema of ``table`` as the layout's Parquet files hold it."""
+    return pa.schema([pa.field(c.name, _ARROW_TYPES[c.type], c.nullable) for c in table.columns])
+
+
+def _without_password(source: str) -> str:
+    """``source`` with the password of a URL (``scheme://user:password@host``) as ``***``."""
+    try:
+        parts = urlsplit(source)
+        if parts.password is None:
+            return source
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+    except ValueError:
+        return "<unparseable source>"
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def write_manifest(
+    directory: Path,
+    *,
+    source: str,
+    since: datetime | None,
+    until: datetime,
+    rows: dict[str, int],
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """``_manifest.json``: layout version, cut and row counts (credentials removed)."""
+    manifest = {
+        "layout_version": LAYOUT_VERSION,
+        "source": _without_password(source),
+        "since": since.isoformat() if since else None,
+        "until": until.isoformat(),
+        "exported_at": utcnow().isoformat(),
+        "tables": rows,
+        **(extra or {}),
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any] | None:
+    """The ``_manifest.json`` of an exported directory, or None without one."""
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data

@@ -2,7 +2,7 @@
 
 No Spark: SQLAlchemy streams each table in batches and pyarrow writes one Parquet file per
 table (``OUT/<table>/part-00000.parquet``) with the Arrow schema derived from
-:mod:`spark_audit.layout`, plus ``OUT/_manifest.json``. The rows are the same cut as the
+:mod:`condmsg.archive_layout`, plus ``OUT/_manifest.json``. The rows are the same cut as the
 audit's window (:func:`spark_audit.readers.apply_window`): CMs sent in ``[since, until)``,
 decisions and releases taken by ``until``, acks received by ``until`` (orphans included),
 anomalies recorded in the window. An audit of the export defaults to the export's
@@ -11,8 +11,6 @@ anomalies recorded in the window. An audit of the export defaults to the export'
 
 from __future__ import annotations
 
-import contextlib
-import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,33 +22,20 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 
 from condmsg import sender_tables as st
-from condmsg.errors import StoreError
-from condmsg.timeutil import utcnow
-from spark_audit.layout import (
+from condmsg.archive_layout import (
     ACKS,
     ANOMALIES,
     CMS,
     COMPENSATIONS,
     COPIES,
-    LAYOUT_VERSION,
-    MANIFEST,
-    ColumnType,
     Table,
+    arrow_schema,
+    write_manifest,
 )
+from condmsg.errors import StoreError
+from condmsg.timeutil import utcnow
 
 BATCH_ROWS = 50_000
-
-_ARROW_TYPES: dict[ColumnType, pa.DataType] = {
-    "string": pa.string(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-    "long": pa.int64(),
-    "int": pa.int32(),
-    "bool": pa.bool_(),
-}
-
-
-def arrow_schema(table: Table) -> pa.Schema:
-    return pa.schema([pa.field(c.name, _ARROW_TYPES[c.type], c.nullable) for c in table.columns])
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,36 +159,3 @@ def export_store(
         engine.dispose()
     write_manifest(directory, source=db_url, since=since, until=until, rows=counts)
     return ExportResult(directory, counts, since, until)
-
-
-def write_manifest(
-    directory: Path,
-    *,
-    source: str,
-    since: datetime | None,
-    until: datetime,
-    rows: dict[str, int],
-    extra: dict[str, Any] | None = None,
-) -> None:
-    """``_manifest.json``: layout version, cut and row counts (credentials removed)."""
-    with contextlib.suppress(sa.exc.ArgumentError):
-        source = sa.engine.make_url(source).render_as_string(hide_password=True)
-    manifest = {
-        "layout_version": LAYOUT_VERSION,
-        "source": source,
-        "since": since.isoformat() if since else None,
-        "until": until.isoformat(),
-        "exported_at": utcnow().isoformat(),
-        "tables": rows,
-        **(extra or {}),
-    }
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-
-
-def read_manifest(directory: str | Path) -> dict[str, Any] | None:
-    path = Path(directory) / MANIFEST
-    if not path.exists():
-        return None
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data

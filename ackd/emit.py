@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
 
-from ackd import pipelined, rlog
+from ackd import fastpath, rlog
 from ackd.inbound import Inbound
 from condmsg.acks import AckKind
 from condmsg.protocol import ACK_CONTENT_TYPE, ACK_TYPE, AckMessage
@@ -89,7 +89,7 @@ def commit_with_acks(
     ``read_at``) and the RLOG rows' ``committed_at``.
 
     On PostgreSQL with psycopg the acks and the COMMIT travel in one round trip
-    (:mod:`ackd.pipelined`); the ORM is flushed first, so the app's pending objects are
+    (:mod:`ackd.fastpath`); the ORM is flushed first, so the app's pending objects are
     written before.
     """
     rows = [
@@ -106,7 +106,7 @@ def commit_with_acks(
         )
         for inbound, read_at in delivered
     ]
-    raw = pipelined.driver_connection(session) if rows else None
+    raw = fastpath.driver_connection(session) if rows else None
     if raw is None:
         for inbound, _message in rows:
             rlog.mark_committed(session, inbound, committed_at)
@@ -116,7 +116,7 @@ def commit_with_acks(
     session.flush()
     now = datetime.now(UTC)
     statements = [
-        pipelined.commit_ack_statement(
+        fastpath.commit_ack_statement(
             row_values(message, now),
             {
                 "cm_id": inbound.cm_id,
@@ -127,7 +127,7 @@ def commit_with_acks(
         )
         for inbound, message in rows
     ]
-    pipelined.execute_and_commit(raw, statements)
+    fastpath.execute_and_commit(raw, statements)
     # The database transaction is committed; this ends the session's own bookkeeping (a
     # COMMIT with no transaction open is not sent).
     session.commit()

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from ackd import pipelined
+from ackd import fastpath
 from ackd.inbound import Inbound
 from ackd.tables import RlogState, rlog
 
@@ -100,9 +100,9 @@ def claim_original(
         "transactional": transactional,
         "updated_at": read_at,
     }
-    raw = pipelined.driver_connection(session)
+    raw = fastpath.driver_connection(session)
     if raw is not None:
-        return pipelined.claim(raw, values)
+        return fastpath.claim(raw, values)
     return _insert(session, values)
 
 

@@ -77,7 +77,8 @@ def enqueue_all(
     """Like :func:`enqueue_many` without fetching the ids back; returns how many were added.
 
     The cheaper path for callers that do not need the ids: no RETURNING, so the driver
-    sends the rows as one pipelined batch (psycopg) instead of a multi-row statement.
+    sends the rows as one statement of column arrays (psycopg) instead of a multi-row
+    statement with one parameter per value.
     """
     batch = _checked(messages, "enqueue_all")
     if not batch:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import Enum, StrEnum
 
 from condmsg.acks import Ack, AckKind
@@ -63,7 +63,7 @@ class ConstraintResult:
 
     def describe(self) -> str:
         return (
-            f"{self.path} {self.node}: {self.kind} by {iso(self.deadline)} "
+            f"{self.path} {self.node}: {self.kind} by {_iso(self.deadline)} "
             f"{self.value.value.upper()}: {self.detail}"
         )
 
@@ -142,11 +142,20 @@ def evaluation_deadline(condition: Condition, sent_at: datetime) -> datetime:
 
 
 def _aware(name: str, value: object) -> datetime:
+    if type(value) is datetime and value.tzinfo is UTC:
+        return value  # already what as_utc() would return (the same object)
     if not isinstance(value, datetime):
         raise ConditionError(f"evaluate: {name} must be a datetime, got {type(value).__name__}")
     if not is_aware(value):
         raise ConditionError(f"evaluate: {name} is a naive datetime (timezone-aware UTC required)")
     return as_utc(value)
+
+
+def _iso(value: datetime) -> str:
+    """``timeutil.iso`` (every instant here is UTC already: skip the conversion)."""
+    if value.tzinfo is UTC:
+        return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,16 +333,26 @@ class _Judge:
         found: list[DestinationFacts] = []
         for path, node in self.shape.leaf_paths:
             acks = self.acks[node.name]
-            commits = [a.committed_at for a in acks if a.committed_at is not None]
+            if len(acks) == 1:  # the usual case, without the generic folds
+                (ack,) = acks
+                recipients: tuple[str, ...] = (ack.recipient,) if ack.recipient else ()
+                first_read: datetime | None = ack.read_at
+                first_commit = ack.committed_at
+            else:
+                recipients = tuple(sorted({a.recipient for a in acks if a.recipient}))
+                first_read = min((a.read_at for a in acks), default=None)
+                first_commit = min(
+                    (a.committed_at for a in acks if a.committed_at is not None), default=None
+                )
             found.append(
                 DestinationFacts(
                     name=node.name,
                     path=path,
                     required=node.is_required,
                     acks=len(acks),
-                    recipients=tuple(sorted({a.recipient for a in acks if a.recipient})),
-                    first_read_at=min((a.read_at for a in acks), default=None),
-                    first_committed_at=min(commits, default=None),
+                    recipients=recipients,
+                    first_read_at=first_read,
+                    first_committed_at=first_commit,
                 )
             )
         return tuple(found)
@@ -346,19 +365,19 @@ def _single(
     if kind is Kind.PICKUP:
         in_time = [a.read_at for a in acks if a.read_at <= deadline]
         if in_time:
-            return Truth.TRUE, f"read at {iso(min(in_time))}"
+            return Truth.TRUE, f"read at {_iso(min(in_time))}"
         if acks:
             # The copy is consumed once: this ack was its only consumption, and late.
-            return Truth.FALSE, f"read late at {iso(min(a.read_at for a in acks))}"
+            return Truth.FALSE, f"read late at {_iso(min(a.read_at for a in acks))}"
         if final:
             return Truth.FALSE, "no read ack by the evaluation deadline"
         return Truth.UNKNOWN, "no read ack yet"
     commits = [a.committed_at for a in acks if a.kind is AckKind.COMMIT and a.committed_at]
     in_time = [c for c in commits if c <= deadline]
     if in_time:
-        return Truth.TRUE, f"processed, committed at {iso(min(in_time))}"
+        return Truth.TRUE, f"processed, committed at {_iso(min(in_time))}"
     if commits:
-        return Truth.FALSE, f"committed late at {iso(min(commits))}"
+        return Truth.FALSE, f"committed late at {_iso(min(commits))}"
     if acks:
         return Truth.FALSE, "read without a transaction (READ ack): never processed"
     if now > deadline or final:
@@ -424,7 +443,7 @@ def _reasons(
     if verdict is Verdict.VIOLATED and any(
         c.by_timeout for c in constraints if c.value is Truth.FALSE
     ):
-        reasons.insert(0, f"evaluation timeout at {iso(deadline)}: acks still missing")
+        reasons.insert(0, f"evaluation timeout at {_iso(deadline)}: acks still missing")
     if verdict is Verdict.PENDING:
         reasons = [f"waiting: {r}" for r in reasons]
     return tuple(reasons)

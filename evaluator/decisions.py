@@ -23,6 +23,7 @@ from condmsg.copies import notice_message
 from condmsg.evaluation import Verdict, evaluate
 from condmsg.outcome import OUTCOME_CONTENT_TYPE, OUTCOME_TYPE, Outcome
 from condmsg.payloads import JSON
+from condmsg.protocol import PROTOCOL_VERSION, format_instant
 from evaluator import store
 from outbox.enqueue import enqueue_all
 from outbox.message import OutboxMessage
@@ -42,7 +43,7 @@ def judge(
     ack_grace: timedelta,
     instance: str,
     acks: Mapping[str, Sequence[Ack]] | None = None,
-    copies: Mapping[str, Mapping[str, Any]] | None = None,
+    copies: Mapping[str, Mapping[str, store.CopyRow]] | None = None,
 ) -> Decided:
     """Evaluate the pending CMs among ``cms`` and decide those whose verdict is final.
 
@@ -55,8 +56,13 @@ def judge(
     effective = now - ack_grace
     done = Decided()
     reschedule: list[tuple[str, datetime | None]] = []
-    verdicts: dict[str, Outcome] = {}
+    verdicts: dict[str, tuple[Outcome, bytes]] = {}
     rows: list[dict[str, Any]] = []
+    # The instants every outcome of the call shares, rendered once.
+    instants = (
+        f'"decided_at":{json.dumps(format_instant(now))},'
+        f'"effective_at":{json.dumps(format_instant(effective))}'
+    )
     for cm_id, cm in pending.items():
         result = evaluate(cm.condition, cm.sent_at, acks.get(cm_id, ()), effective)
         if not result.decided:
@@ -64,50 +70,59 @@ def judge(
             reschedule.append((cm_id, at))
             continue
         outcome = Outcome.from_result(cm_id, result, decided_at=now, effective_at=effective)
-        verdicts[cm_id] = outcome
+        reasons_json = json.dumps(list(outcome.reasons))
+        facts_json = json.dumps(list(outcome.facts))
+        verdicts[cm_id] = (outcome, _outcome_body(outcome, reasons_json, facts_json, instants))
         rows.append(
             {
                 "cm_id": cm_id,
                 "state": result.verdict.value,
-                "next_check_at": None,
-                "decided_at": now,
-                "effective_at": effective,
-                "reasons_json": json.dumps(list(result.reasons)),
-                "facts_json": json.dumps(list(outcome.facts)),
-                "decided_by": instance,
+                "reasons_json": reasons_json,
+                "facts_json": facts_json,
             }
         )
     store.set_next_checks(session, reschedule)
     done.rescheduled = len(reschedule)
     # One statement per kind for the whole batch, not per CM (round trips dominate).
-    won = store.decide_many(session, rows, instance=instance, decided_at=now)
+    won = store.decide_many(
+        session, rows, instance=instance, decided_at=now, effective_at=effective
+    )
     decided = [pending[cm_id] for cm_id in verdicts if cm_id in won]
     _write_actions(session, decided, verdicts, now, copies)
-    done.outcomes = [verdicts[cm.cm_id] for cm in decided]
+    done.outcomes = [verdicts[cm.cm_id][0] for cm in decided]
     return done
+
+
+def _outcome_body(outcome: Outcome, reasons_json: str, facts_json: str, instants: str) -> bytes:
+    """``outcome.to_json()``, reusing the JSON already made for the CM row."""
+    return (
+        f'{{"v":{PROTOCOL_VERSION},"cm_id":{json.dumps(outcome.cm_id)},'
+        f'"verdict":"{outcome.verdict.value}","reasons":{reasons_json},{instants},'
+        f'"facts":{facts_json}}}'
+    ).encode()
 
 
 def _write_actions(
     session: Session,
     cms: list[store.CmRow],
-    outcomes: dict[str, Outcome],
+    outcomes: dict[str, tuple[Outcome, bytes]],
     now: datetime,
-    copies: Mapping[str, Mapping[str, Any]] | None,
+    copies: Mapping[str, Mapping[str, store.CopyRow]] | None,
 ) -> None:
     if not cms:
         return
     if copies is None:
         copies = store.copies_of(session, [cm.cm_id for cm in cms])
-    failed = [cm.cm_id for cm in cms if outcomes[cm.cm_id].verdict is Verdict.VIOLATED]
+    failed = [cm.cm_id for cm in cms if outcomes[cm.cm_id][0].verdict is Verdict.VIOLATED]
     compensations = store.compensations_of(session, failed)
     messages: list[OutboxMessage] = []
     for cm in cms:
-        outcome = outcomes[cm.cm_id]
+        outcome, body = outcomes[cm.cm_id]
         messages.append(
             OutboxMessage(
                 exchange="",
                 routing_key=p.outcome_queue(cm.sender),
-                body=outcome.to_json(),
+                body=body,
                 message_id=f"{cm.cm_id}.outcome",
                 correlation_id=cm.cm_id,
                 content_type=OUTCOME_CONTENT_TYPE,
@@ -116,9 +131,10 @@ def _write_actions(
         )
         cm_copies = copies.get(cm.cm_id, {})
         if outcome.verdict is Verdict.SATISFIED and cm.notify_success:
-            body = json.dumps({"cm_id": cm.cm_id, "verdict": "satisfied"}).encode()
+            notice = json.dumps({"cm_id": cm.cm_id, "verdict": "satisfied"}).encode()
             messages += [
-                _notice(p.MessageKind.SUCCESS, cm, copy, body, JSON) for copy in cm_copies.values()
+                _notice(p.MessageKind.SUCCESS, cm, copy, notice, JSON)
+                for copy in cm_copies.values()
             ]
         elif outcome.verdict is Verdict.VIOLATED:
             # Every destination gets the compensation; the receiver log drops it where the
@@ -129,12 +145,17 @@ def _write_actions(
                     messages.append(
                         _notice(p.MessageKind.COMPENSATION, cm, copy, row.body, row.content_type)
                     )
-    store.release_compensations(session, failed, now)
+    if failed:
+        store.release_compensations(session, failed, now)
     enqueue_all(session, messages)
 
 
 def _notice(
-    kind: p.MessageKind, cm: store.CmRow, copy: Any, body: bytes, content_type: str | None
+    kind: p.MessageKind,
+    cm: store.CmRow,
+    copy: store.CopyRow,
+    body: bytes,
+    content_type: str | None,
 ) -> OutboxMessage:
     return notice_message(
         kind=kind,

@@ -9,11 +9,12 @@ stored and reported, and flagged if it would have changed the verdict.
 
 from __future__ import annotations
 
+import hmac
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
@@ -37,24 +38,41 @@ class Intake:
     #: Per touched CM, every ack that counts (stored earlier or in this batch).
     acks: dict[str, list[Ack]] = field(default_factory=dict)
     #: Per CM of the batch, its copies by destination (for the outcome actions).
-    copies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    copies: dict[str, dict[str, store.CopyRow]] = field(default_factory=dict)
     stored: int = 0
     dead: int = 0
     anomalies: Counter[str] = field(default_factory=Counter)
 
 
-def ingest(
-    session: Session, bodies: Sequence[bytes], *, sender: str, secret: bytes, now: datetime
-) -> Intake:
-    """Take one batch of ack bodies (in delivery order) into the store."""
-    intake = Intake()
-    decoded: list[p.AckMessage] = []
-    dead: list[OutboxMessage] = []
+class Received(NamedTuple):
+    """One decoded ack: the document, the evaluation's view of it, and the token it
+    should carry if its recipient is the copy's (the usual case; computed up front)."""
+
+    message: p.AckMessage
+    ack: Ack
+    token_if_same_recipient: str
+
+
+@dataclass(slots=True)
+class Decoded:
+    """A batch of ack bodies decoded and checked as documents, before any database work
+    (so that the consuming thread can decode one batch while another is being stored)."""
+
+    received: list[Received] = field(default_factory=list)
+    #: Malformed bodies, as dead letters for the sender's dead-letter queue.
+    dead: list[OutboxMessage] = field(default_factory=list)
+    #: How many bodies the batch had.
+    size: int = 0
+
+
+def decode(bodies: Sequence[bytes], *, sender: str, secret: bytes) -> Decoded:
+    """Decode a batch of ack bodies (in delivery order); nothing here raises on bad input."""
+    decoded = Decoded(size=len(bodies))
     for body in bodies:
         try:
-            decoded.append(p.AckMessage.from_json(body))
+            message = p.AckMessage.from_json(body)
         except ProtocolError as exc:
-            dead.append(
+            decoded.dead.append(
                 OutboxMessage(
                     exchange="",
                     routing_key=p.dead_letter_queue(sender),
@@ -63,15 +81,40 @@ def ingest(
                     headers={p.H_REASON: str(exc)[:1000]},
                 )
             )
-    if dead:
-        enqueue_all(session, dead)
-        intake.dead = len(dead)
-    cms = store.load_cms(session, (a.cm_id for a in decoded), lock=True)
+            continue
+        decoded.received.append(
+            Received(
+                message,
+                message.to_ack(),
+                p.copy_token(secret, message.cm_id, message.destination, message.recipient),
+            )
+        )
+    return decoded
+
+
+def ingest(
+    session: Session,
+    bodies: Sequence[bytes] | Decoded,
+    *,
+    sender: str,
+    secret: bytes,
+    now: datetime,
+) -> Intake:
+    """Take one batch of ack bodies (in delivery order, or a :class:`Decoded` batch) into
+    the store."""
+    batch = bodies if isinstance(bodies, Decoded) else decode(bodies, sender=sender, secret=secret)
+    intake = Intake()
+    if batch.dead:
+        enqueue_all(session, batch.dead)
+        intake.dead = len(batch.dead)
+    decoded = batch.received
+    cms = store.load_cms(session, (r.message.cm_id for r in decoded), lock=True)
     copies = intake.copies = store.copies_of(session, cms)
     # What counted before this batch: for a decided CM to judge a late ack, for a pending
     # one to be judged below with this batch's acks added (no second query).
     prior = store.counted_acks(session, cms)
     rows: list[dict[str, Any]] = []
+    accepted: list[Received] = []  # the ack of each row
     anomalies: list[dict[str, Any]] = []
     seen: set[str] = set()
 
@@ -89,14 +132,15 @@ def ingest(
             }
         )
 
-    for ack in decoded:
+    for received in decoded:
+        ack = received.message
         cm = cms.get(ack.cm_id)
         copy = copies.get(ack.cm_id, {}).get(ack.destination)
         if cm is None:
             anomaly(Kind.UNKNOWN_CM, ack, "no such conditional message in this store")
         elif copy is None:
             anomaly(Kind.WRONG_DESTINATION, ack, f"the CM has no destination {ack.destination!r}")
-        elif not p.verify_token(secret, ack.token, ack.cm_id, ack.destination, copy.recipient):
+        elif not _token_ok(received, copy.recipient, secret):
             anomaly(Kind.BAD_TOKEN, ack, "the token does not verify (forged or altered ack)")
         elif copy.recipient is not None and ack.recipient != copy.recipient:
             anomaly(
@@ -108,11 +152,11 @@ def ingest(
             anomaly(Kind.DUPLICATE, ack, "the same ack twice in one batch")
         else:
             seen.add(ack.ack_id)
-            rows.append(_row(ack, cm, prior.get(ack.cm_id, []), now))
+            rows.append(_row(received, cm, prior.get(ack.cm_id, []), now))
+            accepted.append(received)
     inserted = store.insert_acks(session, rows)
-    by_id = {a.ack_id: a for a in decoded}
-    for row in rows:
-        ack = by_id[row["ack_id"]]
+    for row, received in zip(rows, accepted, strict=True):
+        ack = received.message
         if row["ack_id"] not in inserted:
             anomaly(Kind.DUPLICATE, ack, "this ack was stored before")
             continue
@@ -123,7 +167,7 @@ def ingest(
             counted = intake.acks.get(cm.cm_id)
             if counted is None:
                 counted = intake.acks[cm.cm_id] = list(prior.get(cm.cm_id, []))
-            counted.append(ack.to_ack())
+            counted.append(received.ack)
         elif row["status"] == t.AckStatus.CHANGES_VERDICT.value:
             anomaly(
                 Kind.LATE_CHANGES_VERDICT,
@@ -137,13 +181,24 @@ def ingest(
     return intake
 
 
-def _row(ack: p.AckMessage, cm: store.CmRow, counted: list[Ack], now: datetime) -> dict[str, Any]:
+def _token_ok(received: Received, recipient: str | None, secret: bytes) -> bool:
+    """Does the ack carry the token of the copy (signed for the copy's recipient)?"""
+    ack = received.message
+    if recipient == ack.recipient:
+        expected = received.token_if_same_recipient
+    else:
+        expected = p.copy_token(secret, ack.cm_id, ack.destination, recipient)
+    return hmac.compare_digest(expected, ack.token)
+
+
+def _row(received: Received, cm: store.CmRow, counted: list[Ack], now: datetime) -> dict[str, Any]:
+    ack = received.message
     status = t.AckStatus.COUNTED
     if cm.state != "pending" and cm.effective_at is not None:
         status = t.AckStatus.AFTER_DECISION
         # The stored verdict is exactly evaluate() over the acks that counted, at the
         # decision's effective instant: would this ack have changed it?
-        late = evaluate(cm.condition, cm.sent_at, [*counted, ack.to_ack()], cm.effective_at)
+        late = evaluate(cm.condition, cm.sent_at, [*counted, received.ack], cm.effective_at)
         if late.verdict.value != cm.state:
             status = t.AckStatus.CHANGES_VERDICT
     return {

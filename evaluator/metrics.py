@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter as CountOf
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -63,9 +64,13 @@ class EvaluatorMetrics:
             self.anomalies.labels(kind=kind).inc(count)
 
     def observe_decisions(self, outcomes: Iterable[Outcome]) -> None:
+        verdicts: CountOf[str] = CountOf()
+        observe = self.lateness.observe
         for outcome in outcomes:
-            self.decisions.labels(verdict=outcome.verdict.value).inc()
-            self.lateness.observe((outcome.decided_at - outcome.effective_at).total_seconds())
+            verdicts[outcome.verdict.value] += 1
+            observe((outcome.decided_at - outcome.effective_at).total_seconds())
+        for verdict, count in verdicts.items():
+            self.decisions.labels(verdict=verdict).inc(count)
 
     def observe_archived(self, archived: Archived) -> None:
         self.archives.inc()

@@ -11,8 +11,11 @@ and compensations. Several instances may run against one database and one ack qu
 
 from __future__ import annotations
 
+import collections
+import functools
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -36,7 +39,7 @@ from condmsg.settings import DEFAULT_ACK_GRACE, DEFAULT_RETENTION_INTERVAL_S
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_service_queue
 from evaluator import decisions, store
-from evaluator.intake import ingest
+from evaluator.intake import Decoded, ingest
 from evaluator.metrics import EvaluatorMetrics
 from evaluator.retention import DEFAULT_BATCH as DEFAULT_RETENTION_BATCH
 from evaluator.retention import Archived, RetentionPolicy, retain
@@ -69,6 +72,7 @@ class Evaluator:
         ack_grace: timedelta = DEFAULT_ACK_GRACE,
         batch_size: int = 500,
         prefetch: int = 1000,
+        store_threads: int = 2,
         sweep_interval_s: float = 1.0,
         sweep_batch: int = 500,
         relay: bool = True,
@@ -100,8 +104,11 @@ class Evaluator:
         create_tables(self.engine)
         self.secret = secret or store_secret(self.engine)
         self.ack_grace = ack_grace
+        if store_threads < 1:
+            raise ConfigError("store_threads must be at least 1")
         self.batch_size = batch_size
         self.prefetch = prefetch
+        self.store_threads = store_threads
         self.sweep_interval_s = sweep_interval_s
         self.sweep_batch = sweep_batch
         self.instance = instance or f"{socket.gethostname()}:{os.getpid()}"
@@ -176,6 +183,7 @@ class Evaluator:
 
     def _consume(self) -> None:
         connection = connect(self.amqp_url, name=f"condmsg-evaluator-{self.sender}")
+        storing: _Storing | None = None
         try:
             channel = connection.channel()
             queue = p.ack_queue(self.sender)
@@ -183,37 +191,41 @@ class Evaluator:
             declare_service_queue(channel, p.dead_letter_queue(self.sender))
             declare_service_queue(channel, p.outcome_queue(self.sender))
             channel.basic_qos(prefetch_count=self.prefetch)
+            storing = _Storing(self, connection, channel, self.store_threads)
             batch: list[tuple[int, bytes]] = []
             for method, _props, body in channel.consume(queue, inactivity_timeout=0.02):
                 if method is not None:
                     batch.append((int(method.delivery_tag or 0), body or b""))
                 if batch and (method is None or len(batch) >= self.batch_size):
-                    self._process(channel, batch)
+                    storing.put(batch[-1][0], [body for _, body in batch])
                     batch = []
                 if self._stop.is_set():
                     break
+            # Store what was handed over, then send the acks it left to this thread.
+            storing.finish()
+            storing = None
+            connection.process_data_events(time_limit=0)
             if batch:  # stopped mid-batch: hand them back for another instance
                 channel.basic_nack(batch[-1][0], multiple=True, requeue=True)
             channel.cancel()
         finally:
+            if storing is not None:  # the connection failed: what was not stored is redelivered
+                storing.abort()
             if connection.is_open:
                 connection.close()
 
-    def _process(self, channel: Any, batch: list[tuple[int, bytes]]) -> None:
-        """Store and decide one batch in one transaction; ack the batch only after commit."""
-        last_tag = batch[-1][0]
+    def _store(self, bodies: list[bytes]) -> bool:
+        """Store and decide one batch (in the storing thread); False if it failed."""
         try:
-            decided = self.process_bodies([body for _, body in batch])
+            decided = self.process_bodies(bodies)
         except Exception:
-            log.exception("batch of %d acks failed; requeued", len(batch))
-            channel.basic_nack(last_tag, multiple=True, requeue=True)
-            time.sleep(0.5)
-            return
-        channel.basic_ack(last_tag, multiple=True)
+            log.exception("batch of %d acks failed; requeued", len(bodies))
+            return False
         if decided and self._relay is not None:
             self._relay.wake()
+        return True
 
-    def process_bodies(self, bodies: list[bytes]) -> int:
+    def process_bodies(self, bodies: list[bytes] | Decoded) -> int:
         """Ingest ack bodies and decide what they settle; returns how many CMs were decided."""
         now = self._clock()
         with Session(self.engine) as session, session.begin():
@@ -307,3 +319,89 @@ class Evaluator:
         log.info(
             "retention: archived and deleted %d rows in %s", archived.total, archived.directory
         )
+
+
+class _Storing:
+    """Threads that store and decide the batches the consuming thread hands over.
+
+    While a storing thread waits on the database (statements, the commit's disk flush),
+    the other one and the consuming thread do their Python work: the broker, the database
+    and the interpreter overlap instead of taking turns. At most one batch waits for a
+    free thread, so no more than ``prefetch`` deliveries are ever held.
+
+    Batches may commit out of order, but they are settled with the broker in delivery
+    order: each batch is acknowledged with one ``multiple`` ack (or nacked for requeue if
+    it failed) only once it and every earlier batch are done, so a multiple ack never
+    covers a batch that is not stored. The consuming thread owns the channel (pika is not
+    thread-safe): the storing threads hand it their results with
+    ``add_callback_threadsafe``.
+    """
+
+    def __init__(self, service: Evaluator, connection: Any, channel: Any, threads: int) -> None:
+        self._service = service
+        self._connection = connection
+        self._channel = channel
+        self._queue: queue.Queue[tuple[int, int, list[bytes]] | None] = queue.Queue(maxsize=1)
+        self._aborted = threading.Event()
+        self._next = 0
+        #: Batches handed over and not yet settled, in delivery order: (seq, last tag).
+        self._open: collections.deque[tuple[int, int]] = collections.deque()
+        #: Whether each finished batch was stored (filled in by the consuming thread).
+        self._done: dict[int, bool] = {}
+        self._threads = [
+            threading.Thread(
+                target=self._run, name=f"evaluator-store-{service.sender}-{i}", daemon=True
+            )
+            for i in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def put(self, last_tag: int, bodies: list[bytes]) -> None:
+        """Hand a batch over (waits while another one is still waiting for a thread)."""
+        seq, self._next = self._next, self._next + 1
+        self._open.append((seq, last_tag))
+        self._queue.put((seq, last_tag, bodies))
+
+    def finish(self) -> None:
+        """Store what was handed over, then end the threads."""
+        self._end()
+
+    def abort(self) -> None:
+        """End the threads without storing what is still queued (it is never acked, so the
+        broker redelivers it once the channel is gone)."""
+        self._aborted.set()
+        self._end()
+
+    def _end(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._aborted.is_set():
+                continue
+            seq, _, bodies = item
+            stored = self._service._store(bodies)
+            try:
+                self._connection.add_callback_threadsafe(
+                    functools.partial(self._finished, seq, stored)
+                )
+            except (pika.exceptions.AMQPError, RuntimeError) as exc:
+                # The connection is gone: the batch is redelivered (its acks then count as
+                # duplicates if it was stored).
+                log.warning("could not acknowledge a batch (%s)", exc)
+            if not stored:
+                time.sleep(0.5)
+
+    def _finished(self, seq: int, stored: bool) -> None:
+        """In the consuming thread: settle every batch whose predecessors are settled."""
+        self._done[seq] = stored
+        while self._open and self._open[0][0] in self._done:
+            first, last_tag = self._open.popleft()
+            if self._done.pop(first):
+                self._channel.basic_ack(last_tag, multiple=True)
+            else:
+                self._channel.basic_nack(last_tag, multiple=True, requeue=True)

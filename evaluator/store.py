@@ -7,8 +7,7 @@ acks, decides, and writes the outcome actions to the outbox in one transaction.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -29,8 +28,9 @@ def parse_condition(document: str) -> Condition:
     return Condition.from_json(document)
 
 
-@dataclass(frozen=True, slots=True)
-class CmRow:
+class CmRow(NamedTuple):
+    """What the evaluator needs of a CM row (a tuple: thousands are built per second)."""
+
     cm_id: str
     sender: str
     sent_at: datetime
@@ -53,8 +53,9 @@ class CmRow:
 
 
 def _utc(value: datetime) -> datetime:
-    # SQLite hands back naive datetimes; everything condmsg stores is UTC.
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    # SQLite hands back naive datetimes, psycopg the session's time zone; everything
+    # condmsg stores is UTC (and the evaluation is quickest on datetime.UTC itself).
+    return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 _CM_COLUMNS = "cm_id, sender, sent_at, condition_json, state, notify_success, effective_at"
@@ -138,6 +139,40 @@ _ACK_COLUMNS = {
     "received_at": "timestamptz",
     "status": "text",
 }
+#: Columns that always differ between the acks of a batch (never worth checking).
+_ACK_VARYING = frozenset({"ack_id", "cm_id", "read_at"})
+
+
+def _split_shared(
+    columns: Mapping[str, str], rows: Sequence[Mapping[str, Any]], varying: frozenset[str]
+) -> tuple[frozenset[str], dict[str, Any]]:
+    """Column-wise parameters for ``rows``: one array per column, except one plain
+    parameter for a column whose value every row shares (the arrival instant, the ack
+    kind, the receiver, a destination...). Dumping an array element by element is most
+    of the client's cost of a batch statement."""
+    shared: set[str] = set()
+    params: dict[str, Any] = {}
+    for column in columns:
+        values = [row[column] for row in rows]
+        first = values[0]
+        if column not in varying and values.count(first) == len(values):
+            shared.add(column)
+            params[column] = first
+        else:
+            params[column] = values
+    return frozenset(shared), params
+
+
+@lru_cache(maxsize=256)
+def _insert_acks_sql(shared: frozenset[str]) -> str:
+    arrays = {c: type_ for c, type_ in _ACK_COLUMNS.items() if c not in shared}
+    constants = {c: f"CAST(%({c})s AS {_ACK_COLUMNS[c]})" for c in _ACK_COLUMNS if c in shared}
+    return pg.unnest_insert(
+        t.acks.name,
+        arrays,
+        constants=constants,
+        suffix="ON CONFLICT (ack_id) DO NOTHING RETURNING ack_id",
+    )
 
 
 def insert_acks(session: Session, rows: Sequence[dict[str, Any]]) -> set[str]:
@@ -149,11 +184,8 @@ def insert_acks(session: Session, rows: Sequence[dict[str, Any]]) -> set[str]:
     if raw is not None:
         # One array per column: a short statement whatever the batch size (a multi-row
         # VALUES of a whole batch costs more to build and parse than to execute).
-        sql = pg.unnest_insert(
-            t.acks.name, _ACK_COLUMNS, suffix="ON CONFLICT (ack_id) DO NOTHING RETURNING ack_id"
-        )
-        params = {c: [row[c] for row in rows] for c in _ACK_COLUMNS}
-        return {ack_id for (ack_id,) in pg.execute(raw, sql, params)}
+        shared, params = _split_shared(_ACK_COLUMNS, rows, _ACK_VARYING)
+        return {ack_id for (ack_id,) in pg.execute(raw, _insert_acks_sql(shared), params)}
     insert = (
         sqlite.insert(t.acks)
         .values(list(rows))
@@ -198,11 +230,18 @@ def counted_acks(session: Session, cm_ids: Iterable[str]) -> dict[str, list[Ack]
 
 
 def decide_many(
-    session: Session, rows: Sequence[dict[str, Any]], *, instance: str, decided_at: datetime
+    session: Session,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    instance: str,
+    decided_at: datetime,
+    effective_at: datetime,
 ) -> set[str]:
     """Record verdicts exactly once: one conditional UPDATE per row (``WHERE state =
-    'pending'``), sent as one executemany; returns the CM ids whose verdict this call wrote.
+    'pending'``); returns the CM ids whose verdict this call wrote.
 
+    Each row has ``cm_id``, ``state``, ``reasons_json`` and ``facts_json``; the decision
+    instant, the effective instant and ``instance`` (``decided_by``) are the call's.
     Of two evaluator instances racing on one CM, the second matches no row and loses
     cleanly (it rolls nothing back; its outcome actions are simply not written). The
     winners are the rows now carrying this call's ``decided_by`` and ``decided_at``.
@@ -211,15 +250,27 @@ def decide_many(
         return set()
     raw = pg.driver_connection(session)
     if raw is not None:
-        return _decide_many_pg(raw, rows)
-    columns = [c for c in rows[0] if c != "cm_id"]
+        # One UPDATE ... FROM unnest(...) RETURNING; what every row shares is one parameter.
+        shared, params = _split_shared(_DECISION_TYPES, rows, _DECISION_VARYING)
+        params |= {"decided_at": decided_at, "effective_at": effective_at, "by": instance}
+        return {cm_id for (cm_id,) in pg.execute(raw, _decide_sql(shared), params)}
     stmt = (
         sa.update(t.cms)
         .where(t.cms.c.cm_id == sa.bindparam("b_cm_id"))
         .where(t.cms.c.state == t.CmState.PENDING.value)
-        .values({c: sa.bindparam(f"b_{c}") for c in columns})
+        .values(
+            {c: sa.bindparam(f"b_{c}") for c in _DECISION_ARRAYS if c != "cm_id"}
+            | {
+                "next_check_at": None,
+                "decided_at": decided_at,
+                "effective_at": effective_at,
+                "decided_by": instance,
+            }
+        )
     )
-    session.connection().execute(stmt, [{f"b_{k}": v for k, v in row.items()} for row in rows])
+    session.connection().execute(
+        stmt, [{f"b_{c}": row[c] for c in _DECISION_ARRAYS} for row in rows]
+    )
     ids = [row["cm_id"] for row in rows]
     query = sa.select(t.cms.c.cm_id).where(
         t.cms.c.cm_id.in_(ids),
@@ -229,31 +280,26 @@ def decide_many(
     return {row.cm_id for row in session.execute(query)}
 
 
-#: The PostgreSQL types of a decision's columns (see ``decisions.judge``).
-_DECISION_COLUMNS = {
-    "cm_id": "text",
-    "state": "text",
-    "next_check_at": "timestamptz",
-    "decided_at": "timestamptz",
-    "effective_at": "timestamptz",
-    "reasons_json": "text",
-    "facts_json": "text",
-    "decided_by": "text",
-}
+#: What may vary between the decisions of one call (see ``decisions.judge``).
+_DECISION_ARRAYS = ("cm_id", "state", "reasons_json", "facts_json")
+_DECISION_TYPES = dict.fromkeys(_DECISION_ARRAYS, "text")
+_DECISION_VARYING = frozenset({"cm_id", "reasons_json", "facts_json"})
 
 
-def _decide_many_pg(raw: Any, rows: Sequence[dict[str, Any]]) -> set[str]:
-    """:func:`decide_many` as one ``UPDATE ... FROM unnest(...) RETURNING`` statement."""
-    arrays = ", ".join(f"CAST(%({c})b AS {type_}[])" for c, type_ in _DECISION_COLUMNS.items())
-    sets = ", ".join(f"{c} = d.{c}" for c in _DECISION_COLUMNS if c != "cm_id")
-    sql = (
-        f"UPDATE {t.cms.name} AS cm SET {sets} "
-        f"FROM unnest({arrays}) AS d({', '.join(_DECISION_COLUMNS)}) "
+@lru_cache(maxsize=8)
+def _decide_sql(shared: frozenset[str]) -> str:
+    arrays = [c for c in _DECISION_ARRAYS if c not in shared]
+    value = {c: f"CAST(%({c})s AS text)" if c in shared else f"d.{c}" for c in _DECISION_ARRAYS}
+    return (
+        f"UPDATE {t.cms.name} AS cm SET state = {value['state']}, next_check_at = NULL, "
+        "decided_at = %(decided_at)s, effective_at = %(effective_at)s, "
+        f"reasons_json = {value['reasons_json']}, facts_json = {value['facts_json']}, "
+        "decided_by = %(by)s "
+        f"FROM unnest({', '.join(f'CAST(%({c})b AS text[])' for c in arrays)}) "
+        f"AS d({', '.join(arrays)}) "
         f"WHERE cm.cm_id = d.cm_id AND cm.state = '{t.CmState.PENDING.value}' "
         "RETURNING cm.cm_id"
     )
-    params = {c: [row[c] for row in rows] for c in _DECISION_COLUMNS}
-    return {cm_id for (cm_id,) in pg.execute(raw, sql, params)}
 
 
 def set_next_checks(session: Session, rows: Sequence[tuple[str, datetime | None]]) -> None:

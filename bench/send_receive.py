@@ -94,6 +94,7 @@ class Options:
     rounds: int
     ack_relay: bool
     relay: str
+    parts: tuple[str, ...]
 
 
 def parse_args() -> Options:
@@ -112,7 +113,15 @@ def parse_args() -> Options:
         default="process",
         help="the sender's relay while sending: `condmsg relay` process (default) or in-process",
     )
+    ap.add_argument(
+        "--parts",
+        default="send,receive",
+        help="comma-separated parts to run: send, receive (default: both)",
+    )
     a = ap.parse_args()
+    parts = tuple(part.strip() for part in a.parts.split(",") if part.strip())
+    if not parts or set(parts) - {"send", "receive"}:
+        ap.error("--parts takes send, receive or both")
     return Options(
         cms=a.cms,
         size=a.size,
@@ -123,6 +132,7 @@ def parse_args() -> Options:
         rounds=a.rounds,
         ack_relay=a.ack_relay,
         relay=a.relay,
+        parts=parts,
     )
 
 
@@ -490,10 +500,13 @@ def main() -> None:
                 rx=rx,
             )
             try:
-                with sending_relay(o.relay, relay, snd_url):
-                    measure_send(b)
-                with relay:
-                    acks_written = measure_receive(b, rcv_url, f"bench-{run}")
+                acks_written = 0
+                if "send" in o.parts:
+                    with sending_relay(o.relay, relay, snd_url):
+                        measure_send(b)
+                if "receive" in o.parts:
+                    with relay:
+                        acks_written = measure_receive(b, rcv_url, f"bench-{run}")
             finally:
                 sender.engine.dispose()
     finally:
@@ -516,7 +529,17 @@ def report(o: Options, samples: dict[str, list[float]], acks_written: int) -> No
         "send_relay": o.relay,
         "send_ratio_target": SEND_TARGET,
         "receive_ratio_target": RECEIVE_TARGET,
+        "parts": list(o.parts),
     }
+    if "send" in o.parts:
+        figures |= send_figures(med)
+    if "receive" in o.parts:
+        figures |= receive_figures(o, samples, med, acks_written)
+    emit_result("send_receive", figures)
+
+
+def send_figures(med: dict[str, float]) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
     for k in ("1", "4"):
         raw = med[f"raw{k}"]
         for variant, label in (("cm", "one transaction per send"), ("batched", "batched")):
@@ -531,6 +554,13 @@ def report(o: Options, samples: dict[str, list[float]], acks_written: int) -> No
                 f"{prefix}_ok": ratio >= SEND_TARGET,
             }
         figures[f"send_{k}dest_raw_msgs_per_s"] = round(raw, 1)
+    return figures
+
+
+def receive_figures(
+    o: Options, samples: dict[str, list[float]], med: dict[str, float], acks_written: int
+) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
     # One raw receive baseline: the samples taken next to either mode are the same work.
     raw_rx = statistics.median(samples["raw_consume"] + samples["raw_transaction_read"])
     for mode in ("consume", "transaction_read"):
@@ -552,7 +582,7 @@ def report(o: Options, samples: dict[str, list[float]], acks_written: int) -> No
         f"receive: the faster mode is {best_mode}, ratio {best_ratio:.2f}; COMMIT acks written "
         f"to the receiver's outbox: {acks_written} (ack relay running: {o.ack_relay})"
     )
-    emit_result("send_receive", figures)
+    return figures
 
 
 if __name__ == "__main__":

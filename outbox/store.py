@@ -2,13 +2,19 @@
 
 How a claim works, and why:
 
-* PostgreSQL: the claim is a transaction that locks up to ``limit`` pending rows with
-  ``SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED`` and stays open while the rows are
-  published. The row locks *are* the lease: another relay's claim skips them (SKIP LOCKED),
-  a relay that dies loses its connection and PostgreSQL releases the locks at once, and a
-  relay that hangs is cut off by ``idle_in_transaction_session_timeout`` (the lease
-  timeout). Confirmed rows are deleted and the transaction commits; a broker failure rolls
-  it back and the rows are pending again, untouched. No extra UPDATE per row is written.
+* PostgreSQL: the claim is a transaction that deletes up to ``limit`` pending rows and
+  returns them (``DELETE … WHERE id IN (SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP
+  LOCKED) RETURNING …``), and stays open while the rows are published. Until it commits
+  the rows are still there for everyone else, locked: the row locks *are* the lease.
+  Another relay's claim skips them (SKIP LOCKED), a relay that dies loses its connection
+  and PostgreSQL rolls the delete back at once, and a relay that hangs is cut off by
+  ``idle_in_transaction_session_timeout`` (the lease timeout). When the broker has
+  confirmed the batch the transaction commits, and the published rows are gone; the few
+  rows the broker refused or nacked are written back first (parked as failed, or pending
+  with a retry time), with their ids. A broker failure rolls the transaction back and the
+  rows are pending again, untouched. Locking and deleting in one statement touches each
+  row once: a separate ``SELECT … FOR UPDATE`` and ``DELETE`` touched it twice and cost
+  the relay about half its throughput.
 * SQLite has no row locks: the claim is a plain read and only one relay may run against a
   SQLite database (documented); settling happens in one short write transaction.
 
@@ -27,6 +33,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine, RootTransaction
+from sqlalchemy.sql.dml import ReturningDelete
 
 from outbox.errors import StoreUnavailable
 from outbox.message import OutboxMessage, StoredMessage
@@ -51,6 +58,26 @@ _MESSAGE_FIELDS = (
     "persistent",
     "mandatory",
 )
+
+
+def _first(row: Any) -> Any:
+    return row[0]
+
+
+def row_columns(row: StoredMessage) -> dict[str, Any]:
+    """The columns of a claimed row as it was stored (pending, its attempts so far)."""
+    m = row.message
+    return {
+        "id": row.id,
+        "created_at": row.created_at,
+        "state": PENDING,
+        "attempts": row.attempts,
+        **{name: getattr(m, name) for name in _MESSAGE_FIELDS if name != "headers"},
+        "headers": m.headers_json(),
+        "last_error": None,
+        "available_at": None,
+        "failed_at": None,
+    }
 
 
 def utc(value: datetime) -> datetime:
@@ -145,15 +172,15 @@ class OutboxStore:
 
     # -- claim and settle -----------------------------------------------------------------
 
-    def _build_claim(self) -> sa.Select[Any]:
+    def _build_claim(self) -> sa.Select[Any] | ReturningDelete[Any]:
         t = self.table
         cols = [t.c.id, t.c.created_at, t.c.attempts, *(t.c[f] for f in _MESSAGE_FIELDS)]
         # ORDER BY id: a relay publishes what it claims in id order (the documented FIFO
         # guarantee), and the partial pending index yields rows already in that order.
         # `id > :after` lets a relay draining a backlog start behind its previous batch
         # instead of walking the dead index entries of rows it just deleted.
-        return (
-            sa.select(*cols)
+        due = (
+            sa.select(*([t.c.id] if self.locking else cols))
             .where(
                 t.c.state == PENDING,
                 t.c.id > sa.bindparam("after"),
@@ -161,9 +188,12 @@ class OutboxStore:
             )
             .order_by(t.c.id)
             .limit(sa.bindparam("limit"))
-            # SKIP LOCKED: relays claim disjoint rows without waiting for each other.
-            # Rendered on PostgreSQL only; SQLite ignores it.
-            .with_for_update(skip_locked=True)
+        )
+        if not self.locking:
+            return due
+        # SKIP LOCKED: relays claim disjoint rows without waiting for each other.
+        return (
+            sa.delete(t).where(t.c.id.in_(due.with_for_update(skip_locked=True))).returning(*cols)
         )
 
     def claim(self, limit: int, *, after_id: int = 0) -> Claim:
@@ -199,8 +229,9 @@ class OutboxStore:
         return Claim(rows, conn, txn)
 
     def _fetch(self, conn: Connection, params: dict[str, Any]) -> list[StoredMessage]:
-        # fetchall(): one driver call for the batch instead of one per row.
-        rows = conn.execute(self._claim_stmt, params).all()
+        # fetchall(): one driver call for the batch instead of one per row. A DELETE
+        # returns its rows in no particular order: publish them in id order.
+        rows = sorted(conn.execute(self._claim_stmt, params).all(), key=_first)
         return [
             StoredMessage(
                 id=r[0],
@@ -249,7 +280,7 @@ class OutboxStore:
             conn, txn = claim._conn, claim._txn
             claim._conn = claim._txn = None
             try:
-                self._apply(conn, published, parked, retry)
+                self._restore(conn, claim, published, parked, retry)
                 self._close(conn, txn, commit=True)
             except sa.exc.SQLAlchemyError as exc:
                 conn.close()
@@ -257,6 +288,38 @@ class OutboxStore:
             return
         with self._write("settle outbox rows") as conn:
             self._apply(conn, published, parked, retry)
+
+    def _restore(
+        self,
+        conn: Connection,
+        claim: Claim,
+        published: Collection[int],
+        parked: Mapping[int, str],
+        retry: Mapping[int, tuple[str, datetime]],
+    ) -> None:
+        """In a claim that deleted its rows: write back every row that was not published,
+        with its id (parked: failed; retried: pending from the given instant; anything the
+        broker did not answer for: pending as it was)."""
+        done = set(published)
+        back = [row for row in claim.rows if row.id not in done]
+        if not back:
+            return
+        now = datetime.now(UTC)
+        values = []
+        for row in back:
+            value = row_columns(row)
+            if row.id in parked:
+                value |= {
+                    "state": FAILED,
+                    "attempts": row.attempts + 1,
+                    "last_error": parked[row.id],
+                    "failed_at": now,
+                }
+            elif row.id in retry:
+                reason, at = retry[row.id]
+                value |= {"attempts": row.attempts + 1, "last_error": reason, "available_at": at}
+            values.append(value)
+        conn.execute(sa.insert(self.table), values)
 
     def _apply(
         self,

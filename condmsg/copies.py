@@ -7,7 +7,7 @@ travels as a Message Sequence (sequence id, position, size) of several AMQP mess
 from __future__ import annotations
 
 import functools
-import uuid
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -76,9 +76,11 @@ def plan_copies(
     """The copies of one CM, one per destination, each split into parts if large."""
     destinations, delivery, needs = _layout(condition)
     plans: list[CopyPlan] = []
+    sent = p.format_instant(sent_at)
+    reply_to = p.ack_queue(sender)
     for dest in destinations:
         props = delivery[dest.name]
-        message_id = uuid.uuid4().hex
+        message_id = os.urandom(16).hex()  # 128 random bits, as a uuid4 has 122
         exchange = dest.exchange or ""
         routing_key = dest.routing_key or dest.name
         headers: dict[str, Any] = {
@@ -89,7 +91,7 @@ def plan_copies(
             p.H_DESTINATION: dest.name,
             p.H_REQUIRES: needs[dest.name].value,
             p.H_SENDER: sender,
-            p.H_SENT_AT: p.format_instant(sent_at),
+            p.H_SENT_AT: sent,
             p.H_TOKEN: p.copy_token(secret, cm_id, dest.name, dest.recipient),
         }
         if dest.recipient is not None:
@@ -111,7 +113,7 @@ def plan_copies(
                     body=chunk,
                     message_id=message_id if len(chunks) == 1 else f"{message_id}.{position}",
                     correlation_id=cm_id,
-                    reply_to=p.ack_queue(sender),
+                    reply_to=reply_to,
                     content_type=content_type,
                     message_type=f"condmsg.{p.MessageKind.ORIGINAL.value}",
                     headers=part_headers,

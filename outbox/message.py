@@ -33,8 +33,14 @@ def _shortstr(name: str, value: object, *, optional: bool) -> None:
         raise OutboxValueError(f"{name} is longer than {MAX_SHORTSTR_BYTES} bytes")
 
 
+_SCALARS = (str, bool, int, type(None))
+
+
 def _check_json(path: str, value: object) -> None:
-    if value is None or isinstance(value, str | bool | int):
+    """Raise unless ``value`` is made of JSON values (finite floats, str keys)."""
+    # The paths of the error messages are built only on the way to an error: this runs
+    # for every header of every enqueued message.
+    if isinstance(value, _SCALARS):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -42,13 +48,15 @@ def _check_json(path: str, value: object) -> None:
         return
     if isinstance(value, list):
         for i, item in enumerate(value):
-            _check_json(f"{path}[{i}]", item)
+            if not isinstance(item, _SCALARS):
+                _check_json(f"{path}[{i}]", item)
         return
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise OutboxTypeError(f"{path} keys must be str, got {type(key).__name__}")
-            _check_json(f"{path}[{key!r}]", item)
+            if not isinstance(item, _SCALARS):
+                _check_json(f"{path}[{key!r}]", item)
         return
     raise OutboxTypeError(
         f"{path} must hold JSON values (str, int, float, bool, None, list, dict), "

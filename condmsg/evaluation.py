@@ -64,7 +64,7 @@ class ConstraintResult:
     def describe(self) -> str:
         return (
             f"{self.path} {self.node}: {self.kind} by {_iso(self.deadline)} "
-            f"{self.value.value.upper()}: {self.detail}"
+            f"{self.value._value_.upper()}: {self.detail}"
         )
 
 
@@ -208,13 +208,6 @@ def _shape_of(condition: Condition) -> _Shape:
     return shape
 
 
-_VERDICT_OF = {
-    Truth.TRUE: Verdict.SATISFIED,
-    Truth.FALSE: Verdict.VIOLATED,
-    Truth.UNKNOWN: Verdict.PENDING,
-}
-
-
 class _Judge:
     """The acks of one CM, indexed, judged at any instant."""
 
@@ -278,7 +271,11 @@ class _Judge:
                 overall = Truth.FALSE
             elif value is Truth.UNKNOWN and overall is Truth.TRUE:
                 overall = Truth.UNKNOWN
-        return _VERDICT_OF[overall], tuple(results)
+        if overall is Truth.TRUE:
+            return Verdict.SATISFIED, tuple(results)
+        if overall is Truth.FALSE:
+            return Verdict.VIOLATED, tuple(results)
+        return Verdict.PENDING, tuple(results)
 
     # -- the recursive rule -----------------------------------------------------------
 
@@ -434,11 +431,12 @@ def _name(node: Condition) -> str:
 def _reasons(
     verdict: Verdict, constraints: Sequence[ConstraintResult], deadline: datetime
 ) -> tuple[str, ...]:
-    wanted = {
-        Verdict.SATISFIED: Truth.TRUE,
-        Verdict.VIOLATED: Truth.FALSE,
-        Verdict.PENDING: Truth.UNKNOWN,
-    }[verdict]
+    if verdict is Verdict.SATISFIED:
+        wanted = Truth.TRUE
+    elif verdict is Verdict.VIOLATED:
+        wanted = Truth.FALSE
+    else:
+        wanted = Truth.UNKNOWN
     reasons = [c.describe() for c in constraints if c.value is wanted]
     if verdict is Verdict.VIOLATED and any(
         c.by_timeout for c in constraints if c.value is Truth.FALSE

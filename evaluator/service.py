@@ -343,11 +343,7 @@ class _Storing:
         self._channel = channel
         self._queue: queue.Queue[tuple[int, int, list[bytes]] | None] = queue.Queue(maxsize=1)
         self._aborted = threading.Event()
-        self._next = 0
-        #: Batches handed over and not yet settled, in delivery order: (seq, last tag).
-        self._open: collections.deque[tuple[int, int]] = collections.deque()
-        #: Whether each finished batch was stored (filled in by the consuming thread).
-        self._done: dict[int, bool] = {}
+        self._order = InOrder()
         self._threads = [
             threading.Thread(
                 target=self._run, name=f"evaluator-store-{service.sender}-{i}", daemon=True
@@ -359,8 +355,7 @@ class _Storing:
 
     def put(self, last_tag: int, bodies: list[bytes]) -> None:
         """Hand a batch over (waits while another one is still waiting for a thread)."""
-        seq, self._next = self._next, self._next + 1
-        self._open.append((seq, last_tag))
+        seq = self._order.open(last_tag)
         self._queue.put((seq, last_tag, bodies))
 
     def finish(self) -> None:
@@ -398,10 +393,40 @@ class _Storing:
 
     def _finished(self, seq: int, stored: bool) -> None:
         """In the consuming thread: settle every batch whose predecessors are settled."""
-        self._done[seq] = stored
-        while self._open and self._open[0][0] in self._done:
-            first, last_tag = self._open.popleft()
-            if self._done.pop(first):
+        for last_tag, ok in self._order.finished(seq, stored):
+            if ok:
                 self._channel.basic_ack(last_tag, multiple=True)
             else:
                 self._channel.basic_nack(last_tag, multiple=True, requeue=True)
+
+
+class InOrder:
+    """Batches finish in any order but are settled with the broker in delivery order.
+
+    :meth:`open` numbers a batch (by its last delivery tag); :meth:`finished` records its
+    result and returns the (last tag, stored) of every batch that can now be settled: this
+    one and the finished ones after it, once every earlier batch is settled. A
+    ``multiple`` ack of a returned tag therefore covers only stored batches.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._open: collections.deque[tuple[int, int]] = collections.deque()
+        self._done: dict[int, bool] = {}
+
+    def open(self, last_tag: int) -> int:
+        seq, self._next = self._next, self._next + 1
+        self._open.append((seq, last_tag))
+        return seq
+
+    def finished(self, seq: int, stored: bool) -> list[tuple[int, bool]]:
+        self._done[seq] = stored
+        ready: list[tuple[int, bool]] = []
+        while self._open and self._open[0][0] in self._done:
+            first, last_tag = self._open.popleft()
+            ready.append((last_tag, self._done.pop(first)))
+        return ready
+
+    @property
+    def unsettled(self) -> int:
+        return len(self._open)

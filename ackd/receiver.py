@@ -21,13 +21,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from ackd import rlog, sequence
@@ -154,6 +154,8 @@ class Receiver(OwnsOutbox):
         self._maybe_sequences = True
         self._next_store_check = 0.0
         self._next_expiry_check = 0.0
+        self._held: Connection | None = None
+        self._held_by: int | None = None
         metadata.create_all(self.engine)
         create_outbox_tables(self.engine)
 
@@ -171,7 +173,7 @@ class Receiver(OwnsOutbox):
     @contextmanager
     def transaction(self) -> Iterator[ReceiverTransaction]:
         """Commits on a clean exit (then acks), rolls back and requeues on an exception."""
-        session = Session(self.engine)
+        session = Session(self._bind())
         session.begin()
         tx = ReceiverTransaction(self, session)
         try:
@@ -231,6 +233,31 @@ class Receiver(OwnsOutbox):
 
     def close(self) -> None:
         self._broker.close()
+        held, self._held = self._held, None
+        if held is not None:
+            with suppress(sa.exc.SQLAlchemyError):
+                held.close()
+
+    def _bind(self) -> Engine | Connection:
+        """What the app's transactions run on: on PostgreSQL one connection this receiver
+        keeps (for the thread that uses it), not a pool checkout and return per message.
+
+        A connection that failed (SQLAlchemy invalidates it on a disconnect) is replaced
+        at the next transaction.
+        """
+        if not self._postgres:
+            return self.engine
+        me = threading.get_ident()
+        if self._held_by is not None and self._held_by != me:
+            return self.engine  # another thread: the pool, as usual
+        held = self._held
+        if held is None or held.closed or held.invalidated:
+            if held is not None:
+                with suppress(sa.exc.SQLAlchemyError):
+                    held.close()
+            held = self._held = self.engine.connect()
+            self._held_by = me
+        return held
 
     def __enter__(self) -> Receiver:
         return self

@@ -10,8 +10,8 @@ on top of the app's own statements. Two of them ride along here:
 - the COMMIT ack (one statement that also stamps the RLOG row's ``committed_at``) and
   ``COMMIT`` travel as one (``WITH ... INSERT ...; COMMIT``).
 
-So the receiver adds two round trips to the app's transaction, and its ``BEGIN`` and
-``COMMIT`` are the ones the app's transaction needs anyway. Several statements in one
+So the receiver's two statements add no round trip to the app's transaction: they travel
+with the ``BEGIN`` and ``COMMIT`` it needs anyway. Several statements in one
 string need PostgreSQL's simple query protocol, which takes no parameters, so the values
 are bound on the client with psycopg's own quoting (``ClientCursor.mogrify``). If a
 statement fails, PostgreSQL skips the rest of the string: ``BEGIN; INSERT`` leaves a

@@ -34,13 +34,15 @@ import pyarrow.parquet as pq
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from spark_audit.checks import DEFAULT_CHECKS, CheckSpec, run_checks, status
-from spark_audit.readers import AuditInput, Window, seen_in
+from spark_audit.readers import AuditInput, Window, seen_in, sent_in
 from spark_audit.reevaluate.fallback import judge_rows, python_verdicts
 from spark_audit.reevaluate.recompute import python_cases
 from spark_audit.report import write_report
+from spark_audit.schemas import local_frame
 from spark_audit.summary import build_summary, metrics_from
 from spark_audit.transforms import anomalies, rates
 from spark_audit.transforms.conditions import plan_set
@@ -56,6 +58,13 @@ DRIVER_EXPLAIN = 10_000
 SAMPLED_TABLES = ("discrepancies", "late_ack_effects", "status_mismatches", "stale_pending")
 SAMPLE_ROWS = 50
 UTC = "UTC"
+_FLAGGED = T.StructType(
+    [
+        T.StructField("cm_id", T.StringType()),
+        *(T.StructField(name, T.BooleanType()) for name in ("discrepant", "multi", "late")),
+    ]
+)
+_IDS = T.StructType([T.StructField("cm_id", T.StringType())])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,9 +241,17 @@ def _tuned(spark: SparkSession) -> Iterator[None]:
     """Session settings for the audit's run, restored afterwards.
 
     * cached frames are stored uncompressed: building the compressed column batches
-      costs more than the audit saves by scanning them (each is read a few times).
+      costs more than the audit saves by scanning them (each is read a few times);
+    * adaptive execution is off: the audit's plans are fixed (its joins are broadcast or
+      on the CMs' partitioning by design), and adaptive execution would run every
+      shuffle and every cache as a job of its own and plan each query again after it
+      (about a third more jobs, and a cache written in one pass and read back in the
+      next where a plain plan fills it while the first query runs).
     """
-    settings = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
+    settings = {
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        "spark.sql.adaptive.enabled": "false",
+    }
     previous: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
     for key, value in settings.items():
         spark.conf.set(key, value)
@@ -277,19 +294,13 @@ def _run(
         cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
         return frame
 
-    plans = plan_set(data.cms)
+    # One scan of the CMs: their distinct conditions, and the count and span of those in
+    # the window.
+    plans = plan_set(data.cms, chosen=sent_in(window))
+    cut = plans.chosen
+    assert cut is not None
     clock.step("decoded the conditions")
     cms = keep(cut_cms(data.cms, plans, window, partitions))
-    cut = (
-        cms.where("in_window")
-        .agg(
-            F.count(F.lit(1)).alias("cms"),
-            F.min("sent_at").alias("first"),
-            F.max("sent_at").alias("last"),
-        )
-        .first()
-    )
-    assert cut is not None
     acks = keep(enrich_acks(data.acks, data.compensations, cms, plans, window))
     histograms = Histograms(histogram_frame(acks).toArrow().to_pylist())
     ack_counts = histograms.totals()
@@ -379,14 +390,23 @@ def _acks_by_cm(frame: DataFrame) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def _judged_with_acks(cases: list[dict[str, Any]], acks: DataFrame) -> dict[str, dict[str, Any]]:
+def _judged_with_acks(
+    cases: list[dict[str, Any]], acks: DataFrame, *, counted: dict[str, int] | None = None
+) -> dict[str, dict[str, Any]]:
     """:func:`spark_audit.reevaluate.fallback.judge_row` of each case (``cm_id,
     condition_json, sent_at, at``) over its ``acks``: on the driver when they are few,
-    else on the executors."""
+    else on the executors. ``counted``: filled with each CM's number of counted acks."""
     if len(cases) <= DRIVER_EXPLAIN:
         by_cm = _acks_by_cm(acks)
+        if counted is not None:
+            counted.update(
+                {cm: sum(bool(a["counted"]) for a in found) for cm, found in by_cm.items()}
+            )
         rows = judge_rows({**c, "acks": by_cm.get(c["cm_id"], [])} for c in cases)
     else:
+        if counted is not None:
+            found = acks.where("counted").groupBy("cm_id").count().collect()
+            counted.update({r["cm_id"]: int(r["count"]) for r in found})
         frame = acks.sparkSession.createDataFrame(
             [(c["cm_id"], c["condition_json"], c["sent_at"], c["at"]) for c in cases],
             "cm_id string, condition_json string, sent_at timestamp, at timestamp",
@@ -416,13 +436,19 @@ def _details(
     wrong = [c for c in candidates if c["decided"] and not c["agrees"]]
     late = [c for c in candidates if c["decided"] and c["late_acks"]]
     wrong_ids, late_ids = {c["cm_id"] for c in wrong}, {c["cm_id"] for c in late}
-    flagged = spark.createDataFrame(
+    flagged = local_frame(
+        spark,
         [
-            (c["cm_id"], c["cm_id"] in wrong_ids, c["multi"] > 0, c["cm_id"] in late_ids)
+            {
+                "cm_id": c["cm_id"],
+                "discrepant": c["cm_id"] in wrong_ids,
+                "multi": c["multi"] > 0,
+                "late": c["cm_id"] in late_ids,
+            }
             for c in candidates
             if c["cm_id"] in wrong_ids or c["multi"] > 0 or c["cm_id"] in late_ids
         ],
-        "cm_id string, discrepant boolean, multi boolean, late boolean",
+        _FLAGGED,
     )
     rows = anomalies.ack_candidates(acks, flagged)
     expected = sum(
@@ -432,7 +458,7 @@ def _details(
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
     late_metrics = _late_effects(late, rows, output)
     anomaly_frame = data.anomalies.where(seen_in(options.window, "recorded_at"))
-    kinds = {r["kind"]: int(r["count"]) for r in anomalies.anomaly_counts(anomaly_frame).collect()}
+    kinds = dict(anomalies.anomaly_counts(anomaly_frame))
     output.rows(
         "anomaly_counts",
         [{"kind": k, "count": v} for k, v in sorted(kinds.items())],
@@ -496,12 +522,12 @@ def _discrepancies(
         return
     spark = rows.sparkSession
     evidence = anomalies.flagged_acks(rows, "discrepant").where("counted")
-    ids = spark.createDataFrame([(c["cm_id"],) for c in wrong], "cm_id string")
+    ids = local_frame(spark, [{"cm_id": c["cm_id"]} for c in wrong], _IDS)
     stored = data.cms.join(F.broadcast(ids), "cm_id", "left_semi").select("cm_id", "reasons_json")
     reasons = {r["cm_id"]: r["reasons_json"] for r in stored.toArrow().to_pylist()}
     cases = [{**c, "at": c["effective_at"]} for c in wrong]
-    explained = _judged_with_acks(cases, evidence)
-    counted = {r["cm_id"]: int(r["count"]) for r in evidence.groupBy("cm_id").count().collect()}
+    counted: dict[str, int] = {}
+    explained = _judged_with_acks(cases, evidence, counted=counted)
     table = []
     for case in cases:
         found = explained.get(case["cm_id"], {})

@@ -189,8 +189,10 @@ def duplicate_acks(anomalies: DataFrame) -> DataFrame:
     )
 
 
-def anomaly_counts(anomalies: DataFrame) -> DataFrame:
-    return anomalies.groupBy("kind").count().orderBy("kind")
+def anomaly_counts(anomalies: DataFrame) -> list[tuple[str, int]]:
+    """``(kind, count)`` of the recorded anomalies, by kind."""
+    found = anomalies.groupBy("kind").count().collect()
+    return sorted((r["kind"], int(r["count"])) for r in found)
 
 
 def flagged_acks(candidates: DataFrame, flag: str) -> DataFrame:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Any
 
@@ -28,6 +28,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from condmsg.conditions import Condition
 from spark_audit.plans import Numbered, numbered, plan_of
+from spark_audit.schemas import local_frame
 
 #: The driver decodes at most this many distinct conditions (else the executors do).
 MAX_DRIVER_PLANS = 10_000
@@ -69,10 +70,6 @@ def _hash() -> Column:
     return F.xxhash64("condition_json")
 
 
-#: Columns of :attr:`PlanSet.frame` needed to map an ack to its destination slot.
-LEAF_COLUMNS = ("leaf_names", "leaf_recipients", "leaf_topic")
-
-
 @dataclass(frozen=True, slots=True)
 class PlanSet:
     """The plans of a set of CMs.
@@ -91,10 +88,34 @@ class PlanSet:
     probes: int
     python: bool
     small: bool
+    #: With ``plan_set(..., chosen=...)``: the chosen CMs' ``cms`` (count), ``first`` and
+    #: ``last`` (``sent_at``), gathered by the same scan.
+    chosen: dict[str, Any] | None = None
 
     def lookup(self, *columns: str) -> DataFrame:
         """``plan_id`` and ``columns`` of the plans, broadcast when small."""
         frame = self.frame.select("plan_id", *columns)
+        return F.broadcast(frame) if self.small else frame
+
+    def leaves(self) -> DataFrame:
+        """``plan_id, destination, slot, leaf_recipient, leaf_topic``: one row per
+        destination of a plan (its position in ``leaf_names``), broadcast when small.
+
+        A join on ``(plan_id, destination)`` finds an ack's slot with one lookup in a
+        small hash table, instead of copying the plan's arrays into every ack row."""
+        slot = F.col("slot")
+        frame = self.frame.select(
+            "plan_id",
+            F.posexplode("leaf_names").alias("slot", "destination"),
+            "leaf_recipients",
+            "leaf_topic",
+        ).select(
+            "plan_id",
+            "destination",
+            slot.cast("int").alias("slot"),
+            F.get(F.col("leaf_recipients"), slot).alias("leaf_recipient"),
+            F.coalesce(F.get(F.col("leaf_topic"), slot), F.lit(False)).alias("leaf_topic"),
+        )
         return F.broadcast(frame) if self.small else frame
 
     def attach(self, cms: DataFrame) -> DataFrame:
@@ -137,14 +158,41 @@ def _chosen(weights: Counter[str]) -> dict[str, int]:
     return {skeleton: index for index, (skeleton, _) in enumerate(top)}
 
 
-def plan_set(cms: DataFrame, *, native: bool = True) -> PlanSet:
-    """The :class:`PlanSet` of ``cms`` (``native=False``: compile nothing, for tests)."""
+def _chosen_stats(chosen: Column) -> list[Column]:
+    sent = F.when(chosen, F.col("sent_at"))
+    return [
+        F.count(F.when(chosen, 1)).alias("_chosen"),
+        F.min(sent).alias("_first"),
+        F.max(sent).alias("_last"),
+    ]
+
+
+def _fold_chosen(rows: list[Any]) -> dict[str, Any]:
+    firsts = [r["_first"] for r in rows if r["_first"] is not None]
+    lasts = [r["_last"] for r in rows if r["_last"] is not None]
+    return {
+        "cms": sum(int(r["_chosen"]) for r in rows),
+        "first": min(firsts, default=None),
+        "last": max(lasts, default=None),
+    }
+
+
+def plan_set(cms: DataFrame, *, native: bool = True, chosen: Column | None = None) -> PlanSet:
+    """The :class:`PlanSet` of ``cms`` (``native=False``: compile nothing, for tests).
+
+    ``chosen`` (a condition on ``cms``, e.g. the window's): also count those CMs and the
+    span of their ``sent_at`` in the same scan (:attr:`PlanSet.chosen`).
+    """
+    stats = _chosen_stats(chosen) if chosen is not None else []
     counted = cms.groupBy("condition_json").agg(
-        F.count(F.lit(1)).alias("count"), F.max(_hash()).alias("hash")
+        F.count(F.lit(1)).alias("count"), F.max(_hash()).alias("hash"), *stats
     )
     rows = counted.limit(MAX_DRIVER_PLANS + 1).collect()
     if len(rows) > MAX_DRIVER_PLANS or len({row["hash"] for row in rows}) < len(rows):
-        return _executor_plan_set(cms, counted.drop("hash"), native=native)
+        found = _executor_plan_set(cms, counted.select("condition_json", "count"), native=native)
+        if chosen is None:
+            return found
+        return replace(found, chosen=_fold_chosen(cms.agg(*_chosen_stats(chosen)).collect()))
     plans = [plan_of(row["condition_json"]) for row in rows]
     weights: Counter[str] = Counter()
     examples: dict[str, str] = {}
@@ -154,7 +202,7 @@ def plan_set(cms: DataFrame, *, native: bool = True) -> PlanSet:
             examples.setdefault(plan.skeleton, plan.condition_json)
     skel_ids = _chosen(weights)
     data = _frame_rows([p.as_row() for p in plans], skel_ids)
-    frame = cms.sparkSession.createDataFrame(data, _with_ids_schema()).withColumn(
+    frame = local_frame(cms.sparkSession, data, _with_ids_schema()).withColumn(
         "native", F.col("skel_id").isNotNull()
     )
     compiled = [p for p in plans if p.skeleton in skel_ids and p.native]
@@ -165,6 +213,7 @@ def plan_set(cms: DataFrame, *, native: bool = True) -> PlanSet:
         probes=max((len(p.probes) for p in compiled), default=0),
         python=any(p.valid and p.skeleton not in skel_ids for p in plans),
         small=True,
+        chosen=_fold_chosen(rows) if chosen is not None else None,
     )
 
 

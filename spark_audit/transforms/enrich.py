@@ -28,7 +28,7 @@ from condmsg.archive_layout import AckStatus
 from spark_audit.readers import Window, decided_after, seen_in, sent_in
 from spark_audit.reevaluate import VERDICTS, well_formed
 from spark_audit.reevaluate.compiled import COUNTED, compiled_values, verdict_name
-from spark_audit.transforms.conditions import LEAF_COLUMNS, PlanSet
+from spark_audit.transforms.conditions import PlanSet
 
 COUNTED_STATUS = AckStatus.COUNTED.value
 #: The consumer key of every ack of a queue destination (a queue copy is consumed once).
@@ -136,9 +136,7 @@ def enrich_acks(
     joined = events.join(cms.hint("shuffle_hash"), "cm_id", "left")
     known = F.col("in_window").isNotNull()
     in_cut = F.coalesce(F.col("in_window"), F.lit(False)) | (~known & orphan_ok & ~F.col("is_comp"))
-    with_leaves = joined.where(in_cut).join(plans.lookup(*LEAF_COLUMNS), "plan_id", "left")
-    position = F.expr("array_position(leaf_names, destination)")
-    slot = F.when(position > 0, position - 1).cast("int")
+    with_leaves = joined.where(in_cut).join(plans.leaves(), ["plan_id", "destination"], "left")
     return (
         with_leaves.select(
             "ack_id",
@@ -158,9 +156,9 @@ def enrich_acks(
             "sent_us",
             "decided_us",
             "plan_id",
-            slot.alias("slot"),
-            F.get(F.col("leaf_recipients"), slot).alias("_named"),
-            F.coalesce(F.get(F.col("leaf_topic"), slot), F.lit(False)).alias("topic"),
+            "slot",
+            F.col("leaf_recipient").alias("_named"),
+            F.coalesce(F.col("leaf_topic"), F.lit(False)).alias("topic"),
         )
         .select(
             "*",
@@ -195,6 +193,11 @@ def judging_acks(enriched: DataFrame) -> DataFrame:
     )
 
 
+def commit_us_if(taken: Column) -> Column:
+    """:func:`commit_us` where ``taken``, else null."""
+    return F.when(taken, commit_us())
+
+
 def commit_us() -> Column:
     """``committed_at`` (µs) of a COMMIT ack, else null."""
     return F.when(F.col("kind") == "commit", F.col("committed_us"))
@@ -217,28 +220,33 @@ def _fact_rows(enriched: DataFrame) -> DataFrame:
     rows = enriched.where(F.col("known") & F.col("wf"))
     counted = F.col("status") == COUNTED_STATUS
     matched = F.col("matched")
-    single = [F.lit(1).cast("long").alias("n_wf")]
+    single: list[tuple[str, Column]] = [("n_wf", F.lit(1).cast("long"))]
     grouped = [F.count(F.lit(1)).alias("n_wf")]
     for variant, taken in (("c", matched & counted), ("a", matched)):
         single += [
-            F.when(taken, F.lit(1)).otherwise(F.lit(0)).cast("long").alias(f"n_{variant}"),
-            F.when(taken, F.col("read_us")).alias(f"r_{variant}"),
-            F.when(taken, commit_us()).alias(f"m_{variant}"),
+            (f"n_{variant}", F.when(taken, F.lit(1)).otherwise(F.lit(0)).cast("long")),
+            (f"r_{variant}", F.when(taken, F.col("read_us"))),
+            (f"m_{variant}", commit_us_if(taken)),
         ]
         grouped += [
             F.count(F.when(taken, 1)).alias(f"n_{variant}"),
             F.min(F.when(taken, F.col("read_us"))).alias(f"r_{variant}"),
-            F.min(F.when(taken, commit_us())).alias(f"m_{variant}"),
+            F.min(commit_us_if(taken)).alias(f"m_{variant}"),
         ]
     late = F.when(~counted, F.lit(1)).otherwise(F.lit(0)).cast("long")
     flag = (F.col("status") == AckStatus.CHANGES_VERDICT.value).cast("int")
-    acks = rows.where(~F.col("topic")).select(
+    # The queue acks and the compensations in one scan (a compensation row has only its
+    # slot and ``comp``), the topic acks grouped per recipient in another.
+    ack = ~F.col("is_comp")
+    acks = enriched.where(
+        F.col("known") & ((F.col("wf") & ~F.col("topic")) | F.col("is_comp"))
+    ).select(
         *_FACT_KEYS,
-        *single,
-        late.alias("late"),
-        flag.alias("flag"),
-        F.lit(False).alias("topic"),
-        F.lit(0).alias("comp"),
+        *(F.when(ack, column).alias(name) for name, column in single),
+        F.when(ack, late).alias("late"),
+        F.when(ack, flag).alias("flag"),
+        F.when(ack, F.lit(False)).alias("topic"),
+        F.when(ack, F.lit(0)).otherwise(F.lit(1)).alias("comp"),
     )
     recipients = (
         rows.where(F.col("topic"))
@@ -248,10 +256,7 @@ def _fact_rows(enriched: DataFrame) -> DataFrame:
         .withColumn("topic", F.lit(True))
         .withColumn("comp", F.lit(0))
     )
-    compensations = enriched.where(F.col("known") & F.col("is_comp")).select(
-        *_FACT_KEYS, F.lit(1).alias("comp")
-    )
-    return acks.unionByName(recipients).unionByName(compensations, allowMissingColumns=True)
+    return acks.unionByName(recipients)
 
 
 def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFrame:

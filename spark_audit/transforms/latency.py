@@ -40,6 +40,9 @@ RELAY_BY_RECEIVER = "relay@receiver"
 #: Buckets per power of two (above the exact range, which is [0, SUB_BUCKETS) µs).
 SUB_BUCKETS = 64
 HISTOGRAM_METRICS = ("pickup", "process")
+#: The metrics' codes in :func:`histogram_frame` (a small number hashes faster than a name).
+NAMES = (*METRICS, RELAY_BY_RECEIVER)
+CODES = {name: code for code, name in enumerate(NAMES)}
 
 Bucket = tuple[int, int, int]  # (count, smallest µs, largest µs)
 
@@ -64,7 +67,8 @@ def _coarse(value: Column) -> Column:
 
 
 def histogram_frame(enriched: DataFrame) -> DataFrame:
-    """``metric, key1, key2, bin, bucket, rows, n, lo, hi, lo2, <counters>`` over the acks.
+    """``metric, key1, key2, bin, bucket, rows, n, lo, hi, lo2, <counters>`` over the acks
+    (``metric``: its code in :data:`CODES`; ``bin`` only for :data:`HISTOGRAM_METRICS`).
 
     Latencies (µs) of the well-formed acks of known CMs, per :data:`METRICS` keyed by
     destination and recipient. And one row per ack keyed by receiver
@@ -96,7 +100,7 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
 
     def entry(metric: str, key1: Column, key2: Column, value: str, *, receiver: bool) -> Column:
         return F.struct(
-            F.lit(metric).alias("metric"),
+            F.lit(CODES[metric]).cast("byte").alias("metric"),
             key1.alias("key1"),
             key2.alias("key2"),
             F.col(value).alias("v"),
@@ -109,13 +113,15 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
         entry(RELAY_BY_RECEIVER, F.col("receiver"), none, "_relay", receiver=True),
     )
     exploded = values.select(F.inline(entries)).where(
-        F.col("v").isNotNull() | (F.col("metric") == RELAY_BY_RECEIVER)
+        F.col("v").isNotNull() | (F.col("metric") == CODES[RELAY_BY_RECEIVER])
     )
+    # The report's bins only for the metrics it draws (fewer groups for the others).
+    drawn = F.col("metric").isin(*(CODES[m] for m in HISTOGRAM_METRICS))
     return exploded.groupBy(
         "metric",
         "key1",
         "key2",
-        _coarse(F.col("v")).alias("bin"),
+        F.when(drawn, _coarse(F.col("v"))).alias("bin"),
         _fine(F.col("v")).alias("bucket"),
     ).agg(
         F.count(F.lit(1)).alias("rows"),
@@ -172,7 +178,13 @@ class Histograms:
         #: receiver -> counter (and ``facts``, ``min_pickup_us``, ``min_relay_us``) -> value
         self.per_receiver: dict[str, dict[str, int]] = defaultdict(dict)
         for row in rows:
-            metric, n, lo, hi, bucket = row["metric"], row["n"], row["lo"], row["hi"], row["bucket"]
+            metric, n, lo, hi, bucket = (
+                NAMES[row["metric"]],
+                row["n"],
+                row["lo"],
+                row["hi"],
+                row["bucket"],
+            )
             if metric == RELAY_BY_RECEIVER:
                 counts = self.per_receiver[row["key1"]]
                 for name in COUNTERS:

@@ -78,16 +78,18 @@ def load_cms(session: Session, cm_ids: Iterable[str], *, lock: bool = False) -> 
             + (" FOR UPDATE" if lock else "")
         )
         return {
-            row[0]: CmRow(
-                cm_id=row[0],
-                sender=row[1],
-                sent_at=_utc(row[2]),
-                condition=parse_condition(row[3]),
-                state=row[4],
-                notify_success=row[5],
-                effective_at=_utc(row[6]) if row[6] is not None else None,
+            cm_id: CmRow(
+                cm_id,
+                sender,
+                _utc(sent_at),
+                parse_condition(condition),
+                state,
+                notify_success,
+                _utc(effective_at) if effective_at is not None else None,
             )
-            for row in pg.execute(raw, sql, {"ids": ids})
+            for cm_id, sender, sent_at, condition, state, notify_success, effective_at in (
+                pg.execute(raw, sql, {"ids": ids})
+            )
         }
     query = sa.select(t.cms).where(t.cms.c.cm_id.in_(ids)).order_by(t.cms.c.cm_id)
     if lock and session.get_bind().dialect.name == "postgresql":

@@ -52,6 +52,8 @@ from spark_audit.transforms.skew import receiver_rows
 
 #: A detail table with at most this many rows is collected and written by the driver.
 DRIVER_ROWS = 200_000
+#: CMs per partition of the shared frames, at most (see ``_partitions``).
+CMS_PER_PARTITION = 320_000
 #: At most this many discrepancies are explained with ``evaluate`` on the driver.
 DRIVER_EXPLAIN = 10_000
 #: Detail tables whose first rows the report shows.
@@ -75,7 +77,8 @@ class AuditOptions:
     checks: tuple[CheckSpec, ...] = DEFAULT_CHECKS
     stale_grace: timedelta = timedelta(minutes=1)
     bucket_seconds: int | None = None
-    #: Partitions of the shared frames (default: ``spark.sql.shuffle.partitions``).
+    #: Partitions of the shared frames (default: ``spark.sql.shuffle.partitions``, more
+    #: for many CMs, see :data:`CMS_PER_PARTITION`).
     partitions: int | None = None
 
 
@@ -287,7 +290,6 @@ def _run(
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     output = _Output(out / "tables")
-    partitions = options.partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
     cached: list[DataFrame] = []
 
     def keep(frame: DataFrame) -> DataFrame:
@@ -300,6 +302,7 @@ def _run(
     cut = plans.chosen
     assert cut is not None
     clock.step("decoded the conditions")
+    partitions = options.partitions or _partitions(spark, int(cut["cms"]))
     cms = keep(cut_cms(data.cms, plans, window, partitions))
     acks = keep(enrich_acks(data.acks, data.compensations, cms, plans, window))
     histograms = Histograms(histogram_frame(acks).toArrow().to_pylist())
@@ -370,6 +373,14 @@ def _run(
     clock.step(f"wrote summary.json and report.html: {verdict}")
     summary["timings_s"] = clock.timings
     return AuditResult(verdict, summary, out, clock.timings)
+
+
+def _partitions(spark: SparkSession, cms: int) -> int:
+    """The shared frames' partitions: ``spark.sql.shuffle.partitions``, or more where the
+    CMs would give a partition more than :data:`CMS_PER_PARTITION` (the per-CM hash
+    tables of a task, the join's and the aggregation's, then stay small)."""
+    configured = int(spark.conf.get("spark.sql.shuffle.partitions") or 8)
+    return max(configured, -(-cms // CMS_PER_PARTITION))
 
 
 def _bucket(options: AuditOptions, cut: Any) -> int:

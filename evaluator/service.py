@@ -1,9 +1,10 @@
 """The evaluator service for one sender: ack intake, decisions, deadline sweeps, retention.
 
 Threads and connections (pika's BlockingConnection is not thread-safe, so each thread owns
-its own): the consuming thread reads the ack queue with manual acks and prefetch, and
-processes deliveries in batches, one database transaction each, then acknowledges the batch
-with one ``multiple`` ack. An APScheduler interval job sweeps due CMs (timeouts) with its
+its own): the consuming thread reads the ack queue with manual acks and prefetch and cuts
+the deliveries into batches; storing threads take them in, one database transaction each,
+and the consuming thread acknowledges each batch, in delivery order, with one ``multiple``
+ack once it is committed. An APScheduler interval job sweeps due CMs (timeouts) with its
 own sessions; with a retention period, another one archives and deletes old decided CMs
 (:mod:`evaluator.retention`). An in-process outbox relay publishes the outcomes, notices
 and compensations. Several instances may run against one database and one ack queue.
@@ -54,6 +55,11 @@ RETENTION_FIRST_RUN_S = 60.0
 
 class Evaluator:
     """Decides the CMs of sender ``sender`` (its ack queue ``condmsg.<sender>.ack``).
+
+    Acks are taken in ``batch_size`` at a time with ``prefetch`` deliveries outstanding;
+    ``store_threads`` threads store and decide the batches, one transaction each, while
+    the consuming thread takes in the next (see :class:`_Storing` and
+    ``docs/evaluator.md``).
 
     With ``retention`` (and ``retention_archive``), CMs decided longer ago than that are
     archived to Parquet under ``retention_archive`` and deleted, every

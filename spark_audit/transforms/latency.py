@@ -27,6 +27,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -165,47 +167,91 @@ def _buckets(merged: Mapping[int, list[int]]) -> list[Bucket]:
     return [(n, lo, hi) for n, lo, hi in merged.values()]
 
 
-class Histograms:
-    """The collected histogram, merged per level (see :func:`histogram_frame`)."""
+#: The latency levels: their grouping keys in :func:`histogram_frame`'s output.
+LEVELS = (
+    ("recipient", ("metric", "key1", "key2")),
+    ("destination", ("metric", "key1")),
+    ("all", ("metric",)),
+)
 
-    def __init__(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        #: (level, destination, recipient) -> metric -> bucket -> [n, lo, hi]
-        self.groups: dict[tuple[str, Any, Any], dict[str, dict[int, list[int]]]] = defaultdict(
-            lambda: defaultdict(dict)
-        )
+Arrays = tuple[Any, Any, Any]  # numpy (count, smallest µs, largest µs) per bucket, by value
+
+
+def _level_groups(table: pa.Table, keys: tuple[str, ...]) -> dict[tuple[Any, ...], Arrays]:
+    """Per group of ``keys``: its buckets merged (pyarrow), ordered by value."""
+    merged = table.group_by([*keys, "bucket"]).aggregate(
+        [("n", "sum"), ("lo", "min"), ("hi", "max")]
+    )
+    merged = merged.sort_by([*((k, "ascending") for k in keys), ("lo_min", "ascending")])
+    names = list(zip(*(merged.column(k).to_pylist() for k in keys), strict=True))
+    counts, lows, highs = (merged.column(c).to_numpy() for c in ("n_sum", "lo_min", "hi_max"))
+    found: dict[tuple[Any, ...], Arrays] = {}
+    start = 0
+    for i in range(1, len(names) + 1):
+        if i == len(names) or names[i] != names[start]:
+            found[names[start]] = (counts[start:i], lows[start:i], highs[start:i])
+            start = i
+    return found
+
+
+def _percentile_of(arrays: Arrays | None, p: float) -> float | None:
+    """:func:`percentile` over merged buckets ordered by value (numpy arrays)."""
+    if arrays is None:
+        return None
+    counts, lows, highs = arrays
+    cumulative = counts.cumsum()
+    total = int(cumulative[-1]) if len(cumulative) else 0
+    if total == 0:
+        return None
+    permille = round(p * 1000)
+    rank = max(1, (permille * total + 999) // 1000)
+    i = int(cumulative.searchsorted(rank, side="left"))
+    count, lo, hi = int(counts[i]), int(lows[i]), int(highs[i])
+    k = rank - (int(cumulative[i]) - count)
+    value = lo if count == 1 else lo + (hi - lo) * (k - 1) / (count - 1)
+    return value / 1000.0
+
+
+class Histograms:
+    """The collected histogram, merged per level (see :func:`histogram_frame`).
+
+    The latency buckets are merged per level with pyarrow and read with numpy (hundreds
+    of thousands of buckets at 1M acks); the per-receiver rows, a few per bucket of relay
+    lag, are folded in Python.
+    """
+
+    def __init__(self, table: pa.Table) -> None:
+        #: (level, destination, recipient) -> metric -> merged buckets
+        self.groups: dict[tuple[str, Any, Any], dict[str, Arrays]] = defaultdict(dict)
         self.receivers: dict[str, dict[int, list[int]]] = defaultdict(dict)
         self.bins: dict[tuple[str, int], int] = defaultdict(int)
         #: receiver -> counter (and ``facts``, ``min_pickup_us``, ``min_relay_us``) -> value
         self.per_receiver: dict[str, dict[str, int]] = defaultdict(dict)
-        for row in rows:
-            metric, n, lo, hi, bucket = (
-                NAMES[row["metric"]],
-                row["n"],
-                row["lo"],
-                row["hi"],
-                row["bucket"],
-            )
-            if metric == RELAY_BY_RECEIVER:
-                counts = self.per_receiver[row["key1"]]
-                for name in COUNTERS:
-                    counts[name] = counts.get(name, 0) + int(row[name] or 0)
-                counts["other_rows"] = counts.get("other_rows", 0) + row["rows"] - n
-                if not n:
-                    continue
-                _merge(self.receivers[row["key1"]], bucket, n, lo, hi)
-                counts["facts"] = counts.get("facts", 0) + n
-                for name, value in (("min_pickup_us", row["lo2"]), ("min_relay_us", lo)):
-                    counts[name] = value if name not in counts else min(counts[name], value)
+        relay = CODES[RELAY_BY_RECEIVER]
+        is_relay = pc.equal(table.column("metric"), relay)
+        latencies = table.filter(pc.and_(pc.invert(is_relay), pc.greater(table.column("n"), 0)))
+        for level, keys in LEVELS:
+            for names, arrays in _level_groups(latencies, keys).items():
+                metric, destination, recipient = (*names, None, None)[:3]
+                self.groups[(level, destination, recipient)][NAMES[metric]] = arrays
+        drawn = pc.is_in(
+            latencies.column("metric"), pa.array([CODES[m] for m in HISTOGRAM_METRICS], pa.int8())
+        )
+        per_bin = latencies.filter(drawn).group_by(["metric", "bin"]).aggregate([("n", "sum")])
+        for row in per_bin.to_pylist():
+            self.bins[(NAMES[row["metric"]], row["bin"])] += row["n_sum"]
+        for row in table.filter(is_relay).to_pylist():
+            n, lo, hi, bucket = row["n"], row["lo"], row["hi"], row["bucket"]
+            counts = self.per_receiver[row["key1"]]
+            for name in COUNTERS:
+                counts[name] = counts.get(name, 0) + int(row[name] or 0)
+            counts["other_rows"] = counts.get("other_rows", 0) + row["rows"] - n
+            if not n:
                 continue
-            destination, recipient = row["key1"], row["key2"]
-            for group in (
-                ("recipient", destination, recipient),
-                ("destination", destination, None),
-                ("all", None, None),
-            ):
-                _merge(self.groups[group][metric], bucket, n, lo, hi)
-            if metric in HISTOGRAM_METRICS:
-                self.bins[(metric, row["bin"])] += n
+            _merge(self.receivers[row["key1"]], bucket, n, lo, hi)
+            counts["facts"] = counts.get("facts", 0) + n
+            for name, value in (("min_pickup_us", row["lo2"]), ("min_relay_us", lo)):
+                counts[name] = value if name not in counts else min(counts[name], value)
 
     def latency_rows(self) -> list[dict[str, Any]]:
         """The ``latency`` table: per level, counts and p50/p90/p99 of every metric."""
@@ -215,13 +261,12 @@ class Histograms:
                 "destination": destination,
                 "recipient": recipient,
                 "level": level,
-                "acks": sum(b[0] for b in metrics.get("pickup", {}).values()),
-                "commit_acks": sum(b[0] for b in metrics.get("process", {}).values()),
+                "acks": _total(metrics.get("pickup")),
+                "commit_acks": _total(metrics.get("process")),
             }
             for metric in METRICS:
-                buckets = _buckets(metrics.get(metric, {}))
                 for p in PERCENTILES:
-                    row[f"{metric}_p{round(p * 100)}_ms"] = percentile(buckets, p)
+                    row[f"{metric}_p{round(p * 100)}_ms"] = _percentile_of(metrics.get(metric), p)
             rows.append(row)
         return sorted(
             rows, key=lambda r: (r["level"], _key(r["destination"]), _key(r["recipient"]))
@@ -259,6 +304,10 @@ class Histograms:
             }
             for receiver, merged in self.receivers.items()
         }
+
+
+def _total(arrays: Arrays | None) -> int:
+    return int(arrays[0].sum()) if arrays is not None else 0
 
 
 def _key(value: Any) -> tuple[bool, str]:

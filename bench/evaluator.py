@@ -3,7 +3,7 @@
 (a) Ack intake throughput: N genuine ack documents waiting in the ack queue, taken in by
     :class:`evaluator.service.Evaluator` (decode, verify, store, decide, outbox writes),
     next to a raw baseline measured in the same run on the same acks: a bare pika consumer
-    (same prefetch and batch) that decodes the JSON and multi-row INSERTs the acks into a
+    (same prefetch and batch) that decodes the JSON and inserts each batch of acks into a
     copy of ``condmsg_ack``. Target: evaluator / raw >= 0.5.
 (b) Decision latency: a real ``ackd.Receiver`` commits the last needed ack of a CM (its
     own store and relay); latency = the outcome message's arrival at the sender's outcome
@@ -96,7 +96,8 @@ def _count(engine: Any, table: str) -> int:
 
 
 def raw_intake(engine: Any, ack_queue: str, n: int) -> float:
-    """Bare pika consume + JSON decode + multi-row INSERT per batch, acked per batch."""
+    """Bare pika consume + JSON decode + one executemany INSERT per batch (psycopg sends
+    the rows in one pipeline), committed and acked per batch."""
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE raw_ack (LIKE condmsg_ack INCLUDING ALL)"))
     insert = sa.text(
@@ -159,7 +160,7 @@ def intake(db_url: str, sender_name: str, queue: str, n: int) -> dict[str, float
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     channel = connection.channel()
     ack_queue = p.ack_queue(sender_name)
-    log("(a) raw baseline: pika consume + multi-row INSERT ...")
+    log("(a) raw baseline: pika consume + batched INSERT ...")
     _publish(channel, ack_queue, bodies)
     raw_s = raw_intake(engine, ack_queue, n)
     log("(a) evaluator intake ...")

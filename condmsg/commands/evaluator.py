@@ -22,6 +22,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--ack-grace-ms", type=int, help="default: CONDMSG_ACK_GRACE_MS or 250")
     parser.add_argument("--sweep-interval", type=float, default=1.0, help="seconds")
     parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument(
+        "--store-threads",
+        type=int,
+        default=2,
+        help="threads that store and decide batches while the next is consumed (default 2)",
+    )
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics here")
     parser.add_argument(
         "--no-relay", action="store_true", help="do not publish the outbox (run `condmsg relay`)"
@@ -55,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         ack_grace=grace,
         sweep_interval_s=args.sweep_interval,
         batch_size=args.batch_size,
+        store_threads=args.store_threads,
         relay=not args.no_relay,
         retention=args.retention or settings.retention,
         retention_archive=args.archive or settings.archive_dir,

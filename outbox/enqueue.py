@@ -86,10 +86,16 @@ def enqueue_all(
     now = datetime.now(UTC)
     raw = pg.driver_connection(session)
     if raw is not None:
-        # One statement for the whole batch (see outbox.pg).
-        arrays = {c: [getattr(m, c) for m in batch] for c in _PG_ARRAYS if c != "headers"}
-        arrays["headers"] = [m.headers_text() for m in batch]
-        pg.execute(raw, _pg_insert(table_name), arrays | {"created_at": now})
+        # One statement for the whole batch (see outbox.pg). A column whose value every
+        # row shares (the exchange, reply-to, content type ... of a batch of copies or
+        # acks) is bound once instead of as an array.
+        columns = {c: [getattr(m, c) for m in batch] for c in _PG_ARRAYS if c != "headers"}
+        columns["headers"] = [m.headers_text() for m in batch]
+        shared = frozenset(c for c in _SHAREABLE if _same(columns[c]))
+        params: dict[str, Any] = {"created_at": now}
+        for c, values in columns.items():
+            params[c] = values[0] if c in shared else values
+        pg.execute(raw, _pg_insert(table_name, shared), params)
     else:
         session.execute(sa.insert(outbox_table(table_name)), [row_values(m, now) for m in batch])
     return len(batch)
@@ -114,10 +120,33 @@ _PG_ARRAYS = {
 }
 
 
+#: The properties a batch's rows often share (bodies, ids and headers are the message's own).
+_SHAREABLE = (
+    "exchange",
+    "routing_key",
+    "reply_to",
+    "content_type",
+    "content_encoding",
+    "message_type",
+    "priority",
+    "expiration_ms",
+    "persistent",
+    "mandatory",
+)
+
+
+def _same(values: list[Any]) -> bool:
+    first = values[0]
+    return all(v == first for v in values)
+
+
 @functools.cache
-def _pg_insert(table_name: str) -> str:
+def _pg_insert(table_name: str, shared: frozenset[str] = frozenset()) -> str:
+    """The batch insert, with the ``shared`` columns bound as one value each."""
     constants = {"created_at": "%(created_at)s", "state": f"'{PENDING}'", "attempts": "0"}
-    return pg.unnest_insert(outbox_table(table_name).name, _PG_ARRAYS, constants=constants)
+    constants |= {c: f"CAST(%({c})s AS {type_})" for c, type_ in _PG_ARRAYS.items() if c in shared}
+    arrays = {c: type_ for c, type_ in _PG_ARRAYS.items() if c not in shared}
+    return pg.unnest_insert(outbox_table(table_name).name, arrays, constants=constants)
 
 
 def _checked(messages: Iterable[OutboxMessage], caller: str) -> list[OutboxMessage]:

@@ -19,6 +19,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+# Imported here, at collection: hypothesis's pytest plugin otherwise imports it in its
+# end-of-session summary, through pytest's assertion rewriter, at a stack depth where
+# CPython 3.11.7's AST validator reports "recursion depth mismatch" and the run exits 1
+# after every test passed (seen with `pytest -n 0` on files that do not use hypothesis).
+import hypothesis  # noqa: F401
 import pytest
 
 AMQP_URL = os.environ.get("CONDMSG_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")

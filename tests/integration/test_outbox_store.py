@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox import OutboxMessage, OutboxStore, OutboxTypeError, StoreUnavailable
+from outbox.enqueue import enqueue_all
 from outbox.notify import Listener
 
 pytestmark = pytest.mark.postgres
@@ -236,3 +237,32 @@ def test_postgres_notify_arrives_on_commit_only(pg_url: str) -> None:
     finally:
         listener.stop()
         eng.dispose()
+
+
+def test_enqueue_all_stores_shared_and_varying_columns_exactly(
+    engine: sa.Engine, store: OutboxStore
+) -> None:
+    """A batch whose rows share some properties and differ in others reads back row by
+    row as enqueued (PostgreSQL binds a shared property once)."""
+    messages = [
+        OutboxMessage(
+            exchange="",
+            routing_key="q",
+            body=f"body {i}".encode(),
+            message_id=f"m{i}",
+            reply_to="acks",
+            content_type="text/plain",
+            headers={"n": i, "same": "yes"},
+            priority=i % 3 if i < 2 else None,
+            expiration_ms=None,
+            persistent=i != 1,
+        )
+        for i in range(3)
+    ]
+    with Session(engine) as s, s.begin():
+        assert enqueue_all(s, messages) == 3
+    got = [row.message for row in store.claim(10).rows]
+    assert got == messages
+    with Session(engine) as s, s.begin():  # every property shared but the bodies and ids
+        enqueue_all(s, [OutboxMessage(exchange="", routing_key="q", body=b"a")] * 2)
+    assert [row.message.body for row in store.claim(10, after_id=0).rows][-2:] == [b"a", b"a"]

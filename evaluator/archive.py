@@ -1,7 +1,7 @@
 """Atomic archive directories in the audit's Parquet layout (what ``condmsg export`` writes).
 
 An archive appears under its final name complete or not at all. The tables
-(``<table>/part-00000.parquet``, Arrow schemas from :mod:`spark_audit.layout`) and
+(``<table>/part-00000.parquet``, Arrow schemas from :mod:`condmsg.archive_layout`) and
 ``_manifest.json`` are written into a hidden temporary sibling, every file and directory is
 fsynced, the directory is renamed into place (atomic within one POSIX filesystem) and the
 parent is fsynced so that the rename itself survives a power loss. A crash leaves at most a

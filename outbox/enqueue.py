@@ -141,7 +141,7 @@ def _same(values: list[Any]) -> bool:
 
 
 @functools.cache
-def _pg_insert(table_name: str, shared: frozenset[str] = frozenset()) -> str:
+def _pg_insert(table_name: str, shared: frozenset[str]) -> str:
     """The batch insert, with the ``shared`` columns bound as one value each."""
     constants = {"created_at": "%(created_at)s", "state": f"'{PENDING}'", "attempts": "0"}
     constants |= {c: f"CAST(%({c})s AS {type_})" for c, type_ in _PG_ARRAYS.items() if c in shared}

@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -35,6 +36,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 from sqlalchemy.sql.dml import ReturningDelete
 
+from outbox.enqueue import row_values
 from outbox.errors import StoreUnavailable
 from outbox.message import OutboxMessage, StoredMessage
 from outbox.table import DEFAULT_TABLE_NAME, FAILED, PENDING, notify_channel, outbox_table
@@ -58,26 +60,6 @@ _MESSAGE_FIELDS = (
     "persistent",
     "mandatory",
 )
-
-
-def _first(row: Any) -> Any:
-    return row[0]
-
-
-def row_columns(row: StoredMessage) -> dict[str, Any]:
-    """The columns of a claimed row as it was stored (pending, its attempts so far)."""
-    m = row.message
-    return {
-        "id": row.id,
-        "created_at": row.created_at,
-        "state": PENDING,
-        "attempts": row.attempts,
-        **{name: getattr(m, name) for name in _MESSAGE_FIELDS if name != "headers"},
-        "headers": m.headers_json(),
-        "last_error": None,
-        "available_at": None,
-        "failed_at": None,
-    }
 
 
 def utc(value: datetime) -> datetime:
@@ -231,7 +213,7 @@ class OutboxStore:
     def _fetch(self, conn: Connection, params: dict[str, Any]) -> list[StoredMessage]:
         # fetchall(): one driver call for the batch instead of one per row. A DELETE
         # returns its rows in no particular order: publish them in id order.
-        rows = sorted(conn.execute(self._claim_stmt, params).all(), key=_first)
+        rows = sorted(conn.execute(self._claim_stmt, params).all(), key=itemgetter(0))
         return [
             StoredMessage(
                 id=r[0],
@@ -307,7 +289,14 @@ class OutboxStore:
         now = datetime.now(UTC)
         values = []
         for row in back:
-            value = row_columns(row)
+            # As it was stored (pending, its attempts so far), then the broker's verdict.
+            value = row_values(row.message, row.created_at) | {
+                "id": row.id,
+                "attempts": row.attempts,
+                "last_error": None,
+                "available_at": None,
+                "failed_at": None,
+            }
             if row.id in parked:
                 value |= {
                     "state": FAILED,

@@ -37,7 +37,7 @@ from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.types.json import Json
 
 from ackd.tables import rlog
-from outbox.pg import driver_connection, wrapped
+from outbox.pg import driver_connection, execute, wrapped
 from outbox.table import outbox_table
 
 __all__ = ["claim", "commit_ack_statement", "driver_connection", "execute_and_commit"]
@@ -50,12 +50,7 @@ def claim(raw: psycopg.Connection[Any], values: Mapping[str, Any]) -> bool:
     transaction's ``BEGIN`` if none was sent yet; True if this call inserted the row."""
     sql = _claim_sql(tuple(values))
     if raw.info.transaction_status is not TransactionStatus.IDLE:
-        try:
-            with raw.cursor() as cursor:
-                cursor.execute(sql, values)
-                return cursor.fetchone() is not None
-        except psycopg.Error as exc:
-            raise wrapped(sql, values, exc) from exc
+        return bool(execute(raw, sql, values))
     return _exec(raw, ["BEGIN", sql], values).ntuples > 0
 
 

@@ -104,6 +104,25 @@ def test_committed_transaction_emits_one_commit_ack_with_the_apps_row(
     assert get_all(channel, queue, settle_s=0.1) == []  # the copy was acked
 
 
+def test_a_read_after_the_apps_own_statements_joins_its_transaction(
+    db_url: str, unique_name: str, make_sender: Any, make_receiver: Any, channel: Any
+) -> None:
+    """The app writes first, then reads: the claim runs inside the begun transaction and
+    everything commits together, with one COMMIT ack."""
+    sender, receiver, name, queue = _setup(db_url, unique_name, make_sender, make_receiver)
+    cm_id = _send_and_relay(sender, queue, process_within=timedelta(seconds=30))
+
+    with receiver.transaction() as tx:
+        tx.session.execute(sa.insert(calendar).values(cm_id="before the read"))
+        message = tx.read(queue, timeout=5)
+        assert message is not None
+        tx.session.execute(sa.insert(calendar).values(cm_id=message.cm_id))
+    assert sorted(_app_rows(receiver)) == sorted(["before the read", cm_id])
+    _relay_acks(receiver)
+    assert [a.kind for a in acks_in(channel, name)] == [AckKind.COMMIT]
+    assert get_all(channel, queue, settle_s=0.1) == []
+
+
 def test_rolled_back_transaction_emits_no_ack_and_the_message_is_read_again(
     db_url: str, unique_name: str, make_sender: Any, make_receiver: Any, channel: Any
 ) -> None:

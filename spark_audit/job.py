@@ -40,13 +40,13 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from spark_audit.checks import DEFAULT_CHECKS, CheckSpec, run_checks, status
 from spark_audit.readers import AuditInput, Window, seen_in, sent_in
 from spark_audit.reevaluate.fallback import judge_rows, python_verdicts
-from spark_audit.reevaluate.recompute import python_cases
+from spark_audit.reevaluate.recompute import judge_cut
 from spark_audit.report import write_report
 from spark_audit.schemas import local_frame
 from spark_audit.summary import build_summary, metrics_from
 from spark_audit.transforms import anomalies, rates
 from spark_audit.transforms.conditions import plan_set
-from spark_audit.transforms.enrich import cm_facts, cut_cms, enrich_acks, judge, judging_acks
+from spark_audit.transforms.enrich import cut_cms, enrich_acks
 from spark_audit.transforms.latency import Histograms, histogram_frame
 from spark_audit.transforms.skew import receiver_rows
 
@@ -315,16 +315,7 @@ def _run(
     output.rows("receivers", receivers, SMALL_SCHEMAS["receivers"])
     clock.step("read the cut; latencies and clocks")
 
-    python = None
-    if plans.python:
-        python = python_verdicts(python_cases(cms, plans), judging_acks(acks))
-    judged = judge(
-        cm_facts(cms, acks, plans),
-        plans,
-        python=python,
-        until=until,
-        stale_grace=options.stale_grace,
-    )
+    judged = judge_cut(cms, acks, plans, until=until, stale_grace=options.stale_grace)
     folded = rates.fold(
         rates.rollup_frame(judged, plans, _bucket(options, cut)).toArrow().to_pylist()
     )

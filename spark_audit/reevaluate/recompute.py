@@ -6,7 +6,7 @@ on cases that need no cut: every case is judged at its ``at`` over every ack giv
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -42,6 +42,28 @@ def python_cases(cms_cut: DataFrame, plans: PlanSet) -> DataFrame:
     )
 
 
+def judge_cut(
+    cms_cut: DataFrame,
+    enriched: DataFrame,
+    plans: PlanSet,
+    *,
+    until: datetime | None,
+    stale_grace: timedelta,
+) -> DataFrame:
+    """:func:`spark_audit.transforms.enrich.judge` of the cut's CMs over their enriched
+    acks, with ``evaluate``'s verdicts (:func:`python_cases`) where the plans need it."""
+    python = None
+    if plans.python:
+        python = python_verdicts(python_cases(cms_cut, plans), judging_acks(enriched))
+    return judge(
+        cm_facts(cms_cut, enriched, plans),
+        plans,
+        python=python,
+        until=until,
+        stale_grace=stale_grace,
+    )
+
+
 def recompute(cases: DataFrame, acks: DataFrame, *, native: bool = True) -> DataFrame:
     """``cm_id, verdict, path, error`` for ``cases`` (``cm_id, condition_json, sent_at,
     at``) judged at their ``at`` over every ack in ``acks`` (store layout).
@@ -64,14 +86,5 @@ def recompute(cases: DataFrame, acks: DataFrame, *, native: bool = True) -> Data
     cut = cut_cms(cms, plans, None, partitions)
     none = spark.createDataFrame([], SCHEMAS["compensations"])
     enriched = enrich_acks(acks.withColumn("status", F.lit(COUNTED_STATUS)), none, cut, plans, None)
-    python = None
-    if plans.python:
-        python = python_verdicts(python_cases(cut, plans), judging_acks(enriched))
-    judged = judge(
-        cm_facts(cut, enriched, plans),
-        plans,
-        python=python,
-        until=None,
-        stale_grace=timedelta(0),
-    )
+    judged = judge_cut(cut, enriched, plans, until=None, stale_grace=timedelta(0))
     return judged.select("cm_id", F.col("recomputed_verdict").alias("verdict"), "path", "error")

@@ -97,6 +97,32 @@ def load_cms(session: Session, cm_ids: Iterable[str], *, lock: bool = False) -> 
     return {row.cm_id: CmRow.of(row) for row in session.execute(query)}
 
 
+def _select_by_cm(
+    session: Session,
+    table: sa.Table,
+    columns: Sequence[str],
+    ids: list[str],
+    *,
+    status: str | None = None,
+) -> Iterable[Any]:
+    """``columns`` of the rows of ``table`` whose ``cm_id`` is among ``ids`` (and whose
+    ``status`` is ``status``, if given), as tuples. On PostgreSQL the ids are one array
+    parameter: the statement text stays the same whatever the batch."""
+    raw = pg.driver_connection(session)
+    if raw is not None:
+        sql = (
+            f"SELECT {', '.join(columns)} FROM {table.name} "
+            "WHERE cm_id = ANY(CAST(%(ids)b AS text[]))"
+            + (f" AND status = '{status}'" if status is not None else "")
+        )
+        return pg.execute(raw, sql, {"ids": ids})
+    c = table.c
+    query = sa.select(*(c[name] for name in columns)).where(c.cm_id.in_(ids))
+    if status is not None:
+        query = query.where(c.status == status)
+    return session.execute(query)
+
+
 class CopyRow(NamedTuple):
     """What the evaluator needs of a copy: who may ack it, and where notices go."""
 
@@ -112,18 +138,9 @@ def copies_of(session: Session, cm_ids: Iterable[str]) -> dict[str, dict[str, Co
     found: dict[str, dict[str, CopyRow]] = defaultdict(dict)
     if not ids:
         return found
-    raw = pg.driver_connection(session)
-    if raw is not None:
-        rows: Iterable[Any] = pg.execute(
-            raw,
-            "SELECT cm_id, destination, recipient, exchange, routing_key "
-            f"FROM {t.copies.name} WHERE cm_id = ANY(CAST(%(ids)b AS text[]))",
-            {"ids": ids},
-        )
-    else:
-        c = t.copies.c
-        query = sa.select(c.cm_id, c.destination, c.recipient, c.exchange, c.routing_key)
-        rows = session.execute(query.where(c.cm_id.in_(ids)))
+    rows = _select_by_cm(
+        session, t.copies, ("cm_id", "destination", "recipient", "exchange", "routing_key"), ids
+    )
     for cm_id, destination, recipient, exchange, routing_key in rows:
         found[cm_id][destination] = CopyRow(destination, recipient, exchange, routing_key)
     return found
@@ -203,21 +220,13 @@ def counted_acks(session: Session, cm_ids: Iterable[str]) -> dict[str, list[Ack]
     found: dict[str, list[Ack]] = defaultdict(list)
     if not ids:
         return found
-    raw = pg.driver_connection(session)
-    if raw is not None:
-        rows: Iterable[Any] = pg.execute(
-            raw,
-            "SELECT cm_id, destination, kind, read_at, committed_at, recipient "
-            f"FROM {t.acks.name} WHERE cm_id = ANY(CAST(%(ids)b AS text[])) "
-            f"AND status = '{t.AckStatus.COUNTED.value}'",
-            {"ids": ids},
-        )
-    else:
-        c = t.acks.c
-        query = sa.select(
-            c.cm_id, c.destination, c.kind, c.read_at, c.committed_at, c.recipient
-        ).where(c.cm_id.in_(ids), c.status == t.AckStatus.COUNTED.value)
-        rows = session.execute(query)
+    rows = _select_by_cm(
+        session,
+        t.acks,
+        ("cm_id", "destination", "kind", "read_at", "committed_at", "recipient"),
+        ids,
+        status=t.AckStatus.COUNTED.value,
+    )
     for cm_id, destination, kind, read_at, committed_at, recipient in rows:
         found[cm_id].append(
             Ack(

@@ -136,14 +136,13 @@ def export_store(
     say = progress or (lambda _message: None)
     engine = sa.create_engine(db_url)
     counts: dict[str, int] = {}
+    selects = _selects(since, until)
     try:
         with engine.connect() as conn:
             for table in (CMS, COPIES, ACKS, COMPENSATIONS, ANOMALIES):
                 target = directory / table.name
                 target.mkdir(parents=True, exist_ok=True)
-                result = conn.execution_options(yield_per=BATCH_ROWS).execute(
-                    _selects(since, until)[table.name]
-                )
+                result = conn.execution_options(yield_per=BATCH_ROWS).execute(selects[table.name])
                 written = 0
                 with pq.ParquetWriter(target / "part-00000.parquet", arrow_schema(table)) as w:
                     for batch in _batches(result.partitions(), table):

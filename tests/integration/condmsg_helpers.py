@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -10,6 +11,7 @@ from typing import Any, TypeVar
 import pika
 
 from condmsg import protocol as p
+from condmsg.acks import AckKind
 from condmsg.conditions import Condition
 from condmsg.copies import notice_message, plan_copies
 from condmsg.protocol import AckMessage
@@ -18,6 +20,35 @@ from outbox.message import OutboxMessage
 T = TypeVar("T")
 
 SECRET = b"integration-test-secret"
+
+
+class Clock:
+    """A settable clock for a service's ``clock``: returns ``at``."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def __call__(self) -> datetime:
+        return self.at
+
+
+def ack_body(
+    cm_id: str, destination: str, at: datetime, *, receiver: str, **overrides: Any
+) -> bytes:
+    """A genuine READ ack document for the copy (its token signed with :data:`SECRET` for
+    the ``recipient`` override, if any); ``overrides`` replace any other field."""
+    fields: dict[str, Any] = {
+        "ack_id": uuid.uuid4().hex,
+        "cm_id": cm_id,
+        "destination": destination,
+        "kind": AckKind.READ,
+        "read_at": at,
+        "committed_at": None,
+        "recipient": None,
+        "receiver": receiver,
+        "token": p.copy_token(SECRET, cm_id, destination, overrides.get("recipient")),
+    }
+    return p.AckMessage(**(fields | overrides)).to_json()
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02) -> T:

@@ -30,19 +30,11 @@ from condmsg.topology import declare_service_queue
 from evaluator.service import Evaluator, InOrder
 from outbox.table import outbox_table
 
-from .condmsg_helpers import SECRET, wait_for
+from .condmsg_helpers import SECRET, Clock, ack_body, wait_for
 
 pytestmark = [pytest.mark.postgres]
 
 GRACE = timedelta(milliseconds=100)
-
-
-@dataclass
-class Clock:
-    at: datetime
-
-    def __call__(self) -> datetime:
-        return self.at
 
 
 @dataclass
@@ -72,18 +64,7 @@ class Store:
 
 
 def ack(cm_id: str, destination: str, at: datetime, **overrides: Any) -> bytes:
-    fields: dict[str, Any] = {
-        "ack_id": uuid.uuid4().hex,
-        "cm_id": cm_id,
-        "destination": destination,
-        "kind": AckKind.READ,
-        "read_at": at,
-        "committed_at": None,
-        "recipient": None,
-        "receiver": "rx-1",
-        "token": p.copy_token(SECRET, cm_id, destination, overrides.get("recipient")),
-    }
-    return p.AckMessage(**(fields | overrides)).to_json()
+    return ack_body(cm_id, destination, at, **({"receiver": "rx-1"} | overrides))
 
 
 @pytest.fixture

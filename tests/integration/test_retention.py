@@ -24,9 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from condmsg import Destination
-from condmsg import protocol as p
 from condmsg import sender_tables as t
-from condmsg.acks import AckKind
 from condmsg.archive_layout import MANIFEST, TABLES, TABLES_BY_NAME, arrow_schema
 from condmsg.cli import main
 from condmsg.errors import ConfigError
@@ -37,7 +35,7 @@ from evaluator.archive import PART, ArchiveError
 from evaluator.retention import RetentionPolicy, retain
 from evaluator.service import Evaluator
 
-from .condmsg_helpers import SECRET, wait_for
+from .condmsg_helpers import SECRET, Clock, ack_body, wait_for
 
 pytestmark = [pytest.mark.postgres]
 
@@ -58,14 +56,6 @@ STORE = {"cms": t.cms, "copies": t.copies, "compensations": t.compensations}
 STORE |= {"acks": t.acks, "anomalies": t.anomalies}
 
 
-class Clock:
-    def __init__(self, at: datetime) -> None:
-        self.at = at
-
-    def __call__(self) -> datetime:
-        return self.at
-
-
 @dataclass
 class Store:
     url: str
@@ -77,18 +67,7 @@ class Store:
     kept: set[str] = field(default_factory=set)  # every other CM
 
     def ack(self, cm_id: str, destination: str, at: datetime, **overrides: Any) -> bytes:
-        fields: dict[str, Any] = {
-            "ack_id": uuid.uuid4().hex,
-            "cm_id": cm_id,
-            "destination": destination,
-            "kind": AckKind.READ,
-            "read_at": at,
-            "committed_at": None,
-            "recipient": None,
-            "receiver": "test-rx",
-            "token": p.copy_token(SECRET, cm_id, destination, None),
-        }
-        return p.AckMessage(**(fields | overrides)).to_json()
+        return ack_body(cm_id, destination, at, **({"receiver": "test-rx"} | overrides))
 
     def at(self, when: datetime, bodies: list[bytes]) -> None:
         self.clock.at = when

@@ -55,19 +55,16 @@ class Received(NamedTuple):
 
 @dataclass(slots=True)
 class Decoded:
-    """A batch of ack bodies decoded and checked as documents, before any database work
-    (so that the consuming thread can decode one batch while another is being stored)."""
+    """A batch of ack bodies decoded and checked as documents, before any database work."""
 
     received: list[Received] = field(default_factory=list)
     #: Malformed bodies, as dead letters for the sender's dead-letter queue.
     dead: list[OutboxMessage] = field(default_factory=list)
-    #: How many bodies the batch had.
-    size: int = 0
 
 
 def decode(bodies: Sequence[bytes], *, sender: str, secret: bytes) -> Decoded:
     """Decode a batch of ack bodies (in delivery order); nothing here raises on bad input."""
-    decoded = Decoded(size=len(bodies))
+    decoded = Decoded()
     for body in bodies:
         try:
             message = p.AckMessage.from_json(body)
@@ -94,15 +91,14 @@ def decode(bodies: Sequence[bytes], *, sender: str, secret: bytes) -> Decoded:
 
 def ingest(
     session: Session,
-    bodies: Sequence[bytes] | Decoded,
+    bodies: Sequence[bytes],
     *,
     sender: str,
     secret: bytes,
     now: datetime,
 ) -> Intake:
-    """Take one batch of ack bodies (in delivery order, or a :class:`Decoded` batch) into
-    the store."""
-    batch = bodies if isinstance(bodies, Decoded) else decode(bodies, sender=sender, secret=secret)
+    """Take one batch of ack bodies (in delivery order) into the store."""
+    batch = decode(bodies, sender=sender, secret=secret)
     intake = Intake()
     if batch.dead:
         enqueue_all(session, batch.dead)

@@ -40,7 +40,7 @@ from condmsg.settings import DEFAULT_ACK_GRACE, DEFAULT_RETENTION_INTERVAL_S
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_service_queue
 from evaluator import decisions, store
-from evaluator.intake import Decoded, ingest
+from evaluator.intake import ingest
 from evaluator.metrics import EvaluatorMetrics
 from evaluator.retention import DEFAULT_BATCH as DEFAULT_RETENTION_BATCH
 from evaluator.retention import Archived, RetentionPolicy, retain
@@ -231,7 +231,7 @@ class Evaluator:
             self._relay.wake()
         return True
 
-    def process_bodies(self, bodies: list[bytes] | Decoded) -> int:
+    def process_bodies(self, bodies: list[bytes]) -> int:
         """Ingest ack bodies and decide what they settle; returns how many CMs were decided."""
         now = self._clock()
         with Session(self.engine) as session, session.begin():

@@ -204,13 +204,11 @@ def _without_password(source: str) -> str:
     """``source`` with the password of a URL (``scheme://user:password@host``) as ``***``."""
     try:
         parts = urlsplit(source)
-        if parts.password is None:
-            return source
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
     except ValueError:
         return "<unparseable source>"
+    if parts.password is None:
+        return source
+    host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 

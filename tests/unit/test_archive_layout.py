@@ -74,3 +74,12 @@ def test_the_manifest_round_trips_without_the_password(tmp_path: Path) -> None:
     assert layout.read_manifest(tmp_path / "missing") is None
     layout.write_manifest(tmp_path, source="sqlite:///x.db", since=None, until=until, rows={})
     assert json.loads((tmp_path / layout.MANIFEST).read_text())["source"] == "sqlite:///x.db"
+
+
+def test_the_manifest_keeps_the_host_as_written(tmp_path: Path) -> None:
+    until = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    source = "postgresql://audit:s3cret@[::1]:5432/condmsg"
+    layout.write_manifest(tmp_path, source=source, since=None, until=until, rows={})
+    manifest = layout.read_manifest(tmp_path)
+    assert manifest is not None
+    assert manifest["source"] == "postgresql://audit:***@[::1]:5432/condmsg"

@@ -212,14 +212,8 @@ class _Judge:
     """The acks of one CM, indexed, judged at any instant."""
 
     def __init__(
-        self,
-        condition: Condition,
-        sent_at: datetime,
-        acks: Iterable[Ack],
-        shape: _Shape | None = None,
+        self, condition: Condition, sent_at: datetime, acks: Iterable[Ack], shape: _Shape
     ) -> None:
-        if shape is None:
-            shape = _shape_of(condition)
         self.condition = condition
         self.shape = shape
         self.sent_at = sent_at

@@ -347,7 +347,7 @@ class _Storing:
         self._service = service
         self._connection = connection
         self._channel = channel
-        self._queue: queue.Queue[tuple[int, int, list[bytes]] | None] = queue.Queue(maxsize=1)
+        self._queue: queue.Queue[tuple[int, list[bytes]] | None] = queue.Queue(maxsize=1)
         self._aborted = threading.Event()
         self._order = InOrder()
         self._threads = [
@@ -362,7 +362,7 @@ class _Storing:
     def put(self, last_tag: int, bodies: list[bytes]) -> None:
         """Hand a batch over (waits while another one is still waiting for a thread)."""
         seq = self._order.open(last_tag)
-        self._queue.put((seq, last_tag, bodies))
+        self._queue.put((seq, bodies))
 
     def finish(self) -> None:
         """Store what was handed over, then end the threads."""
@@ -384,7 +384,7 @@ class _Storing:
         while (item := self._queue.get()) is not None:
             if self._aborted.is_set():
                 continue
-            seq, _, bodies = item
+            seq, bodies = item
             stored = self._service._store(bodies)
             try:
                 self._connection.add_callback_threadsafe(

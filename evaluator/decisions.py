@@ -116,16 +116,12 @@ def _write_actions(
     failed = [cm.cm_id for cm in cms if outcomes[cm.cm_id][0].verdict is Verdict.VIOLATED]
     compensations = store.compensations_of(session, failed)
     messages: list[OutboxMessage] = []
-    queues: dict[str, str] = {}
     for cm in cms:
         outcome, body = outcomes[cm.cm_id]
-        queue = queues.get(cm.sender)
-        if queue is None:
-            queue = queues[cm.sender] = p.outcome_queue(cm.sender)
         messages.append(
             OutboxMessage(
                 exchange="",
-                routing_key=queue,
+                routing_key=p.outcome_queue(cm.sender),
                 body=body,
                 message_id=f"{cm.cm_id}.outcome",
                 correlation_id=cm.cm_id,

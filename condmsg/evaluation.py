@@ -163,7 +163,6 @@ class _Shape:
     """What evaluating a condition needs of its tree, worked out once per condition."""
 
     window: timedelta
-    nodes: tuple[tuple[str, Condition], ...]
     leaves: tuple[Destination, ...]
     #: (path, node, its label, kind, duration) of every constraint, in the order judged.
     constraints: tuple[tuple[str, Condition, str, Kind, timedelta], ...]
@@ -189,7 +188,6 @@ def _shape_of(condition: Condition) -> _Shape:
     nodes = tuple(condition.walk())
     shape = _Shape(
         window=condition.evaluation_window(),
-        nodes=nodes,
         leaves=condition.destinations(),
         constraints=tuple(
             (path, node, node.label, kind, within)
@@ -218,7 +216,6 @@ class _Judge:
         self.shape = shape
         self.sent_at = sent_at
         self.deadline = sent_at + shape.window
-        self.nodes: Sequence[tuple[str, Condition]] = shape.nodes
         by_name: dict[str, list[Ack]] = defaultdict(list)
         for ack in acks:
             if not isinstance(ack, Ack):

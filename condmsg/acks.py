@@ -8,7 +8,7 @@ receiver's transaction commits. Both timestamps are the receiver's clock, UTC.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from condmsg.errors import AckError
@@ -43,8 +43,10 @@ class Ack:
             not isinstance(self.recipient, str) or not self.recipient
         ):
             raise AckError(f"ack for {self.destination!r}: recipient must be a non-empty str")
+        kind = self.kind
         try:
-            kind = AckKind(self.kind)
+            if kind.__class__ is not AckKind:
+                kind = AckKind(kind)
         except ValueError:
             raise AckError(
                 f"ack for {self.destination!r}: kind must be 'read' or 'commit', got {self.kind!r}"
@@ -65,6 +67,8 @@ class Ack:
             raise AckError(f"ack for {self.destination!r}: a READ ack has no committed_at")
 
     def _utc(self, attribute: str, value: object) -> datetime:
+        if isinstance(value, datetime) and value.tzinfo is UTC:
+            return value  # what as_utc() would return (the usual case)
         if not isinstance(value, datetime):
             raise AckError(
                 f"ack for {self.destination!r}: {attribute} must be a datetime, "

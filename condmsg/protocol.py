@@ -16,7 +16,7 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -118,6 +118,8 @@ def parse_instant(value: object, field: str) -> datetime:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         raise ProtocolError(f"{field} is not an ISO-8601 instant: {value[:40]!r}") from None
+    if parsed.tzinfo is UTC:  # "...Z" or "+00:00": the usual case, nothing to convert
+        return parsed
     if not is_aware(parsed):
         raise ProtocolError(f"{field} has no timezone (UTC required): {value[:40]!r}")
     return as_utc(parsed)
@@ -189,50 +191,67 @@ class AckMessage:
     @classmethod
     def from_json(cls, body: bytes | str) -> AckMessage:
         """Decode an ack body; raises :class:`ProtocolError` saying what is wrong."""
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ProtocolError(f"ack body is not JSON ({exc})") from None
-        return cls.from_dict(data)
+        return decode_ack(body)[0]
 
     @classmethod
     def from_dict(cls, data: object) -> AckMessage:
-        if not isinstance(data, dict):
-            raise ProtocolError("ack body must be a JSON object")
-        unknown = set(data) - _ACK_FIELDS
-        if unknown:
-            raise ProtocolError(f"ack has unknown field(s) {sorted(unknown)}")
-        if data.get("v") != PROTOCOL_VERSION:
-            raise ProtocolError(f"ack protocol version {data.get('v')!r} is not supported")
-        for name in ("ack_id", "cm_id", "destination", "receiver", "token", "kind", "read_at"):
-            if not isinstance(data.get(name), str) or not data[name]:
-                raise ProtocolError(f"ack field {name!r} must be a non-empty string")
-        recipient = data.get("recipient")
-        if recipient is not None and (not isinstance(recipient, str) or not recipient):
-            raise ProtocolError("ack field 'recipient' must be a non-empty string or null")
-        try:
-            kind = AckKind(data["kind"])
-        except ValueError:
-            raise ProtocolError(
-                f"ack kind must be 'read' or 'commit', got {data['kind']!r}"
-            ) from None
-        committed_raw = data.get("committed_at")
-        committed = (
-            parse_instant(committed_raw, "committed_at") if committed_raw is not None else None
-        )
-        message = cls(
-            ack_id=data["ack_id"],
-            cm_id=data["cm_id"],
+        return _ack_from_dict(data)[0]
+
+
+_REQUIRED_TEXT = ("ack_id", "cm_id", "destination", "receiver", "token", "kind", "read_at")
+_KINDS = {kind.value: kind for kind in AckKind}
+
+
+def decode_ack(body: bytes | str) -> tuple[AckMessage, Ack]:
+    """Decode an ack body into the document and the evaluation's view of it (checked
+    once, for both); raises :class:`ProtocolError` saying what is wrong."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"ack body is not JSON ({exc})") from None
+    return _ack_from_dict(data)
+
+
+def _ack_from_dict(data: object) -> tuple[AckMessage, Ack]:
+    if not isinstance(data, dict):
+        raise ProtocolError("ack body must be a JSON object")
+    if not _ACK_FIELDS.issuperset(data):
+        raise ProtocolError(f"ack has unknown field(s) {sorted(set(data) - _ACK_FIELDS)}")
+    if data.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(f"ack protocol version {data.get('v')!r} is not supported")
+    for name in _REQUIRED_TEXT:
+        value = data.get(name)
+        if not isinstance(value, str) or not value:
+            raise ProtocolError(f"ack field {name!r} must be a non-empty string")
+    recipient = data.get("recipient")
+    if recipient is not None and (not isinstance(recipient, str) or not recipient):
+        raise ProtocolError("ack field 'recipient' must be a non-empty string or null")
+    kind = _KINDS.get(data["kind"])
+    if kind is None:
+        raise ProtocolError(f"ack kind must be 'read' or 'commit', got {data['kind']!r}")
+    committed_raw = data.get("committed_at")
+    committed = parse_instant(committed_raw, "committed_at") if committed_raw is not None else None
+    read_at = parse_instant(data["read_at"], "read_at")
+    try:
+        # The evaluation's own invariants (kind vs. timestamps), checked by the Ack itself.
+        ack = Ack(
             destination=data["destination"],
             kind=kind,
-            read_at=parse_instant(data["read_at"], "read_at"),
+            read_at=read_at,
             committed_at=committed,
             recipient=recipient,
-            receiver=data["receiver"],
-            token=data["token"],
         )
-        try:
-            message.to_ack()  # the evaluation's own invariants (kind vs. timestamps)
-        except AckError as exc:
-            raise ProtocolError(str(exc)) from None
-        return message
+    except AckError as exc:
+        raise ProtocolError(str(exc)) from None
+    message = AckMessage(
+        ack_id=data["ack_id"],
+        cm_id=data["cm_id"],
+        destination=data["destination"],
+        kind=kind,
+        read_at=read_at,
+        committed_at=committed,
+        recipient=recipient,
+        receiver=data["receiver"],
+        token=data["token"],
+    )
+    return message, ack

@@ -67,7 +67,7 @@ def decode(bodies: Sequence[bytes], *, sender: str, secret: bytes) -> Decoded:
     decoded = Decoded()
     for body in bodies:
         try:
-            message = p.AckMessage.from_json(body)
+            message, ack = p.decode_ack(body)
         except ProtocolError as exc:
             decoded.dead.append(
                 OutboxMessage(
@@ -82,7 +82,7 @@ def decode(bodies: Sequence[bytes], *, sender: str, secret: bytes) -> Decoded:
         decoded.received.append(
             Received(
                 message,
-                message.to_ack(),
+                ack,
                 p.copy_token(secret, message.cm_id, message.destination, message.recipient),
             )
         )

@@ -24,12 +24,17 @@ MAX_BODY_BYTES = 128 * 1024 * 1024
 HeaderValue = str | int | float | bool | None | list[Any] | dict[str, Any]
 
 
+#: A str this short fits a shortstr whatever its characters (UTF-8 takes at most 4 bytes
+#: per character), so only longer ones are encoded to count their bytes.
+_SURELY_SHORT = MAX_SHORTSTR_BYTES // 4
+
+
 def _shortstr(name: str, value: object, *, optional: bool) -> None:
     if value is None and optional:
         return
     if not isinstance(value, str):
         raise OutboxTypeError(f"{name} must be a str, got {type(value).__name__}")
-    if len(value.encode("utf-8")) > MAX_SHORTSTR_BYTES:
+    if len(value) > _SURELY_SHORT and len(value.encode("utf-8")) > MAX_SHORTSTR_BYTES:
         raise OutboxValueError(f"{name} is longer than {MAX_SHORTSTR_BYTES} bytes")
 
 

@@ -8,7 +8,8 @@ business rows written in it (and vanish with them on rollback).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,13 +18,16 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from outbox import pg
-from outbox.errors import OutboxTypeError
-from outbox.message import HeaderValue, OutboxMessage
+from outbox.errors import OutboxTypeError, OutboxValueError
+from outbox.message import COPY_FIELDS, HeaderValue, OutboxMessage
 from outbox.table import DEFAULT_TABLE_NAME, PENDING, outbox_table
 
 
-def row_values(message: OutboxMessage, now: datetime) -> dict[str, Any]:
-    """The outbox row of ``message`` as column values (``created_at`` = ``now``)."""
+def row_values(
+    message: OutboxMessage, now: datetime, copies: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The outbox row of ``message`` as column values (``created_at`` = ``now``); with
+    ``copies``, a fan-out row (``message`` holds what the copies share)."""
     return {
         "created_at": now,
         "state": PENDING,
@@ -42,6 +46,7 @@ def row_values(message: OutboxMessage, now: datetime) -> dict[str, Any]:
         "persistent": message.persistent,
         "mandatory": message.mandatory,
         "attempts": 0,
+        "copies": copies,
     }
 
 
@@ -81,24 +86,119 @@ def enqueue_all(
     statement with one parameter per value.
     """
     batch = _checked(messages, "enqueue_all")
-    if not batch:
-        return 0
+    _insert(session, [(m, None) for m in batch], table_name)
+    return len(batch)
+
+
+def enqueue_fanouts(
+    session: Session | Connection,
+    fanouts: Iterable[Sequence[OutboxMessage]],
+    *,
+    table_name: str = DEFAULT_TABLE_NAME,
+) -> int:
+    """Add groups of messages that share one body, one row per group; return how many
+    messages were added. Never commits.
+
+    A group is stored once: its body and the properties and headers its messages share in
+    the row's columns, and per message only what differs (routing key, message id, its own
+    headers ...). The relay publishes every message of the group, each with the row id in
+    ``x-outbox-id`` and its position in the group in ``x-outbox-copy``, and settles them
+    one by one (a row whose messages were partly refused is written back with the others
+    only). A group of one is a plain row, as :func:`enqueue_all` writes it. The way to
+    send one payload to many destinations: the database stores and deletes one row, not
+    one per destination.
+    """
+    rows: list[tuple[OutboxMessage, list[dict[str, Any]] | None]] = []
+    count = 0
+    for group in fanouts:
+        messages = _checked(group, "enqueue_fanouts")
+        count += len(messages)
+        if len(messages) == 1:
+            rows.append((messages[0], None))
+        elif messages:
+            rows.append(fanout_row(messages))
+    _insert(session, rows, table_name)
+    return count
+
+
+def fanout_row(messages: Sequence[OutboxMessage]) -> tuple[OutboxMessage, list[dict[str, Any]]]:
+    """The shared message and the per-copy fields of a fan-out row (see enqueue_fanouts)."""
+    first = messages[0]
+    body = first.body
+    for m in messages:
+        if m.body is not body and m.body != body:
+            raise OutboxValueError("the messages of a fan-out share one body")
+    heads = [m.headers for m in messages]
+    if any(h is None for h in heads) and any(h is not None for h in heads):
+        raise OutboxValueError("the messages of a fan-out all have headers or none has")
+    first_headers = heads[0]
+    common: dict[str, Any] | None = None
+    if first_headers is not None:
+        common = {
+            k: v for k, v in first_headers.items() if all(_same_value(h, k, v) for h in heads[1:])
+        }
+    copies: list[dict[str, Any]] = []
+    for n, m in enumerate(messages):
+        copy: dict[str, Any] = {"n": n}
+        for name in COPY_FIELDS:
+            value = getattr(m, name)
+            if value != getattr(first, name) or type(value) is not type(getattr(first, name)):
+                copy[name] = value
+        if m.headers is not None and common is not None:
+            own = {k: v for k, v in m.headers.items() if k not in common}
+            if own:
+                copy["headers"] = own
+        copies.append(copy)
+    base = OutboxMessage.trusted(
+        **{name: getattr(first, name) for name in COPY_FIELDS}, body=body, headers=common
+    )
+    return base, copies
+
+
+def _same_value(headers: Mapping[str, Any] | None, key: str, value: Any) -> bool:
+    """``headers[key]`` is ``value``, of the same JSON type (``1`` is not ``True``)."""
+    if headers is None or key not in headers:
+        return False
+    other = headers[key]
+    if type(other) is not type(value):
+        return False
+    if isinstance(value, dict | list):
+        return json.dumps(other, sort_keys=True) == json.dumps(value, sort_keys=True)
+    return bool(other == value)
+
+
+def _insert(
+    session: Session | Connection,
+    rows: Sequence[tuple[OutboxMessage, list[dict[str, Any]] | None]],
+    table_name: str,
+) -> None:
+    if not rows:
+        return
     now = datetime.now(UTC)
     raw = pg.driver_connection(session)
-    if raw is not None:
-        # One statement for the whole batch (see outbox.pg). A column whose value every
-        # row shares (the exchange, reply-to, content type ... of a batch of copies or
-        # acks) is bound once instead of as an array.
-        columns = {c: [getattr(m, c) for m in batch] for c in _PG_ARRAYS if c != "headers"}
-        columns["headers"] = [m.headers_text() for m in batch]
-        shared = frozenset(c for c in _SHAREABLE if _same(columns[c]))
-        params: dict[str, Any] = {"created_at": now}
-        for c, values in columns.items():
-            params[c] = values[0] if c in shared else values
-        pg.execute(raw, _pg_insert(table_name, shared), params)
-    else:
-        session.execute(sa.insert(outbox_table(table_name)), [row_values(m, now) for m in batch])
-    return len(batch)
+    if raw is None:
+        session.execute(
+            sa.insert(outbox_table(table_name)), [row_values(m, now, c) for m, c in rows]
+        )
+        return
+    # One statement for the whole batch (see outbox.pg). A column whose value every row
+    # shares (the exchange, reply-to, content type ... of a batch of copies or acks) is
+    # bound once instead of as an array.
+    batch = [m for m, _ in rows]
+    columns = {c: [getattr(m, c) for m in batch] for c in _PG_ARRAYS if c != "headers"}
+    columns["headers"] = [m.headers_text() for m in batch]
+    shared = frozenset(c for c in _SHAREABLE if _same(columns[c]))
+    params: dict[str, Any] = {"created_at": now}
+    for c, values in columns.items():
+        params[c] = values[0] if c in shared else values
+    fanout = any(c is not None for _, c in rows)
+    if fanout:
+        params["copies"] = [None if c is None else _json(c) for _, c in rows]
+    pg.execute(raw, _pg_insert(table_name, shared, fanout), params)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 #: The PostgreSQL element types of the columns that vary between enqueued rows.
@@ -121,18 +221,7 @@ _PG_ARRAYS = {
 
 
 #: The properties a batch's rows often share (bodies, ids and headers are the message's own).
-_SHAREABLE = (
-    "exchange",
-    "routing_key",
-    "reply_to",
-    "content_type",
-    "content_encoding",
-    "message_type",
-    "priority",
-    "expiration_ms",
-    "persistent",
-    "mandatory",
-)
+_SHAREABLE = tuple(c for c in COPY_FIELDS if c != "message_id")
 
 
 def _same(values: list[Any]) -> bool:
@@ -141,11 +230,14 @@ def _same(values: list[Any]) -> bool:
 
 
 @functools.cache
-def _pg_insert(table_name: str, shared: frozenset[str]) -> str:
-    """The batch insert, with the ``shared`` columns bound as one value each."""
+def _pg_insert(table_name: str, shared: frozenset[str], fanout: bool = False) -> str:
+    """The batch insert, with the ``shared`` columns bound as one value each (and the
+    ``copies`` column when a row of the batch fans out)."""
     constants = {"created_at": "%(created_at)s", "state": f"'{PENDING}'", "attempts": "0"}
     constants |= {c: f"CAST(%({c})s AS {type_})" for c, type_ in _PG_ARRAYS.items() if c in shared}
     arrays = {c: type_ for c, type_ in _PG_ARRAYS.items() if c not in shared}
+    if fanout:
+        arrays["copies"] = "json"
     return pg.unnest_insert(outbox_table(table_name).name, arrays, constants=constants)
 
 

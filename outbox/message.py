@@ -23,6 +23,16 @@ MAX_BODY_BYTES = 128 * 1024 * 1024
 
 HeaderValue = str | int | float | bool | None | list[Any] | dict[str, Any]
 
+#: The optional AMQP ``shortstr`` properties of a message.
+_OPTIONAL_NAMES = (
+    "message_id",
+    "correlation_id",
+    "reply_to",
+    "content_type",
+    "content_encoding",
+    "message_type",
+)
+
 
 #: A str this short fits a shortstr whatever its characters (UTF-8 takes at most 4 bytes
 #: per character), so only longer ones are encoded to count their bytes.
@@ -108,14 +118,7 @@ class OutboxMessage:
             raise OutboxValueError(
                 f"body is {len(self.body)} bytes; RabbitMQ accepts at most {MAX_BODY_BYTES}"
             )
-        for name in (
-            "message_id",
-            "correlation_id",
-            "reply_to",
-            "content_type",
-            "content_encoding",
-            "message_type",
-        ):
+        for name in _OPTIONAL_NAMES:
             _shortstr(name, getattr(self, name), optional=True)
         if self.headers is not None:
             if not isinstance(self.headers, Mapping):
@@ -162,14 +165,47 @@ class OutboxMessage:
         return dict(json.loads(json.dumps(dict(self.headers))))
 
 
+#: The fields a copy of a fan-out row may set for itself (the body is always shared).
+COPY_FIELDS = (
+    "exchange",
+    "routing_key",
+    *_OPTIONAL_NAMES,
+    "priority",
+    "expiration_ms",
+    "persistent",
+    "mandatory",
+)
+#: Every field of a message (a column of its own in the outbox table).
+MESSAGE_FIELDS = (*COPY_FIELDS, "body", "headers")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoredMessage:
     """A row the relay claimed: the table's id, bookkeeping and the message itself.
 
-    ``created_at`` is UTC (the enqueuing process's clock).
+    ``created_at`` is UTC (the enqueuing process's clock). A *fan-out* row (see
+    :func:`outbox.enqueue.enqueue_fanouts`) holds several messages with one body:
+    ``message`` carries what they share (its headers are the headers common to all) and
+    ``copies`` one JSON object per message with its copy number ``n``, the fields in which
+    it differs from ``message`` and its own ``headers``. A plain row has no ``copies``.
     """
 
     id: int
     created_at: datetime
     attempts: int
     message: OutboxMessage = field(repr=False)
+    copies: tuple[dict[str, Any], ...] = field(default=(), repr=False)
+
+    def expand(self) -> list[tuple[int | None, OutboxMessage]]:
+        """The messages of the row with their copy numbers (``None`` for a plain row)."""
+        if not self.copies:
+            return [(None, self.message)]
+        return [(int(c["n"]), copy_message(self.message, c)) for c in self.copies]
+
+
+def copy_message(base: OutboxMessage, copy: Mapping[str, Any]) -> OutboxMessage:
+    """The message of one copy of a fan-out row: ``base`` with the copy's own fields."""
+    fields = {name: copy.get(name, getattr(base, name)) for name in COPY_FIELDS}
+    own = copy.get("headers")
+    headers = base.headers if not own else {**(base.headers or {}), **own}
+    return OutboxMessage.trusted(body=base.body, headers=headers, **fields)

@@ -38,14 +38,24 @@ from pika.channel import Channel
 from pika.frame import Method
 from pika.spec import Basic, BasicProperties
 
+from outbox import frames
 from outbox.errors import BrokerUnavailable
-from outbox.message import OutboxMessage, StoredMessage
+from outbox.message import COPY_FIELDS, OutboxMessage, StoredMessage
 from outbox.urls import broker_address
 
 log = logging.getLogger(__name__)
 
 #: Header that carries the outbox row id on every published message.
 ROW_ID_HEADER = "x-outbox-id"
+#: Header that carries a message's copy number within a fan-out row (absent otherwise).
+COPY_HEADER = "x-outbox-copy"
+_OURS = (ROW_ID_HEADER, COPY_HEADER)
+
+#: One published message: (row id, copy number; None for a plain row).
+MessageKey = tuple[int, int | None]
+
+#: Frames handed to the socket per write (one write per message would be three).
+_WRITE_BYTES = 256 * 1024
 
 _NO_EXCHANGE = re.compile(r"no exchange '(?P<name>[^']*)'")
 
@@ -96,15 +106,16 @@ def describe_connect_error(url: str, exc: BaseException) -> str:
 class BatchResult:
     """The broker's answer for a batch.
 
+    Messages are keyed by (row id, copy number), the copy number None for a plain row.
     ``published``: confirmed (acked, routed). ``refused``: never publishable as addressed
-    (unroutable ``basic.return``, missing exchange), reason per row id. ``nacked``: the
-    broker declined responsibility (reason per row id); worth retrying. ``error`` set:
+    (unroutable ``basic.return``, missing exchange), reason per message. ``nacked``: the
+    broker declined responsibility (reason per message); worth retrying. ``error`` set:
     the connection or channel broke and the fate of unconfirmed rows is unknown.
     """
 
-    published: list[int] = field(default_factory=list)
-    refused: dict[int, str] = field(default_factory=dict)
-    nacked: dict[int, str] = field(default_factory=dict)
+    published: list[MessageKey] = field(default_factory=list)
+    refused: dict[MessageKey, str] = field(default_factory=dict)
+    nacked: dict[MessageKey, str] = field(default_factory=dict)
     error: BrokerUnavailable | None = None
 
 
@@ -153,9 +164,9 @@ class Publisher:
         self._known_exchanges: set[str] = {""}
         self._checking: str | None = None
         self._next_tag = 1
-        self._tags: dict[int, tuple[PendingBatch, int]] = {}
+        self._tags: dict[int, tuple[PendingBatch, MessageKey]] = {}
         self._tag_order: deque[int] = deque()
-        self._row_batch: dict[int, PendingBatch] = {}
+        self._key_batch: dict[MessageKey, PendingBatch] = {}
 
     # -- caller side ----------------------------------------------------------------------
 
@@ -178,7 +189,9 @@ class Publisher:
 
     def submit(self, rows: Sequence[StoredMessage]) -> PendingBatch:
         """Publish ``rows`` (in order, after every batch submitted before)."""
-        batch = PendingBatch(rows, exchanges=frozenset(r.message.exchange for r in rows))
+        exchanges = {r.message.exchange for r in rows}
+        exchanges.update(c["exchange"] for r in rows for c in r.copies if "exchange" in c)
+        batch = PendingBatch(rows, exchanges=frozenset(exchanges))
         with self._lock:
             dead = self._dead or self._conn is None
             if not dead:
@@ -351,44 +364,49 @@ class Publisher:
     # -- publishing and confirms ----------------------------------------------------------
 
     def _publish(self, batch: PendingBatch) -> None:
-        channel = self._channel
-        if channel is None or not channel.is_open:
+        channel, conn = self._channel, self._conn
+        if channel is None or not channel.is_open or conn is None:
             self._fail_in_loop("the publishing channel is closed")
             return
         vhost_hint = "declare it before enqueueing, then requeue_failed()"
+        number, frame_max = channel.channel_number, conn.params.frame_max
+        out: list[bytes] = []
+        size = 0
         for row in batch.rows:
-            message = row.message
-            if message.exchange in batch.missing:
-                batch.result.refused[row.id] = (
-                    f"exchange {message.exchange!r} does not exist (404 NOT_FOUND); {vhost_hint}"
-                )
-                continue
-            channel.basic_publish(
-                message.exchange,
-                message.routing_key,
-                message.body,
-                pika_properties(row.id, message),
-                message.mandatory,
-            )
-            tag = self._next_tag
-            self._next_tag += 1
-            self._tags[tag] = (batch, row.id)
-            self._tag_order.append(tag)
-            self._row_batch[row.id] = batch
-            batch.outstanding += 1
+            for key, message, headers in row_messages(row):
+                if message.exchange in batch.missing:
+                    batch.result.refused[key] = (
+                        f"exchange {message.exchange!r} does not exist (404 NOT_FOUND); "
+                        f"{vhost_hint}"
+                    )
+                    continue
+                data = encode(message, headers, number, frame_max)
+                out.append(data)
+                size += len(data)
+                if size >= _WRITE_BYTES:
+                    _write(conn, out)
+                    size = 0
+                tag = self._next_tag
+                self._next_tag += 1
+                self._tags[tag] = (batch, key)
+                self._tag_order.append(tag)
+                self._key_batch[key] = batch
+                batch.outstanding += 1
+        _write(conn, out)
         if batch.outstanding == 0:
             self._finish(batch)
 
     def _on_return(
         self, _channel: Channel, method: Basic.Return, props: BasicProperties, _body: bytes
     ) -> None:
-        row_id = (props.headers or {}).get(ROW_ID_HEADER)
-        batch = self._row_batch.get(row_id) if isinstance(row_id, int) else None
+        headers = props.headers or {}
+        row_id, copy = headers.get(ROW_ID_HEADER), headers.get(COPY_HEADER)
+        key = (row_id, copy if isinstance(copy, int) else None)
+        batch = self._key_batch.get(key) if isinstance(row_id, int) else None  # type: ignore[arg-type]
         if batch is None:
             log.warning("basic.return for an unknown message: %s", method.reply_text)
             return
-        assert isinstance(row_id, int)
-        batch.result.refused[row_id] = (
+        batch.result.refused[key] = (  # type: ignore[index]
             f"unroutable: {method.reply_code} {method.reply_text} "
             f"(exchange {method.exchange!r}, routing key {method.routing_key!r})"
         )
@@ -410,14 +428,14 @@ class Publisher:
         entry = self._tags.pop(tag, None)
         if entry is None:
             return
-        batch, row_id = entry
-        self._row_batch.pop(row_id, None)
+        batch, key = entry
+        self._key_batch.pop(key, None)
         result = batch.result
-        if row_id not in result.refused:
+        if key not in result.refused:
             if acked:
-                result.published.append(row_id)
+                result.published.append(key)
             else:
-                result.nacked[row_id] = "nacked by RabbitMQ (it could not take responsibility)"
+                result.nacked[key] = "nacked by RabbitMQ (it could not take responsibility)"
         batch.outstanding -= 1
         if batch.outstanding == 0:
             self._finish(batch)
@@ -434,3 +452,59 @@ class Publisher:
             self._conn.close()
         elif self._conn is not None:
             self._conn.ioloop.stop()
+
+
+def row_messages(row: StoredMessage) -> list[tuple[MessageKey, OutboxMessage, bytes]]:
+    """The messages of a claimed row with their keys and encoded header entries (the
+    row's own id, and copy number, last). The headers a fan-out row's copies share are
+    encoded once for the row."""
+    base = row.message
+    if not row.copies:
+        entries = _entries(base.headers) + _entry(ROW_ID_HEADER, row.id)
+        return [((row.id, None), base, entries)]
+    common = _entries(base.headers) + _entry(ROW_ID_HEADER, row.id)
+    out: list[tuple[MessageKey, OutboxMessage, bytes]] = []
+    for copy in row.copies:
+        n = int(copy["n"])
+        message = base
+        if len(copy) > 1 + ("headers" in copy):  # fields of its own besides n and headers
+            fields = {name: copy.get(name, getattr(base, name)) for name in COPY_FIELDS}
+            message = OutboxMessage.trusted(body=base.body, headers=None, **fields)
+        own = copy.get("headers")
+        entries = common + _entries(own) + _entry(COPY_HEADER, n)
+        out.append(((row.id, n), message, entries))
+    return out
+
+
+def encode(message: OutboxMessage, headers: bytes, channel: int, frame_max: int) -> bytes:
+    """The frames of one ``basic.publish`` of ``message`` with the encoded ``headers``."""
+    return frames.publish(
+        channel,
+        exchange=message.exchange,
+        routing_key=message.routing_key,
+        mandatory=message.mandatory,
+        props=frames.properties(message, headers),
+        body=message.body,
+        frame_max=frame_max,
+    )
+
+
+def _entries(headers: Any) -> bytes:
+    if not headers:
+        return b""
+    if any(k in headers for k in _OURS):  # ours win, as they always did
+        headers = {k: v for k, v in headers.items() if k not in _OURS}
+    return frames.table_entries(headers)
+
+
+def _entry(name: str, value: int) -> bytes:
+    return frames.shortstr(name) + frames.field_value(value)
+
+
+def _write(conn: SelectConnection, out: list[bytes]) -> None:
+    """Hand encoded frames to the connection's socket buffer as one write."""
+    if out:
+        # pika's adapter hook under basic_publish; the channel's own bookkeeping is not
+        # needed (this publisher counts delivery tags itself).
+        conn._adapter_emit_data(b"".join(out))  # type: ignore[attr-defined]
+        out.clear()

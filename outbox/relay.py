@@ -32,7 +32,7 @@ from outbox.errors import BrokerUnavailable, OutboxError, OutboxTimeout, StoreUn
 from outbox.metrics import RelayMetrics
 from outbox.notify import Listener
 from outbox.publisher import PendingBatch, Publisher
-from outbox.store import Claim, OutboxStatus, OutboxStore
+from outbox.store import Claim, Key, OutboxStatus, OutboxStore
 from outbox.table import DEFAULT_TABLE_NAME
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ class Relay:
             failed=self._failed,
             retried=self._retried,
             reconnects=self._reconnects,
-            in_flight=sum(len(c.rows) for c, _ in list(self._inflight)),
+            in_flight=sum(c.messages for c, _ in list(self._inflight)),
             connected=self._publisher is not None and self._publisher.alive,
             last_error=self._last_error,
             status=self._status,
@@ -362,7 +362,7 @@ class Relay:
                 self._rescan = True
             self._cursor = claim.last_id
             self._inflight.append((claim, publisher.submit(claim.rows)))
-            self.metrics.in_flight.inc(len(claim.rows))
+            self.metrics.in_flight.inc(claim.messages)
 
     def _settle_done(self) -> None:
         keep: deque[tuple[Claim, PendingBatch]] = deque()
@@ -371,7 +371,7 @@ class Relay:
             if not batch.done.is_set():
                 keep.append((claim, batch))
                 continue
-            self.metrics.in_flight.dec(len(claim.rows))
+            self.metrics.in_flight.dec(claim.messages)
             self._settle(claim, batch)
         self._inflight = keep
 
@@ -380,25 +380,25 @@ class Relay:
         if result.error is not None:
             self.store.release(claim)
             self._note_error(str(result.error))
-            self._retried += len(claim.rows)
-            self.metrics.retried_broker.inc(len(claim.rows))
+            self._retried += claim.messages
+            self.metrics.retried_broker.inc(claim.messages)
             self._rescan = self._more = True
             return
         self.metrics.batch_confirm.observe(time.monotonic() - batch.submitted_at)
-        parked = dict(result.refused)
-        retry: dict[int, tuple[str, datetime]] = {}
+        parked: dict[Key, str] = dict(result.refused.items())
+        retry: dict[Key, tuple[str, datetime]] = {}
         now = datetime.now(UTC)
         attempts = {row.id: row.attempts for row in claim.rows}
-        for row_id, reason in result.nacked.items():
-            tries = attempts[row_id] + 1
+        for key, reason in result.nacked.items():
+            tries = attempts[key[0]] + 1
             if tries >= self.max_attempts:
-                parked[row_id] = f"{reason}; gave up after {tries} attempts"
+                parked[key] = f"{reason}; gave up after {tries} attempts"
                 self.metrics.failed_nacked.inc()
             else:
                 delay = retry_delay_s(
                     tries, initial_s=self.retry_initial_s, maximum_s=self.retry_max_s
                 )
-                retry[row_id] = (reason, now + timedelta(seconds=delay))
+                retry[key] = (reason, now + timedelta(seconds=delay))
         try:
             self.store.settle(claim, published=result.published, parked=parked, retry=retry)
         except StoreUnavailable as exc:
@@ -412,8 +412,10 @@ class Relay:
         self.metrics.failed_refused.inc(len(result.refused))
         self._retried += len(retry)
         self.metrics.retried_nacked.inc(len(retry))
-        for row_id, reason in parked.items():
-            log.warning("outbox relay: parked row %d as failed: %s", row_id, reason)
+        for parked_key, reason in parked.items():
+            row_id, copy = parked_key if isinstance(parked_key, tuple) else (parked_key, None)
+            which = f"row {row_id}" if copy is None else f"copy {copy} of row {row_id}"
+            log.warning("outbox relay: parked %s as failed: %s", which, reason)
 
     def _check_overdue(self) -> None:
         if not self._inflight or self._publisher is None:

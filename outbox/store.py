@@ -24,7 +24,7 @@ construction: the table holds the backlog plus parked (failed) rows, nothing els
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,34 +32,16 @@ from operator import itemgetter
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 from sqlalchemy.sql.dml import ReturningDelete
 
 from outbox.enqueue import row_values
 from outbox.errors import StoreUnavailable
-from outbox.message import OutboxMessage, StoredMessage
+from outbox.message import MESSAGE_FIELDS, OutboxMessage, StoredMessage
 from outbox.table import DEFAULT_TABLE_NAME, FAILED, PENDING, notify_channel, outbox_table
 from outbox.urls import redact_url
 
 T = TypeVar("T")
-
-_MESSAGE_FIELDS = (
-    "exchange",
-    "routing_key",
-    "body",
-    "message_id",
-    "correlation_id",
-    "reply_to",
-    "content_type",
-    "content_encoding",
-    "message_type",
-    "headers",
-    "priority",
-    "expiration_ms",
-    "persistent",
-    "mandatory",
-)
 
 
 def utc(value: datetime) -> datetime:
@@ -101,6 +83,61 @@ class Claim:
     def last_id(self) -> int:
         return self.rows[-1].id if self.rows else 0
 
+    @property
+    def messages(self) -> int:
+        """How many messages the claimed rows hold (a fan-out row holds several)."""
+        return sum(len(row.copies) or 1 for row in self.rows)
+
+
+#: What :meth:`OutboxStore.settle` is told about: a row id, or (row id, copy number).
+Key = int | tuple[int, int | None]
+#: ("published",) | ("pending",) | ("parked", reason) | ("retry", reason, available_at)
+Verdict = tuple[Any, ...]
+_PUBLISHED: Verdict = ("published",)
+_PENDING: Verdict = ("pending",)
+
+
+class _Verdicts:
+    """The broker's answers of one settle, looked up per row and per copy."""
+
+    def __init__(
+        self,
+        published: Collection[Key],
+        parked: Mapping[Key, str],
+        retry: Mapping[Key, tuple[str, datetime]],
+    ) -> None:
+        self._by_key: dict[Key, Verdict] = {}
+        for key in published:
+            self._by_key[key] = _PUBLISHED
+        for key, (reason, at) in retry.items():
+            self._by_key[key] = ("retry", reason, at)
+        for key, reason in parked.items():
+            self._by_key[key] = ("parked", reason)
+        self._rows = {k if isinstance(k, int) else k[0] for k in self._by_key}
+
+    def about(self, row_id: int) -> bool:
+        return row_id in self._rows
+
+    def of(self, row_id: int, copy: int | None) -> Verdict:
+        by_key = self._by_key
+        found = by_key.get((row_id, copy)) if copy is not None else None
+        if found is None:
+            found = by_key.get(row_id) or by_key.get((row_id, None)) or _PENDING
+        return found
+
+    def groups(self, row: StoredMessage) -> list[tuple[Verdict, list[dict[str, Any]] | None]]:
+        """What to write back of ``row``: one (verdict, copies) per verdict other than
+        published (copies None for a plain row); nothing if it was published."""
+        if not row.copies:
+            verdict = self.of(row.id, None)
+            return [] if verdict is _PUBLISHED else [(verdict, None)]
+        groups: dict[str, tuple[Verdict, list[dict[str, Any]]]] = {}
+        for copy in row.copies:
+            verdict = self.of(row.id, int(copy["n"]))
+            if verdict is not _PUBLISHED:
+                groups.setdefault(verdict[0], (verdict, []))[1].append(copy)
+        return [(verdict, copies) for verdict, copies in groups.values()]
+
 
 class OutboxStore:
     """The outbox table ``table_name`` in the database behind ``engine``."""
@@ -117,14 +154,10 @@ class OutboxStore:
         self.lease_timeout_s = lease_timeout_s
         self.locking = engine.dialect.name == "postgresql"
         self._claim_stmt = self._build_claim()
-        if self.locking:
-            # One array parameter: a fixed statement text (cached plan), not 500 binds.
-            ids = sa.bindparam("ids", type_=postgresql.ARRAY(sa.BigInteger()))
-            self._delete_stmt = sa.delete(self.table).where(self.table.c.id == sa.any_(ids))
-        else:
-            self._delete_stmt = sa.delete(self.table).where(
-                self.table.c.id.in_(sa.bindparam("ids", expanding=True))
-            )
+        # Settling on SQLite (on PostgreSQL the claim itself deletes).
+        self._delete_stmt = sa.delete(self.table).where(
+            self.table.c.id.in_(sa.bindparam("ids", expanding=True))
+        )
 
     # -- errors ---------------------------------------------------------------------------
 
@@ -156,7 +189,13 @@ class OutboxStore:
 
     def _build_claim(self) -> sa.Select[Any] | ReturningDelete[Any]:
         t = self.table
-        cols = [t.c.id, t.c.created_at, t.c.attempts, *(t.c[f] for f in _MESSAGE_FIELDS)]
+        cols = [
+            t.c.id,
+            t.c.created_at,
+            t.c.attempts,
+            *(t.c[f] for f in MESSAGE_FIELDS),
+            t.c.copies,
+        ]
         # ORDER BY id: a relay publishes what it claims in id order (the documented FIFO
         # guarantee), and the partial pending index yields rows already in that order.
         # `id > :after` lets a relay draining a backlog start behind its previous batch
@@ -219,7 +258,8 @@ class OutboxStore:
                 id=r[0],
                 created_at=utc(r[1]),
                 attempts=r[2],
-                message=OutboxMessage.trusted(**dict(zip(_MESSAGE_FIELDS, r[3:], strict=True))),
+                message=OutboxMessage.trusted(**dict(zip(MESSAGE_FIELDS, r[3:-1], strict=True))),
+                copies=tuple(r[-1] or ()),
             )
             for r in rows
         ]
@@ -246,104 +286,78 @@ class OutboxStore:
         self,
         claim: Claim,
         *,
-        published: Collection[int],
-        parked: Mapping[int, str] | None = None,
-        retry: Mapping[int, tuple[str, datetime]] | None = None,
+        published: Collection[Key],
+        parked: Mapping[Key, str] | None = None,
+        retry: Mapping[Key, tuple[str, datetime]] | None = None,
     ) -> None:
         """Record the broker's verdict on a claim and end it.
 
-        ``published`` rows are deleted; ``parked`` rows become ``failed`` with the reason;
-        ``retry`` rows stay pending with the reason and are not claimed before the given
-        UTC instant. Each counts one more attempt.
+        A key is a row id (every message of the row) or ``(row id, copy number)`` (one
+        message of a fan-out row). ``published`` messages are done; ``parked`` ones become
+        ``failed`` with the reason; ``retry`` ones stay pending with the reason and are not
+        claimed before the given UTC instant; each of those counts one more attempt. A row
+        is deleted when all its messages are published; a fan-out row whose messages got
+        different verdicts is written back with the unpublished ones only, one row per
+        verdict (the first keeps the row's id).
         """
-        parked = parked or {}
-        retry = retry or {}
+        verdicts = _Verdicts(published, parked or {}, retry or {})
         if claim._conn is not None and claim._txn is not None:
             conn, txn = claim._conn, claim._txn
             claim._conn = claim._txn = None
             try:
-                self._restore(conn, claim, published, parked, retry)
+                # The claim deleted its rows: write back whatever was not published.
+                self._write_back(conn, claim.rows, verdicts)
                 self._close(conn, txn, commit=True)
             except sa.exc.SQLAlchemyError as exc:
                 conn.close()
                 raise self._translate(exc, "settle outbox rows") from exc
             return
-        with self._write("settle outbox rows") as conn:
-            self._apply(conn, published, parked, retry)
-
-    def _restore(
-        self,
-        conn: Connection,
-        claim: Claim,
-        published: Collection[int],
-        parked: Mapping[int, str],
-        retry: Mapping[int, tuple[str, datetime]],
-    ) -> None:
-        """In a claim that deleted its rows: write back every row that was not published,
-        with its id (parked: failed; retried: pending from the given instant; anything the
-        broker did not answer for: pending as it was)."""
-        done = set(published)
-        back = [row for row in claim.rows if row.id not in done]
-        if not back:
+        # SQLite: the claim only read its rows; rows nothing was said about stay as they are.
+        touched = [row for row in claim.rows if verdicts.about(row.id)]
+        if not touched:
             return
-        now = datetime.now(UTC)
-        values = []
-        for row in back:
-            # As it was stored (pending, its attempts so far), then the broker's verdict.
-            value = row_values(row.message, row.created_at) | {
-                "id": row.id,
-                "attempts": row.attempts,
-                "last_error": None,
-                "available_at": None,
-                "failed_at": None,
-            }
-            if row.id in parked:
-                value |= {
-                    "state": FAILED,
-                    "attempts": row.attempts + 1,
-                    "last_error": parked[row.id],
-                    "failed_at": now,
-                }
-            elif row.id in retry:
-                reason, at = retry[row.id]
-                value |= {"attempts": row.attempts + 1, "last_error": reason, "available_at": at}
-            values.append(value)
-        conn.execute(sa.insert(self.table), values)
+        with self._write("settle outbox rows") as conn:
+            conn.execute(self._delete_stmt, {"ids": [row.id for row in touched]})
+            self._write_back(conn, touched, verdicts)
 
-    def _apply(
-        self,
-        conn: Connection,
-        published: Collection[int],
-        parked: Mapping[int, str],
-        retry: Mapping[int, tuple[str, datetime]],
+    def _write_back(
+        self, conn: Connection, rows: Sequence[StoredMessage], verdicts: _Verdicts
     ) -> None:
-        t = self.table
-        if published:
-            conn.execute(self._delete_stmt, {"ids": list(published)})
+        """Insert, with their ids, the rows (or the parts of fan-out rows) that were not
+        published: parked ones as failed, retried ones pending from the given instant,
+        anything the broker did not answer for pending as it was."""
         now = datetime.now(UTC)
-        if parked:
-            conn.execute(
-                sa.update(t)
-                .where(t.c.id == sa.bindparam("b_id"))
-                .values(
-                    state=FAILED,
-                    attempts=t.c.attempts + 1,
-                    last_error=sa.bindparam("b_err"),
-                    failed_at=now,
-                ),
-                [{"b_id": i, "b_err": err} for i, err in parked.items()],
-            )
-        if retry:
-            conn.execute(
-                sa.update(t)
-                .where(t.c.id == sa.bindparam("b_id"))
-                .values(
-                    attempts=t.c.attempts + 1,
-                    last_error=sa.bindparam("b_err"),
-                    available_at=sa.bindparam("b_at"),
-                ),
-                [{"b_id": i, "b_err": err, "b_at": at} for i, (err, at) in retry.items()],
-            )
+        same_id: list[dict[str, Any]] = []
+        new_id: list[dict[str, Any]] = []
+        for row in rows:
+            for i, (verdict, copies) in enumerate(verdicts.groups(row)):
+                # As it was stored (pending, its attempts so far), then the broker's verdict.
+                value = row_values(row.message, row.created_at, copies) | {
+                    "attempts": row.attempts,
+                    "last_error": None,
+                    "available_at": None,
+                    "failed_at": None,
+                }
+                if verdict[0] == "parked":
+                    value |= {
+                        "state": FAILED,
+                        "attempts": row.attempts + 1,
+                        "last_error": verdict[1],
+                        "failed_at": now,
+                    }
+                elif verdict[0] == "retry":
+                    value |= {
+                        "attempts": row.attempts + 1,
+                        "last_error": verdict[1],
+                        "available_at": verdict[2],
+                    }
+                if i == 0:
+                    same_id.append(value | {"id": row.id})
+                else:
+                    new_id.append(value)
+        for values in (same_id, new_id):
+            if values:
+                conn.execute(sa.insert(self.table), values)
 
     # -- operators ------------------------------------------------------------------------
 

@@ -87,6 +87,9 @@ def outbox_table(
         sa.Column("available_at", sa.DateTime(timezone=True)),
         sa.Column("last_error", sa.Text()),
         sa.Column("failed_at", sa.DateTime(timezone=True)),
+        # A fan-out row (outbox.enqueue_fanouts): per message of the group, its copy
+        # number and what it does not share with the row's columns. NULL: a plain row.
+        sa.Column("copies", sa.JSON(none_as_null=True)),
     )
     # The relay's claim (`state = 'pending' AND id > :cursor ORDER BY id LIMIT n`) and the
     # backlog count read only this partial index: its size is the backlog, not the history.
@@ -114,6 +117,15 @@ def create_tables(bind: Engine | Connection, *, table_name: str = DEFAULT_TABLE_
     if isinstance(bind, Engine):
         with bind.begin() as conn:
             table.create(conn, checkfirst=True)
+            _add_missing_columns(conn, table)
     else:
         table.create(bind, checkfirst=True)
+        _add_missing_columns(bind, table)
     return table
+
+
+def _add_missing_columns(conn: Connection, table: sa.Table) -> None:
+    """Add the columns later versions introduced (``copies``) to a table created before."""
+    present = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
+    if "copies" not in present:
+        conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN copies JSON"))

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import pika
 
-from outbox import ROW_ID_HEADER
+from outbox import ROW_ID_HEADER, OutboxMessage
 
 T = TypeVar("T")
 
@@ -178,3 +178,31 @@ class TcpProxy:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+#: The body every message of the fan-out tests shares.
+FANOUT_BODY = b"\x00shared body\xff"
+
+
+def fanout(*routing_keys: str, **shared: Any) -> list[OutboxMessage]:
+    """One message per routing key: shared body and headers, each with its own id/header."""
+    return [
+        OutboxMessage(
+            exchange="",
+            routing_key=rk,
+            body=FANOUT_BODY,
+            message_id=f"m-{i}",
+            correlation_id="cm-1",
+            reply_to="acks",
+            headers={"cm": "cm-1", "dest": rk, "n": i, "flag": i == 1},
+            priority=3 if i == 2 else None,
+            **shared,
+        )
+        for i, rk in enumerate(routing_keys)
+    ]
+
+
+def message_fields(m: OutboxMessage) -> dict[str, Any]:
+    names = ("exchange", "routing_key", "body", "message_id", "correlation_id", "reply_to")
+    names += ("content_type", "message_type", "priority", "expiration_ms", "persistent")
+    return {n: getattr(m, n) for n in names} | {"headers": dict(m.headers or {})}

@@ -16,8 +16,17 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox import OutboxMessage, OutboxStore, Relay
+from outbox.enqueue import enqueue_fanouts
+from outbox.publisher import COPY_HEADER, ROW_ID_HEADER
 
-from .outbox_helpers import Collector, declare_queues, delete_queues
+from .outbox_helpers import (
+    FANOUT_BODY,
+    Collector,
+    declare_queues,
+    delete_queues,
+    fanout,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -197,3 +206,54 @@ def test_status_cli_prints_backlog(db_url: str, engine: sa.Engine) -> None:
     assert "failed:             0" in out.stdout
     status = OutboxStore(engine).status()
     assert status.pending == 3
+
+
+def test_the_relay_publishes_each_copy_and_parks_only_the_unroutable_one(
+    engine: sa.Engine, amqp_url: str, unique_name: str
+) -> None:
+    queues = [f"{unique_name}.a", f"{unique_name}.b", f"{unique_name}.c"]
+    declare_queues(amqp_url, queues[:2])  # the third does not exist yet: unroutable
+    collector: Collector | None = None
+    try:
+        groups = [fanout(*queues) for _ in range(3)]
+        with Session(engine) as s, s.begin():
+            enqueue_fanouts(s, groups)
+        collector = Collector(amqp_url, queues[:2])
+        relay = Relay(engine, amqp_url, batch_size=2)
+        stats = relay.run_until_idle(timeout_s=30)
+        assert (stats.published, stats.failed) == (6, 3)
+        wait_until(lambda: len(collector.ids()) == 6 if collector else False)
+        for queue, n in zip(queues[:2], (0, 1), strict=False):
+            got = collector.deliveries[queue]
+            assert len(got) == 3
+            row_ids = [row_id for row_id, _, _ in got]
+            assert len(set(row_ids)) == 3
+            for _, props, body in got:
+                assert body == FANOUT_BODY
+                assert props.message_id == f"m-{n}"
+                assert props.headers[COPY_HEADER] == n
+                assert props.headers["dest"] == queue and props.headers["cm"] == "cm-1"
+                assert props.headers["flag"] is (n == 1)
+                assert (props.correlation_id, props.reply_to) == ("cm-1", "acks")
+        store = OutboxStore(engine)
+        failed = store.failed_rows()
+        assert [f.attempts for f in failed] == [1, 1, 1]
+        assert all("NO_ROUTE" in (f.last_error or "") for f in failed)
+        # Declare the queue and requeue: only the third copy of each row goes out.
+        declare_queues(amqp_url, queues[2:])
+        collector.close()
+        collector = Collector(amqp_url, queues)
+        assert store.requeue_failed() == 3
+        stats = relay.run_until_idle(timeout_s=30)
+        assert stats.published == 9
+        wait_until(lambda: len(collector.ids()) == 3 if collector else False)
+        third = collector.deliveries[queues[2]]
+        assert sorted(r for r, _, _ in third) == sorted(f.id for f in failed)
+        assert {p.priority for _, p, _ in third} == {3}
+        assert {p.headers[ROW_ID_HEADER] for _, p, _ in third} == {f.id for f in failed}
+        assert collector.ids(queues[0]) == [] and collector.ids(queues[1]) == []
+        assert store.status().pending == store.status().failed == 0
+    finally:
+        if collector is not None:
+            collector.close()
+        delete_queues(amqp_url, queues)

@@ -11,9 +11,11 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-from outbox import OutboxMessage, OutboxStore, OutboxTypeError, StoreUnavailable
-from outbox.enqueue import enqueue_all
+from outbox import OutboxMessage, OutboxStore, OutboxTypeError, OutboxValueError, StoreUnavailable
+from outbox.enqueue import enqueue_all, enqueue_fanouts
 from outbox.notify import Listener
+
+from .outbox_helpers import fanout, message_fields
 
 pytestmark = pytest.mark.postgres
 
@@ -266,3 +268,80 @@ def test_enqueue_all_stores_shared_and_varying_columns_exactly(
     with Session(engine) as s, s.begin():  # every property shared but the bodies and ids
         enqueue_all(s, [OutboxMessage(exchange="", routing_key="q", body=b"a")] * 2)
     assert [row.message.body for row in store.claim(10, after_id=0).rows][-2:] == [b"a", b"a"]
+
+
+def test_a_fanout_is_one_row_that_expands_to_its_messages(engine: sa.Engine) -> None:
+    group = fanout("q0", "q1", "q2")
+    single = OutboxMessage(exchange="", routing_key="solo", body=b"alone")
+    with Session(engine) as s, s.begin():
+        assert enqueue_fanouts(s, [group, [single]]) == 4
+    store = OutboxStore(engine)
+    claim = store.claim(10)
+    fan, plain = claim.rows
+    assert (len(fan.copies), plain.copies) == (3, ())
+    assert claim.messages == 4
+    expanded = fan.expand()
+    assert [n for n, _ in expanded] == [0, 1, 2]
+    assert [message_fields(m) for _, m in expanded] == [message_fields(m) for m in group]
+    # 1 and True are different JSON values: neither is taken for a shared header.
+    assert "flag" not in (fan.message.headers or {})
+    assert fan.message.headers == {"cm": "cm-1"}
+    assert plain.expand() == [(None, plain.message)]
+    store.settle(claim, published=[fan.id, plain.id])
+    assert store.status().pending == 0
+
+
+def test_a_fanout_needs_one_body(engine: sa.Engine) -> None:
+    other = OutboxMessage(exchange="", routing_key="q1", body=b"different")
+    with Session(engine) as s, s.begin(), pytest.raises(OutboxValueError, match="one body"):
+        enqueue_fanouts(s, [[fanout("q0")[0], other]])
+
+
+def test_partial_settle_writes_back_exactly_the_unpublished_copies(engine: sa.Engine) -> None:
+    group = fanout("q0", "q1", "q2", "q3")
+    with Session(engine) as s, s.begin():
+        enqueue_fanouts(s, [group])
+    store = OutboxStore(engine)
+    claim = store.claim(10)
+    [row] = claim.rows
+    later = datetime.now(UTC) + timedelta(hours=1)
+    store.settle(
+        claim,
+        published=[(row.id, 0), (row.id, 2)],
+        parked={(row.id, 1): "unroutable: 312 NO_ROUTE"},
+        retry={(row.id, 3): ("nacked", later)},
+    )
+    status = store.status()
+    assert (status.pending, status.failed) == (1, 1)
+    [failed] = store.failed_rows()
+    assert (failed.id, failed.attempts, failed.routing_key) == (row.id, 1, "q0")
+    assert failed.last_error == "unroutable: 312 NO_ROUTE"
+    assert store.claim(10).rows == []  # the retried copy is not due yet
+    store.requeue_failed()
+    again = store.claim(10)
+    [back] = again.rows
+    assert back.id == row.id
+    [(n, message)] = back.expand()
+    # Copy 1 keeps its number (consumers de-duplicate on row id and copy number).
+    assert n == 1 and message_fields(message) == message_fields(group[1])
+    store.settle(again, published=[(row.id, 1)])
+    with engine.begin() as conn:
+        left = conn.execute(sa.select(outbox.outbox_table().c.copies)).scalars().all()
+    assert [[c["n"] for c in cs] for cs in left] == [[3]]
+
+
+def test_a_claim_that_dies_gives_back_every_copy(pg_url: str) -> None:
+    eng = sa.create_engine(pg_url)
+    outbox.create_tables(eng)
+    with Session(eng) as s, s.begin():
+        enqueue_fanouts(s, [fanout("q0", "q1", "q2")])
+    a, b = OutboxStore(eng), OutboxStore(eng)
+    first = a.claim(10)
+    assert first._conn is not None
+    first._conn.invalidate()  # the relay died after publishing, before settling
+    again = b.claim(10)
+    [row] = again.rows
+    assert [n for n, _ in row.expand()] == [0, 1, 2]
+    b.settle(again, published=[row.id])
+    assert b.status().pending == 0
+    eng.dispose()

@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -39,7 +39,7 @@ from condmsg.relaying import OwnsOutbox
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_destination, declare_service_queue
-from outbox.enqueue import enqueue_all
+from outbox.enqueue import enqueue_fanouts
 from outbox.message import OutboxMessage
 from outbox.table import create_tables as create_outbox_tables
 
@@ -132,7 +132,7 @@ class Sender(OwnsOutbox):
         cm_rows: list[dict[str, Any]] = []
         copy_rows: list[dict[str, Any]] = []
         comp_rows: list[dict[str, Any]] = []
-        outbox: list[OutboxMessage] = []
+        outbox: list[Sequence[OutboxMessage]] = []
         cm_ids = [self._record(m, cm_rows, copy_rows, comp_rows, outbox) for m in messages]
         if not cm_ids:
             return []
@@ -143,7 +143,7 @@ class Sender(OwnsOutbox):
             bulk_insert(s, t.cms, cm_rows)
             bulk_insert(s, t.copies, copy_rows)
             bulk_insert(s, t.compensations, comp_rows)
-            enqueue_all(s, outbox)
+            enqueue_fanouts(s, outbox)
         return cm_ids
 
     def _record(
@@ -152,9 +152,14 @@ class Sender(OwnsOutbox):
         cm_rows: list[dict[str, Any]],
         copy_rows: list[dict[str, Any]],
         comp_rows: list[dict[str, Any]],
-        outbox: list[OutboxMessage],
+        outbox: list[Sequence[OutboxMessage]],
     ) -> str:
-        """Add the rows and messages of one CM to the batch; return its id."""
+        """Add the rows and messages of one CM to the batch; return its id.
+
+        The copies of a CM share its payload: they go to the outbox as one fan-out row
+        (one per part of a sequence), which the relay expands into one message per
+        destination.
+        """
         condition = item.condition
         if not isinstance(condition, Condition):
             raise ConditionError(
@@ -207,7 +212,9 @@ class Sender(OwnsOutbox):
             comp_rows.append(
                 self._compensation_row(cm_id, plan.destination.name, item.compensation)
             )
-            outbox.extend(plan.messages)
+        # Every copy has the same parts (one payload, one part size): part k of every
+        # destination is one fan-out.
+        outbox.extend(zip(*(plan.messages for plan in plans), strict=True))
         return cm_id
 
     @contextmanager

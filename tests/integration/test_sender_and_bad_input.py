@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+import outbox
 from condmsg import ConditionError, Destination, DestinationSet, evaluate
 from condmsg import protocol as p
 from condmsg import sender_tables as t
@@ -339,3 +340,38 @@ def test_send_many_is_all_or_nothing(sqlite_url: str, unique_name: str, make_sen
     with sender.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(t.cms)).scalar_one() == 0
         assert conn.execute(sa.text("SELECT count(*) FROM condmsg_outbox")).scalar_one() == 0
+
+
+def test_a_cm_is_one_outbox_row_and_each_copy_keeps_its_id_token_and_headers(
+    db_url: str, unique_name: str, make_sender: Any, channel: Any
+) -> None:
+    sender = make_sender(db_url, _name(unique_name))
+    queues = [f"{unique_name}.q{i}" for i in range(3)]
+    condition = DestinationSet(
+        Destination(queues[0], recipient="ann"),
+        Destination(queues[1], process_within=timedelta(seconds=9)),
+        Destination(queues[2], priority=4),
+        pickup_within=timedelta(seconds=9),
+    )
+    cm_ids = sender.send_many([Outgoing(payload=b"p", condition=condition)] * 2)
+    with sender.engine.connect() as conn:
+        rows = conn.execute(sa.select(outbox.outbox_table().c.copies)).scalars().all()
+        ids = {(r.cm_id, r.destination): r.message_id for r in conn.execute(sa.select(t.copies))}
+    assert [len(copies) for copies in rows] == [3, 3]  # one row per CM, not per copy
+    _relay(sender)
+    for queue in queues:
+        got = get_all(channel, queue)
+        assert [props.correlation_id for props, _ in got] == cm_ids
+        for props, body in got:
+            h = props.headers
+            assert (
+                body == b"p"
+                and h[p.H_DESTINATION] == queue
+                and h[p.H_CM_ID] == props.correlation_id
+            )
+            assert props.message_id == ids[(props.correlation_id, queue)]
+            recipient = "ann" if queue == queues[0] else None
+            assert h.get(p.H_RECIPIENT) == recipient
+            assert h[p.H_TOKEN] == p.copy_token(SECRET, props.correlation_id, queue, recipient)
+            assert h[p.H_REQUIRES] == ("process" if queue == queues[1] else "pickup")
+            assert props.priority == (4 if queue == queues[2] else 0)

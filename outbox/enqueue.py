@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from outbox import pg
 from outbox.errors import OutboxTypeError, OutboxValueError
-from outbox.message import COPY_FIELDS, HeaderValue, OutboxMessage
+from outbox.message import COPY_FIELDS, Fanout, HeaderValue, OutboxMessage
 from outbox.table import DEFAULT_TABLE_NAME, PENDING, outbox_table
 
 
@@ -92,7 +92,7 @@ def enqueue_all(
 
 def enqueue_fanouts(
     session: Session | Connection,
-    fanouts: Iterable[Sequence[OutboxMessage]],
+    fanouts: Iterable[Fanout | Sequence[OutboxMessage]],
     *,
     table_name: str = DEFAULT_TABLE_NAME,
 ) -> int:
@@ -107,10 +107,18 @@ def enqueue_fanouts(
     only). A group of one is a plain row, as :func:`enqueue_all` writes it. The way to
     send one payload to many destinations: the database stores and deletes one row, not
     one per destination.
+
+    A group is a sequence of messages (what they share is found here) or a
+    :class:`~outbox.message.Fanout` that already says it (cheaper for a caller that
+    builds its copies from one template).
     """
     rows: list[tuple[OutboxMessage, list[dict[str, Any]] | None]] = []
     count = 0
     for group in fanouts:
+        if isinstance(group, Fanout):
+            rows.append((group.message, [{"n": n, **c} for n, c in enumerate(group.copies)]))
+            count += len(group.copies)
+            continue
         messages = _checked(group, "enqueue_fanouts")
         count += len(messages)
         if len(messages) == 1:

@@ -105,8 +105,6 @@ class OutboxMessage:
     mandatory: bool = True
 
     def __post_init__(self) -> None:
-        _shortstr("exchange", self.exchange, optional=False)
-        _shortstr("routing_key", self.routing_key, optional=False)
         body: object = self.body  # callers without type checking pass anything
         if isinstance(body, bytearray | memoryview):
             body = bytes(body)
@@ -118,30 +116,10 @@ class OutboxMessage:
             raise OutboxValueError(
                 f"body is {len(self.body)} bytes; RabbitMQ accepts at most {MAX_BODY_BYTES}"
             )
-        for name in _OPTIONAL_NAMES:
-            _shortstr(name, getattr(self, name), optional=True)
+        for name in COPY_FIELDS:
+            _check_field(name, getattr(self, name))
         if self.headers is not None:
-            if not isinstance(self.headers, Mapping):
-                raise OutboxTypeError(f"headers must be a dict, got {type(self.headers).__name__}")
-            _check_json("headers", dict(self.headers))
-        if self.priority is not None and (
-            isinstance(self.priority, bool)
-            or not isinstance(self.priority, int)
-            or not 0 <= self.priority <= 255
-        ):
-            raise OutboxValueError(f"priority must be an int in 0..255, got {self.priority!r}")
-        if self.expiration_ms is not None and (
-            isinstance(self.expiration_ms, bool)
-            or not isinstance(self.expiration_ms, int)
-            or self.expiration_ms < 0
-        ):
-            raise OutboxValueError(
-                f"expiration_ms must be a non-negative int (milliseconds), "
-                f"got {self.expiration_ms!r}"
-            )
-        for name in ("persistent", "mandatory"):
-            if not isinstance(getattr(self, name), bool):
-                raise OutboxTypeError(f"{name} must be a bool")
+            _check_headers(self.headers)
 
     @classmethod
     def trusted(cls, **fields: Any) -> OutboxMessage:
@@ -175,8 +153,71 @@ COPY_FIELDS = (
     "persistent",
     "mandatory",
 )
+
+
+def _check_field(name: str, value: object) -> None:
+    """Raise unless ``value`` is valid for the message field ``name`` (one of COPY_FIELDS)."""
+    if name in _OPTIONAL_NAMES:
+        _shortstr(name, value, optional=True)
+    elif name in ("exchange", "routing_key"):
+        _shortstr(name, value, optional=False)
+    elif name == "priority":
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255
+        ):
+            raise OutboxValueError(f"priority must be an int in 0..255, got {value!r}")
+    elif name == "expiration_ms":
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise OutboxValueError(
+                f"expiration_ms must be a non-negative int (milliseconds), got {value!r}"
+            )
+    elif not isinstance(value, bool):  # persistent, mandatory
+        raise OutboxTypeError(f"{name} must be a bool")
+
+
+def _check_headers(headers: object) -> None:
+    if not isinstance(headers, Mapping):
+        raise OutboxTypeError(f"headers must be a dict, got {type(headers).__name__}")
+    _check_json("headers", dict(headers))
+
+
 #: Every field of a message (a column of its own in the outbox table).
 MESSAGE_FIELDS = (*COPY_FIELDS, "body", "headers")
+
+
+@dataclass(frozen=True, slots=True)
+class Fanout:
+    """Messages with one body, in the form one outbox row stores them (see
+    :func:`outbox.enqueue.enqueue_fanouts`): ``message`` holds the body and what every
+    message shares, headers included; ``copies`` one mapping per message with the fields
+    (of :data:`COPY_FIELDS`) it sets for itself and its own ``headers``, which are added
+    to the shared ones. Validated when built, as :class:`OutboxMessage` is.
+    """
+
+    message: OutboxMessage
+    copies: tuple[Mapping[str, Any], ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.message, OutboxMessage):
+            raise OutboxTypeError(f"a fan-out's message is an OutboxMessage, got {self.message!r}")
+        if not self.copies:
+            raise OutboxValueError("a fan-out has at least one copy")
+        for copy in self.copies:
+            for name, value in copy.items():
+                if name == "headers":
+                    _check_headers(value)
+                elif name in COPY_FIELDS:
+                    _check_field(name, value)
+                else:
+                    raise OutboxTypeError(f"a copy of a fan-out cannot set {name!r}")
+            if self.message.headers is None and copy.get("headers"):
+                raise OutboxValueError("copies add headers to the shared ones: set headers={}")
+
+    def messages(self) -> list[OutboxMessage]:
+        """Each copy as a message of its own."""
+        return [copy_message(self.message, c) for c in self.copies]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

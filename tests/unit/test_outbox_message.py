@@ -9,6 +9,7 @@ import pytest
 
 from outbox import OutboxError, OutboxMessage, OutboxTypeError, OutboxValueError
 from outbox.backoff import Backoff, retry_delay_s
+from outbox.message import Fanout
 from outbox.publisher import ROW_ID_HEADER, describe_connect_error, pika_properties
 from outbox.table import notify_channel
 from outbox.urls import broker_address, redact_url
@@ -130,3 +131,23 @@ def test_notify_channel_is_a_short_stable_identifier_per_schema_and_table() -> N
     assert a != notify_channel("public", "other")
     assert len(a) <= 63
     assert a.isidentifier()
+
+
+def test_a_fanout_validates_its_copies_like_messages() -> None:
+    base = msg(headers={"shared": 1})
+    fanout = Fanout(base, ({"routing_key": "a", "headers": {"own": "x"}}, {"priority": 3}))
+    first, second = fanout.messages()
+    assert (first.routing_key, dict(first.headers or {})) == ("a", {"shared": 1, "own": "x"})
+    assert (second.routing_key, second.priority, second.body) == ("k", 3, b"b")
+    with pytest.raises(OutboxValueError, match=r"priority must be an int in 0\.\.255"):
+        Fanout(base, ({"priority": 256},))
+    with pytest.raises(OutboxValueError, match="routing_key is longer than 255 bytes"):
+        Fanout(base, ({"routing_key": "r" * 256},))
+    with pytest.raises(OutboxTypeError, match="must hold JSON values"):
+        Fanout(base, ({"headers": {"when": object()}},))
+    with pytest.raises(OutboxTypeError, match="cannot set 'body'"):
+        Fanout(base, ({"body": b"other"},))
+    with pytest.raises(OutboxValueError, match="at least one copy"):
+        Fanout(base, ())
+    with pytest.raises(OutboxValueError, match="set headers"):
+        Fanout(msg(), ({"headers": {"own": "x"}},))

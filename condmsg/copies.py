@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -17,7 +17,7 @@ from condmsg import protocol as p
 from condmsg.conditions import COMPENSATION_PRIORITY, Condition, Delivery, Destination
 from condmsg.errors import ProtocolError
 from condmsg.timeutil import to_ms
-from outbox.message import OutboxMessage
+from outbox.message import Fanout, OutboxMessage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,7 +29,10 @@ class CopyPlan:
     exchange: str
     routing_key: str
     requires: p.Requirement
-    messages: tuple[OutboxMessage, ...]
+    #: How many AMQP messages the copy travels as (more than one: a Message Sequence).
+    parts: int = 1
+    #: Its messages (:func:`plan_copies`; :func:`plan_fanouts` leaves them in the fan-outs).
+    messages: tuple[OutboxMessage, ...] = ()
 
 
 def requirement(condition: Condition) -> dict[str, p.Requirement]:
@@ -61,7 +64,17 @@ def check_app_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def plan_copies(
+def plan_copies(**options: Any) -> list[CopyPlan]:
+    """The copies of one CM, one per destination, each split into parts if large, with
+    their messages (takes the keywords of :func:`plan_fanouts`)."""
+    plans, fanouts = plan_fanouts(**options)
+    parts = [fanout.messages() for fanout in fanouts]
+    return [
+        replace(plan, messages=tuple(part[i] for part in parts)) for i, plan in enumerate(plans)
+    ]
+
+
+def plan_fanouts(
     *,
     cm_id: str,
     condition: Condition,
@@ -72,56 +85,49 @@ def plan_copies(
     content_type: str,
     app_headers: Mapping[str, Any],
     part_bytes: int,
-) -> list[CopyPlan]:
-    """The copies of one CM, one per destination, each split into parts if large."""
+) -> tuple[list[CopyPlan], list[Fanout]]:
+    """The copies of one CM (plans without their messages) and its outbox fan-outs: one
+    per part of the payload, holding that part once and every destination's copy of it.
+
+    A copy's message differs from its siblings' only in the destination's address,
+    delivery properties, message id and its headers naming the destination (destination,
+    requirement, recipient, token; the sequence id of a large payload).
+    """
     destinations, delivery, needs = _layout(condition)
+    chunks = split(body, part_bytes)
+    shared = {
+        **app_headers,
+        p.H_VERSION: p.PROTOCOL_VERSION,
+        p.H_KIND: p.MessageKind.ORIGINAL.value,
+        p.H_CM_ID: cm_id,
+        p.H_SENDER: sender,
+        p.H_SENT_AT: p.format_instant(sent_at),
+    }
     plans: list[CopyPlan] = []
-    sent = p.format_instant(sent_at)
-    reply_to = p.ack_queue(sender)
+    own: list[dict[str, Any]] = []
     for dest in destinations:
         props = delivery[dest.name]
         message_id = os.urandom(16).hex()  # 128 random bits, as a uuid4 has 122
         exchange = dest.exchange or ""
         routing_key = dest.routing_key or dest.name
-        headers: dict[str, Any] = {
-            **app_headers,
-            p.H_VERSION: p.PROTOCOL_VERSION,
-            p.H_KIND: p.MessageKind.ORIGINAL.value,
-            p.H_CM_ID: cm_id,
+        headers = {
             p.H_DESTINATION: dest.name,
             p.H_REQUIRES: needs[dest.name].value,
-            p.H_SENDER: sender,
-            p.H_SENT_AT: sent,
             p.H_TOKEN: p.copy_token(secret, cm_id, dest.name, dest.recipient),
         }
         if dest.recipient is not None:
             headers[p.H_RECIPIENT] = dest.recipient
-        chunks = split(body, part_bytes)
-        messages = []
-        for position, chunk in enumerate(chunks):
-            part_headers = dict(headers)
-            if len(chunks) > 1:
-                part_headers |= {
-                    p.H_SEQ_ID: message_id,
-                    p.H_SEQ_POS: position,
-                    p.H_SEQ_SIZE: len(chunks),
-                }
-            messages.append(
-                OutboxMessage(
-                    exchange=exchange,
-                    routing_key=routing_key,
-                    body=chunk,
-                    message_id=message_id if len(chunks) == 1 else f"{message_id}.{position}",
-                    correlation_id=cm_id,
-                    reply_to=reply_to,
-                    content_type=content_type,
-                    message_type=f"condmsg.{p.MessageKind.ORIGINAL.value}",
-                    headers=part_headers,
-                    priority=props.priority,
-                    expiration_ms=to_ms(props.expiry) if props.expiry is not None else None,
-                    persistent=props.persistent,
-                )
-            )
+        own.append(
+            {
+                "exchange": exchange,
+                "routing_key": routing_key,
+                "message_id": message_id,
+                "priority": props.priority,
+                "expiration_ms": to_ms(props.expiry) if props.expiry is not None else None,
+                "persistent": props.persistent,
+                "headers": headers,
+            }
+        )
         plans.append(
             CopyPlan(
                 destination=dest,
@@ -129,10 +135,47 @@ def plan_copies(
                 exchange=exchange,
                 routing_key=routing_key,
                 requires=needs[dest.name],
-                messages=tuple(messages),
+                parts=len(chunks),
             )
         )
-    return plans
+    first = own[0]
+    # A copy states the fields in which it differs from the first (the row's own).
+    copies = [
+        {k: v for k, v in c.items() if k in _OWN or v != first[k] or type(v) is not type(first[k])}
+        for c in own
+    ]
+    fanouts = []
+    for position, chunk in enumerate(chunks):
+        part_headers, part_copies = shared, copies
+        if len(chunks) > 1:
+            part_headers = shared | {p.H_SEQ_POS: position, p.H_SEQ_SIZE: len(chunks)}
+            part_copies = [
+                c
+                | {
+                    "message_id": f"{c['message_id']}.{position}",
+                    "headers": c["headers"] | {p.H_SEQ_ID: c["message_id"]},
+                }
+                for c in copies
+            ]
+        message = OutboxMessage(
+            exchange=first["exchange"],
+            routing_key=first["routing_key"],
+            body=chunk,
+            correlation_id=cm_id,
+            reply_to=p.ack_queue(sender),
+            content_type=content_type,
+            message_type=f"condmsg.{p.MessageKind.ORIGINAL.value}",
+            headers=part_headers,
+            priority=first["priority"],
+            expiration_ms=first["expiration_ms"],
+            persistent=first["persistent"],
+        )
+        fanouts.append(Fanout(message, tuple(part_copies)))
+    return plans, fanouts
+
+
+#: What every copy of a fan-out states for itself.
+_OWN = frozenset({"message_id", "headers"})
 
 
 @functools.lru_cache(maxsize=1024)

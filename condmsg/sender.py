@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -29,7 +29,7 @@ from condmsg import protocol as p
 from condmsg import sender_tables as t
 from condmsg.amqp import connect
 from condmsg.conditions import Condition
-from condmsg.copies import check_app_headers, plan_copies
+from condmsg.copies import check_app_headers, plan_fanouts
 from condmsg.db import bulk_insert, make_engine
 from condmsg.errors import BrokerError, ConditionError, ConfigError
 from condmsg.evaluation import Verdict, evaluate
@@ -40,7 +40,7 @@ from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_destination, declare_service_queue
 from outbox.enqueue import enqueue_fanouts
-from outbox.message import OutboxMessage
+from outbox.message import Fanout
 from outbox.table import create_tables as create_outbox_tables
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class Sender(OwnsOutbox):
         cm_rows: list[dict[str, Any]] = []
         copy_rows: list[dict[str, Any]] = []
         comp_rows: list[dict[str, Any]] = []
-        outbox: list[Sequence[OutboxMessage]] = []
+        outbox: list[Fanout] = []
         cm_ids = [self._record(m, cm_rows, copy_rows, comp_rows, outbox) for m in messages]
         if not cm_ids:
             return []
@@ -152,7 +152,7 @@ class Sender(OwnsOutbox):
         cm_rows: list[dict[str, Any]],
         copy_rows: list[dict[str, Any]],
         comp_rows: list[dict[str, Any]],
-        outbox: list[Sequence[OutboxMessage]],
+        outbox: list[Fanout],
     ) -> str:
         """Add the rows and messages of one CM to the batch; return its id.
 
@@ -170,7 +170,7 @@ class Sender(OwnsOutbox):
         app_headers = check_app_headers(item.headers)
         cm_id = str(uuid.uuid4())
         sent_at = self._clock()
-        plans = plan_copies(
+        plans, fanouts = plan_fanouts(
             cm_id=cm_id,
             condition=condition,
             sender=self.name,
@@ -206,15 +206,13 @@ class Sender(OwnsOutbox):
                     "exchange": plan.exchange,
                     "routing_key": plan.routing_key,
                     "requires": plan.requires.value,
-                    "parts": len(plan.messages),
+                    "parts": plan.parts,
                 }
             )
             comp_rows.append(
                 self._compensation_row(cm_id, plan.destination.name, item.compensation)
             )
-        # Every copy has the same parts (one payload, one part size): part k of every
-        # destination is one fan-out.
-        outbox.extend(zip(*(plan.messages for plan in plans), strict=True))
+        outbox.extend(fanouts)
         return cm_id
 
     @contextmanager

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from outbox import pg
 from outbox.errors import OutboxTypeError, OutboxValueError
-from outbox.message import COPY_FIELDS, Fanout, HeaderValue, OutboxMessage
+from outbox.message import COPY_FIELDS, Fanout, HeaderValue, OutboxMessage, copy_message
 from outbox.table import DEFAULT_TABLE_NAME, PENDING, outbox_table
 
 
@@ -116,8 +116,11 @@ def enqueue_fanouts(
     count = 0
     for group in fanouts:
         if isinstance(group, Fanout):
-            rows.append((group.message, [{"n": n, **c} for n, c in enumerate(group.copies)]))
             count += len(group.copies)
+            if len(group.copies) == 1:  # a plain row: no copies column to write and read
+                rows.append((copy_message(group.message, group.copies[0]), None))
+            else:
+                rows.append((group.message, [{"n": n, **c} for n, c in enumerate(group.copies)]))
             continue
         messages = _checked(group, "enqueue_fanouts")
         count += len(messages)

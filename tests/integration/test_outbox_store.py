@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 import outbox
 from outbox import OutboxMessage, OutboxStore, OutboxTypeError, OutboxValueError, StoreUnavailable
 from outbox.enqueue import enqueue_all, enqueue_fanouts
+from outbox.message import Fanout
 from outbox.notify import Listener
 
 from .outbox_helpers import fanout, message_fields
@@ -273,13 +274,16 @@ def test_enqueue_all_stores_shared_and_varying_columns_exactly(
 def test_a_fanout_is_one_row_that_expands_to_its_messages(engine: sa.Engine) -> None:
     group = fanout("q0", "q1", "q2")
     single = OutboxMessage(exchange="", routing_key="solo", body=b"alone")
+    base = OutboxMessage(exchange="", routing_key="solo", body=b"alone", headers={"s": 0})
+    stated = Fanout(base, ({"routing_key": "solo2", "headers": {"h": 1}},))
     with Session(engine) as s, s.begin():
-        assert enqueue_fanouts(s, [group, [single]]) == 4
+        assert enqueue_fanouts(s, [group, [single], stated]) == 5
     store = OutboxStore(engine)
     claim = store.claim(10)
-    fan, plain = claim.rows
-    assert (len(fan.copies), plain.copies) == (3, ())
-    assert claim.messages == 4
+    fan, plain, one = claim.rows
+    assert (len(fan.copies), plain.copies, one.copies) == (3, (), ())
+    assert claim.messages == 5
+    assert (one.message.routing_key, one.message.headers) == ("solo2", {"s": 0, "h": 1})
     expanded = fan.expand()
     assert [n for n, _ in expanded] == [0, 1, 2]
     assert [message_fields(m) for _, m in expanded] == [message_fields(m) for m in group]
@@ -287,7 +291,7 @@ def test_a_fanout_is_one_row_that_expands_to_its_messages(engine: sa.Engine) -> 
     assert "flag" not in (fan.message.headers or {})
     assert fan.message.headers == {"cm": "cm-1"}
     assert plain.expand() == [(None, plain.message)]
-    store.settle(claim, published=[fan.id, plain.id])
+    store.settle(claim, published=[fan.id, plain.id, one.id])
     assert store.status().pending == 0
 
 

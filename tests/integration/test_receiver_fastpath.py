@@ -1,0 +1,141 @@
+"""The receiver's PostgreSQL fast path (ackd.fastpath): prepared statements that the
+server may forget, and values written into statements as literals (real PostgreSQL and
+RabbitMQ)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from ackd import fastpath
+from ackd.tables import rlog
+from condmsg import Destination
+from condmsg.acks import AckKind
+
+from .condmsg_helpers import acks_in, get_all
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
+
+app = sa.Table(
+    "app_fastpath",
+    sa.MetaData(),
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("cm_id", sa.String(36), nullable=False),
+)
+
+PREPARED = sa.text("SELECT name FROM pg_prepared_statements WHERE name LIKE 'condmsg_%'")
+
+
+def test_a_forgotten_prepared_statement_falls_back_to_the_plain_one(
+    pg_url: str,
+    unique_name: str,
+    make_sender: Any,
+    make_receiver: Any,
+    channel: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """psycopg runs ``DEALLOCATE ALL`` after a rollback once it prepared statements of its
+    own. Whether the server forgets them before the claim or in the middle of the app's
+    transaction, every read still commits exactly once with its COMMIT ack, and a later
+    claim prepares them again."""
+    # No store check for sequences after the first read: it would begin the transaction
+    # before the claim (the claim then runs inside it, unprepared), hiding what is tested.
+    monkeypatch.setattr("ackd.receiver.STORE_RECHECK_S", 3600.0)
+    name = unique_name.replace(".", "-")
+    queue = f"{unique_name}.q"
+    sender = make_sender(pg_url, name)
+    # Quotes, backslashes and non-ASCII text travel into the statements as literals.
+    recipient = "o'brien \\ zoë"
+    receiver = make_receiver(pg_url, recipient)
+    app.metadata.create_all(receiver.engine)
+    cm_ids = [
+        sender.send(b"task", Destination(queue, process_within=timedelta(seconds=30)))
+        for _ in range(6)
+    ]
+    with sender.relay() as relay:
+        relay.drain(10)
+
+    def read_one(*, forget_before_commit: bool = False) -> str:
+        with receiver.transaction() as tx:
+            message = tx.read(queue, timeout=5)
+            assert message is not None
+            tx.session.execute(sa.insert(app).values(cm_id=message.cm_id))
+            if forget_before_commit:
+                tx.session.execute(sa.text("DEALLOCATE ALL"))
+            return str(message.cm_id)
+
+    def prepared_now() -> int:
+        with receiver.transaction() as tx:  # the receiver's own connection
+            return len(tx.session.execute(PREPARED).all())
+
+    def forget() -> None:
+        with receiver.transaction() as tx:
+            tx.session.execute(sa.text("DEALLOCATE ALL"))
+
+    read = [read_one()]  # the first claim runs after the store check, unprepared
+    read.append(read_one())
+    assert prepared_now() == 2  # the claim's and the ack's, prepared ahead of the claim
+    # Gone in the middle of the transaction: the ack falls back inside its savepoint.
+    read.append(read_one(forget_before_commit=True))
+    assert prepared_now() == 0
+    read.append(read_one())
+    assert prepared_now() == 2  # prepared again
+    # Gone between transactions while the receiver believes them there: the claim
+    # falls back (and the ack, as nothing is prepared until the next claim).
+    forget()
+    read.append(read_one())
+    assert prepared_now() == 0
+    read.append(read_one())
+    assert prepared_now() == 2
+
+    assert sorted(read) == sorted(cm_ids)
+    with receiver.engine.connect() as conn:
+        assert sorted(conn.execute(sa.select(app.c.cm_id)).scalars()) == sorted(cm_ids)
+        rows = conn.execute(sa.select(rlog.c.recipient, rlog.c.committed_at)).all()
+    assert [r.recipient for r in rows] == [recipient] * 6
+    assert all(r.committed_at is not None for r in rows)
+    with receiver.relay() as relay:
+        relay.drain(10)
+    acks = acks_in(channel, name)
+    assert sorted(a.cm_id for a in acks) == sorted(cm_ids)
+    assert {a.kind for a in acks} == {AckKind.COMMIT}
+    assert {a.recipient for a in acks} == {recipient}
+    assert get_all(channel, queue, settle_s=0.1) == []
+
+
+@pytest.mark.parametrize("standard_strings", ["on", "off"])
+def test_values_become_literals_that_read_back_exactly(
+    pg_engine_url: str, standard_strings: str
+) -> None:
+    url = sa.engine.make_url(pg_engine_url)
+    with psycopg.connect(
+        host=url.host, port=url.port, user=url.username, dbname=url.database, autocommit=True
+    ) as raw:
+        raw.execute(f"SET standard_conforming_strings = {standard_strings}")
+        literal = fastpath._Literals(raw)
+        instant = datetime(2026, 11, 22, 8, 30, 1, 123456, tzinfo=UTC)
+        cases: list[tuple[Any, str, Any]] = [
+            ("it's \\ 'quoted' \\\\ E'x' ; -- zoë ☃", "text", None),
+            ("", "text", None),
+            (None, "text", None),
+            (True, "boolean", None),
+            (False, "boolean", None),
+            (-42, "bigint", None),
+            (instant, "timestamptz", None),
+            (instant.astimezone(timezone(timedelta(hours=5))), "timestamptz", instant),
+            (bytes(range(256)), "bytea", None),
+            ({"a": "it's", "b": [1, None, "\\"]}, "json", None),
+        ]
+        for value, type_, expected in cases:
+            sql = f"SELECT CAST({literal(value)} AS {type_})"
+            (got,) = raw.execute(sql).fetchone() or (object(),)
+            if type_ == "json":
+                got = json.loads(json.dumps(got))
+            assert got == (value if expected is None else expected), sql
+        with pytest.raises(psycopg.DataError):
+            literal("nul \x00 inside")

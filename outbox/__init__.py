@@ -7,7 +7,7 @@ publisher confirms, at least once. See ``docs/outbox.md``.
 
 from __future__ import annotations
 
-from outbox.enqueue import enqueue, enqueue_many
+from outbox.enqueue import enqueue, enqueue_all, enqueue_fanouts, enqueue_many
 from outbox.errors import (
     BrokerUnavailable,
     OutboxError,
@@ -16,17 +16,20 @@ from outbox.errors import (
     OutboxValueError,
     StoreUnavailable,
 )
-from outbox.message import OutboxMessage, StoredMessage
+from outbox.message import Fanout, OutboxMessage, StoredMessage
 from outbox.metrics import RelayMetrics
-from outbox.publisher import ROW_ID_HEADER
+from outbox.publisher import COPY_HEADER, ROW_ID_HEADER
 from outbox.relay import Relay, RelayStats
 from outbox.store import FailedRow, OutboxStatus, OutboxStore
 from outbox.table import DEFAULT_TABLE_NAME, create_tables, metadata, outbox_table
 
 __all__ = [
     # writing
+    "Fanout",
     "OutboxMessage",
     "enqueue",
+    "enqueue_all",
+    "enqueue_fanouts",
     "enqueue_many",
     # schema
     "DEFAULT_TABLE_NAME",
@@ -34,6 +37,7 @@ __all__ = [
     "metadata",
     "outbox_table",
     # relaying
+    "COPY_HEADER",
     "ROW_ID_HEADER",
     "Relay",
     "RelayMetrics",

@@ -65,6 +65,19 @@ PLAN_SCHEMA = T.StructType(
 )
 
 
+def leaf_key(plan: str, destination: str) -> Column:
+    """The one (long) equi-join key of a plan's destination: ``xxhash64`` of both."""
+    return F.xxhash64(plan, destination)
+
+
+def same_text(left: str, right: str) -> Column:
+    """``left = right`` for strings (null if either is null), written so that Spark keeps
+    it as a join's condition instead of taking it as a second equi-join key (a join on a
+    single long key builds a hash table keyed by longs)."""
+    a, b = F.col(left), F.col(right)
+    return F.startswith(a, b) & F.startswith(b, a)
+
+
 def _hash() -> Column:
     """The 64-bit lookup key of a condition (see :meth:`PlanSet.attach`)."""
     return F.xxhash64("condition_json")
@@ -97,12 +110,27 @@ class PlanSet:
         frame = self.frame.select("plan_id", *columns)
         return F.broadcast(frame) if self.small else frame
 
+    def with_leaves(self, rows: DataFrame) -> DataFrame:
+        """``rows`` (with ``plan_id`` and ``destination``) with their destination's
+        ``slot, leaf_recipient, leaf_topic`` in the plan (null where the plan does not
+        name it): a left join with :meth:`leaves` on :func:`leaf_key`, the plan and the
+        destination compared exactly beside it."""
+        on = (
+            (leaf_key("plan_id", "destination") == F.col("leaf_key"))
+            & ((F.col("plan_id") - F.col("leaf_plan")) == 0)
+            & same_text("destination", "leaf_destination")
+        )
+        return rows.join(self.leaves(), on, "left").drop(
+            "leaf_key", "leaf_plan", "leaf_destination"
+        )
+
     def leaves(self) -> DataFrame:
-        """``plan_id, destination, slot, leaf_recipient, leaf_topic``: one row per
-        destination of a plan (its position in ``leaf_names``), broadcast when small.
+        """``leaf_key, leaf_plan, leaf_destination, slot, leaf_recipient, leaf_topic``: one
+        row per destination of a plan (its position in ``leaf_names``), broadcast when small.
 
         A join on ``(plan_id, destination)`` finds an ack's slot with one lookup in a
-        small hash table, instead of copying the plan's arrays into every ack row."""
+        small hash table, instead of copying the plan's arrays into every ack row
+        (:meth:`with_leaves`)."""
         slot = F.col("slot")
         frame = self.frame.select(
             "plan_id",
@@ -110,8 +138,9 @@ class PlanSet:
             "leaf_recipients",
             "leaf_topic",
         ).select(
-            "plan_id",
-            "destination",
+            leaf_key("plan_id", "destination").alias("leaf_key"),
+            F.col("plan_id").alias("leaf_plan"),
+            F.col("destination").alias("leaf_destination"),
             slot.cast("int").alias("slot"),
             F.get(F.col("leaf_recipients"), slot).alias("leaf_recipient"),
             F.coalesce(F.get(F.col("leaf_topic"), slot), F.lit(False)).alias("leaf_topic"),

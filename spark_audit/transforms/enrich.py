@@ -28,7 +28,7 @@ from condmsg.archive_layout import AckStatus
 from spark_audit.readers import Window, decided_after, seen_in, sent_in
 from spark_audit.reevaluate import VERDICTS, well_formed
 from spark_audit.reevaluate.compiled import COUNTED, compiled_values, verdict_name
-from spark_audit.transforms.conditions import PlanSet
+from spark_audit.transforms.conditions import PlanSet, same_text
 
 COUNTED_STATUS = AckStatus.COUNTED.value
 #: The consumer key of every ack of a queue destination (a queue copy is consumed once).
@@ -58,13 +58,24 @@ def state_name(code: Column) -> Column:
     return name
 
 
+def cm_key(column: str = "cm_id") -> Column:
+    """``cm_key``: a 64-bit hash of ``cm_id``, the shared frames' partitioning key.
+
+    Joins take it as their one equi-join key (Spark then builds a hash table keyed by a
+    long, not by 36-byte strings) and compare the ids themselves exactly
+    (:func:`same_text`), and groupings by CM include it (so they run on the shared
+    frames' partitioning): two ids with one hash stay apart.
+    """
+    return F.xxhash64(column).alias("cm_key")
+
+
 def cut_cms(cms: DataFrame, plans: PlanSet, window: Window | None, partitions: int) -> DataFrame:
     """Every CM of ``cms`` with ``in_window`` and its state as of ``window.until``.
 
     A decision taken after ``until`` is not visible yet (state ``pending``, no decision
-    instants). Columns: ``cm_id, in_window, sender, sent_at, sent_us, plan_id, state_code
-    (:data:`STATES`), decided_at, effective_at, evaluation_deadline``; ``partitions``
-    partitions by ``cm_id``.
+    instants). Columns: ``cm_key`` (:func:`cm_key`), ``cm_id, in_window, sender, sent_at,
+    sent_us, plan_id, state_code (:data:`STATES`), decided_at, effective_at,
+    evaluation_deadline``; ``partitions`` partitions by ``cm_key``.
     """
     state, decided, effective = F.col("state"), F.col("decided_at"), F.col("effective_at")
     in_window: Column = F.lit(True)
@@ -77,6 +88,7 @@ def cut_cms(cms: DataFrame, plans: PlanSet, window: Window | None, partitions: i
     return (
         plans.attach(cms)
         .select(
+            cm_key(),
             "cm_id",
             in_window.alias("in_window"),
             "sender",
@@ -88,7 +100,7 @@ def cut_cms(cms: DataFrame, plans: PlanSet, window: Window | None, partitions: i
             effective.alias("effective_at"),
             "evaluation_deadline",
         )
-        .repartition(partitions, "cm_id")
+        .repartition(partitions, "cm_key")
     )
 
 
@@ -131,14 +143,22 @@ def enrich_acks(
         events = events.where(F.col("received_at") <= F.lit(window.until))
         orphan_ok = seen_in(window, "received_at")
     cms = cms_cut.select(
-        "cm_id", "in_window", "sender", "sent_us", "plan_id", _us("decided_at").alias("decided_us")
+        F.col("cm_key").alias("_cm_key"),
+        F.col("cm_id").alias("_cm_id"),
+        "in_window",
+        "sender",
+        "sent_us",
+        "plan_id",
+        _us("decided_at").alias("decided_us"),
     )
-    joined = events.join(cms.hint("shuffle_hash"), "cm_id", "left")
+    on_cm = (F.col("cm_key") == F.col("_cm_key")) & same_text("cm_id", "_cm_id")
+    joined = events.select("*", cm_key()).join(cms.hint("shuffle_hash"), on_cm, "left")
     known = F.col("in_window").isNotNull()
     in_cut = F.coalesce(F.col("in_window"), F.lit(False)) | (~known & orphan_ok & ~F.col("is_comp"))
-    with_leaves = joined.where(in_cut).join(plans.leaves(), ["plan_id", "destination"], "left")
+    with_leaves = plans.with_leaves(joined.where(in_cut))
     return (
         with_leaves.select(
+            "cm_key",
             "ack_id",
             "cm_id",
             "destination",
@@ -204,7 +224,7 @@ def commit_us() -> Column:
 
 
 _CM_COLUMNS = ("sent_at", "state_code", "decided_at", "effective_at", "evaluation_deadline")
-_FACT_KEYS = ("cm_id", "sender", "plan_id", "sent_us", "slot")
+_FACT_KEYS = ("cm_key", "cm_id", "sender", "plan_id", "sent_us", "slot")
 
 
 def _fact_rows(enriched: DataFrame) -> DataFrame:
@@ -270,7 +290,7 @@ def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFra
     One aggregation over the CM rows and the fact rows, both partitioned by ``cm_id``.
     """
     cm_rows = cms_cut.where("in_window").select(
-        "cm_id", "sender", "plan_id", "sent_us", *_CM_COLUMNS, F.lit(1).alias("is_cm")
+        "cm_key", "cm_id", "sender", "plan_id", "sent_us", *_CM_COLUMNS, F.lit(1).alias("is_cm")
     )
     rows = cm_rows.unionByName(_fact_rows(enriched), allowMissingColumns=True)
     if plans.probes:
@@ -307,7 +327,7 @@ def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFra
         "count(CASE WHEN topic AND n_wf > 1 THEN 1 END) AS _multi_topic",
     ]
     aggregates = [F.expr(text) for text in sql]
-    per_cm = rows.groupBy("cm_id", "sender").agg(*aggregates).where(F.col("is_cm") == 1)
+    per_cm = rows.groupBy("cm_key", "cm_id", "sender").agg(*aggregates).where(F.col("is_cm") == 1)
     repeated = "".join(f" + CASE WHEN _wf{i} > 1 THEN 1 ELSE 0 END" for i in range(plans.slots))
     return per_cm.select(
         "*",

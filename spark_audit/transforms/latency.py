@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_audit.transforms.anomalies import COUNTERS, counters
@@ -49,22 +49,21 @@ CODES = {name: code for code, name in enumerate(NAMES)}
 Bucket = tuple[int, int, int]  # (count, smallest µs, largest µs)
 
 
-def _fine(value: Column) -> Column:
-    magnitude = F.abs(value)
-    bucket = F.when(magnitude < SUB_BUCKETS, magnitude).otherwise(
-        F.floor(F.log2(magnitude) * F.lit(SUB_BUCKETS))
+def _fine(value: str) -> str:
+    """The log-linear bucket of ``value`` (µs; SQL text)."""
+    bucket = (
+        f"CASE WHEN abs({value}) < {SUB_BUCKETS} THEN abs({value}) "
+        f"ELSE floor(log2(abs({value})) * {SUB_BUCKETS}) END"
     )
-    return F.when(value < 0, -bucket - 1).otherwise(bucket).cast("long")
+    return f"CAST(CASE WHEN {value} < 0 THEN -({bucket}) - 1 ELSE {bucket} END AS BIGINT)"
 
 
-def _coarse(value: Column) -> Column:
-    """The report's bin: -1 negative, 0 below 1 ms, k >= 1 for [2^(k-1), 2^k) ms."""
-    ms = value / F.lit(1000.0)
+def _coarse(value: str) -> str:
+    """The report's bin (SQL text): -1 negative, 0 below 1 ms, k >= 1 for [2^(k-1), 2^k) ms."""
+    ms = f"({value} / 1000.0D)"
     return (
-        F.when(ms < 0, F.lit(-1))
-        .when(ms < 1, F.lit(0))
-        .otherwise(F.floor(F.log2(ms)).cast("int") + 1)
-        .cast("int")
+        f"CAST(CASE WHEN {ms} < 0 THEN -1 WHEN {ms} < 1 THEN 0 "
+        f"ELSE CAST(floor(log2({ms})) AS INT) + 1 END AS INT)"
     )
 
 
@@ -77,13 +76,14 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
     (:data:`RELAY_BY_RECEIVER`): its relay lag (``lo2``: the smallest pickup, for the clock
     bounds) and the counts of :data:`COUNTERS` (``rows``: every ack), so no other pass
     over the acks is needed for them.
+
+    Each ack is exploded over a constant array of metric codes (no per-row arrays or
+    structs are built), and each entry picks its value and keys by its code.
     """
     read, sent = F.col("read_us"), F.col("sent_us")
     commit = commit_us()
     facts = F.col("known") & F.col("wf")
     counts = counters()
-    # The values first (one projection), then small structs of columns: the generated code
-    # of the explode stays small.
     values = acks_only(enriched).select(
         "destination",
         "recipient",
@@ -97,41 +97,38 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
             for name, condition in counts.items()
         ),
     )
-    none, zero = F.lit(None).cast("string"), F.lit(None).cast("int")
-    destination, recipient = F.col("destination"), F.col("recipient")
-
-    def entry(metric: str, key1: Column, key2: Column, value: str, *, receiver: bool) -> Column:
-        return F.struct(
-            F.lit(CODES[metric]).cast("byte").alias("metric"),
-            key1.alias("key1"),
-            key2.alias("key2"),
-            F.col(value).alias("v"),
-            (F.col("_pickup") if receiver else F.lit(None).cast("long")).alias("v2"),
-            *((F.col(f"_{n}") if receiver else zero).alias(n) for n in COUNTERS),
-        )
-
-    entries = F.array(
-        *(entry(m, destination, recipient, f"_{m}", receiver=False) for m in METRICS),
-        entry(RELAY_BY_RECEIVER, F.col("receiver"), none, "_relay", receiver=True),
+    receiver = CODES[RELAY_BY_RECEIVER]
+    codes = ", ".join(f"CAST({CODES[name]} AS TINYINT)" for name in NAMES)
+    by_code = " ".join(f"WHEN {CODES[m]} THEN _{m}" for m in METRICS)
+    exploded = values.selectExpr("*", f"explode(array({codes})) AS metric").selectExpr(
+        "metric",
+        f"CASE WHEN metric = {receiver} THEN receiver ELSE destination END AS key1",
+        f"CASE WHEN metric = {receiver} THEN NULL ELSE recipient END AS key2",
+        f"CASE metric {by_code} ELSE _relay END AS v",
+        f"CASE WHEN metric = {receiver} THEN _pickup END AS v2",
+        *(f"CASE WHEN metric = {receiver} THEN _{n} END AS {n}" for n in COUNTERS),
     )
-    exploded = values.select(F.inline(entries)).where(
-        F.col("v").isNotNull() | (F.col("metric") == CODES[RELAY_BY_RECEIVER])
-    )
+    kept = exploded.where(f"v IS NOT NULL OR metric = {receiver}")
     # The report's bins only for the metrics it draws (fewer groups for the others).
-    drawn = F.col("metric").isin(*(CODES[m] for m in HISTOGRAM_METRICS))
-    return exploded.groupBy(
+    drawn = ", ".join(str(CODES[m]) for m in HISTOGRAM_METRICS)
+    return kept.groupBy(
         "metric",
         "key1",
         "key2",
-        F.when(drawn, _coarse(F.col("v"))).alias("bin"),
-        _fine(F.col("v")).alias("bucket"),
+        F.expr(f"CASE WHEN metric IN ({drawn}) THEN {_coarse('v')} END").alias("bin"),
+        F.expr(_fine("v")).alias("bucket"),
     ).agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.count("v").alias("n"),
-        F.min("v").alias("lo"),
-        F.max("v").alias("hi"),
-        F.min("v2").alias("lo2"),
-        *(F.sum(n).alias(n) for n in COUNTERS),
+        *(
+            F.expr(text)
+            for text in (
+                "count(1) AS rows",
+                "count(v) AS n",
+                "min(v) AS lo",
+                "max(v) AS hi",
+                "min(v2) AS lo2",
+                *(f"sum({n}) AS {n}" for n in COUNTERS),
+            )
+        )
     )
 
 

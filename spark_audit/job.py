@@ -26,10 +26,12 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -60,6 +62,8 @@ DRIVER_EXPLAIN = 10_000
 SAMPLED_TABLES = ("discrepancies", "late_ack_effects", "status_mismatches", "stale_pending")
 SAMPLE_ROWS = 50
 UTC = "UTC"
+#: The column naming each row's table in :meth:`_Output.frames`' one query.
+_TABLE = "_table"
 _FLAGGED = T.StructType(
     [
         T.StructField("cm_id", T.StringType()),
@@ -221,6 +225,30 @@ class _Output:
             self.collected[name] = table.to_pylist()
         elif name in SAMPLED_TABLES and table.num_rows:
             self.collected[name] = table.slice(0, SAMPLE_ROWS).to_pylist()
+
+    def frames(self, tables: Mapping[str, tuple[DataFrame, int]]) -> None:
+        """Detail tables (name -> frame and an upper bound of its rows), each written as
+        by :meth:`frame`; those the driver writes are collected by one query together
+        (one job and one plan instead of one per table)."""
+        small = {name: frame for name, (frame, n) in tables.items() if 0 < n <= DRIVER_ROWS}
+        for name, (frame, expected) in tables.items():
+            if name not in small:
+                self.frame(name, frame, expected)
+        if len(small) == 1:
+            ((name, frame),) = small.items()
+            self.arrow(name, frame.toArrow())
+        if len(small) < 2:
+            return
+        parts = [
+            frame.select(F.lit(name).alias(_TABLE), *(F.col(c) for c in frame.columns))
+            for name, frame in small.items()
+        ]
+        union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
+        collected = union.toArrow()
+        for name, frame in small.items():
+            mine = collected.filter(pc.equal(collected.column(_TABLE), name))
+            schema = to_arrow_schema(frame.schema, timezone=UTC)
+            self.arrow(name, mine.select(frame.columns).cast(schema))
 
     def frame(self, name: str, frame: DataFrame, expected: int) -> None:
         """A detail table: ``expected`` (an upper bound of) its rows decides the writer."""
@@ -467,20 +495,24 @@ def _details(
         SMALL_SCHEMAS["anomaly_counts"],
     )
     _discrepancies(data, wrong, rows, output)
-    output.frame("late_acks", anomalies.late_acks(rows), ack_counts["late_acks"])
     orphans = ack_counts["orphan_rows"] + kinds.get("unknown_cm", 0)
-    output.frame("orphan_acks", anomalies.orphan_acks(rows, anomaly_frame), orphans)
-    output.frame(
-        "duplicate_acks", anomalies.duplicate_acks(anomaly_frame), kinds.get("duplicate", 0)
-    )
-    output.frame(
-        "multiple_consumptions",
-        anomalies.multiple_consumptions(rows),
-        overall.get("multiple_consumptions", 0),
-    )
     mismatches = sum(ack_counts[p] for p in anomalies.PROBLEMS)
-    output.frame("status_mismatches", anomalies.status_mismatches(rows), mismatches)
-    output.frame("malformed_acks", anomalies.malformed_acks(rows), ack_counts["malformed_acks"])
+    output.frames(
+        {
+            "late_acks": (anomalies.late_acks(rows), ack_counts["late_acks"]),
+            "orphan_acks": (anomalies.orphan_acks(rows, anomaly_frame), orphans),
+            "duplicate_acks": (
+                anomalies.duplicate_acks(anomaly_frame),
+                kinds.get("duplicate", 0),
+            ),
+            "multiple_consumptions": (
+                anomalies.multiple_consumptions(rows),
+                overall.get("multiple_consumptions", 0),
+            ),
+            "status_mismatches": (anomalies.status_mismatches(rows), mismatches),
+            "malformed_acks": (anomalies.malformed_acks(rows), ack_counts["malformed_acks"]),
+        }
+    )
     rows.unpersist()
     return late_metrics
 

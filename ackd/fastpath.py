@@ -59,9 +59,11 @@ import sqlalchemy as sa
 from psycopg import ClientCursor, pq
 from psycopg import errors as pg_errors
 from psycopg.pq import ExecStatus, TransactionStatus
+from sqlalchemy.orm import Session
 
 from ackd.tables import rlog
-from outbox.pg import driver_connection, wrapped
+from outbox.pg import driver_connection as _driver_connection
+from outbox.pg import wrapped
 from outbox.table import outbox_table
 
 __all__ = ["claim", "commit_ack_statement", "driver_connection", "execute_and_commit"]
@@ -105,6 +107,7 @@ Statement = tuple[_Sql, Sequence[Any]]
 class _Prepared:
     """What one connection has prepared, and how often in a row the server lost it."""
 
+    literal: _Literals
     names: set[str] = field(default_factory=set)
     losses: int = 0
 
@@ -127,14 +130,24 @@ class _Lost(Exception):
     """A prepared statement was not there."""
 
 
+def driver_connection(session: Session) -> psycopg.Connection[Any] | None:
+    """The psycopg connection under ``session`` (None for other databases and drivers),
+    looked up once per session: the claim and the commit of a transaction both ask."""
+    key = "condmsg.driver_connection"
+    if key not in session.info:
+        session.info[key] = _driver_connection(session)
+    found: psycopg.Connection[Any] | None = session.info[key]
+    return found
+
+
 def claim(raw: psycopg.Connection[Any], values: Mapping[str, Any]) -> bool:
     """``INSERT ... ON CONFLICT DO NOTHING RETURNING`` into the RLOG, sent with the
     transaction's ``BEGIN`` if none was sent yet; True if this call inserted the row."""
     statement = (_claim_sql(tuple(values)), tuple(values.values()))
-    literal = _Literals(raw)
+    prepared = _prepared(raw)
+    literal = prepared.literal
     if raw.info.transaction_status is not TransactionStatus.IDLE:
         return _run(raw, _plain(literal, statement)).ntuples > 0
-    prepared = _prepared(raw)
     if prepared.usable:
         _prepare_known(raw, prepared)
         try:
@@ -150,8 +163,8 @@ def execute_and_commit(raw: psycopg.Connection[Any], statements: Sequence[Statem
     If a statement fails, PostgreSQL skips the rest, the ``COMMIT`` included: the
     transaction is left failed and the caller rolls it back.
     """
-    literal = _Literals(raw)
     prepared = _prepared(raw)
+    literal = prepared.literal
     if all(sql.name in prepared.names for sql, _values in statements):
         calls = "; ".join(_call(literal, s) for s in statements)
         try:
@@ -182,7 +195,7 @@ def _prepared(raw: psycopg.Connection[Any]) -> _Prepared:
     with _CONNECTIONS_LOCK:
         found = _CONNECTIONS.get(raw)
         if found is None:
-            found = _CONNECTIONS[raw] = _Prepared()
+            found = _CONNECTIONS[raw] = _Prepared(_Literals(raw))
         return found
 
 

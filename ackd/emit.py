@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -33,7 +33,7 @@ def ack_message(
     """
     assert inbound.cm_id and inbound.destination and inbound.token and inbound.reply_to
     ack = AckMessage(
-        ack_id=uuid.uuid4().hex,
+        ack_id=os.urandom(16).hex(),  # 32 hex digits, as a uuid4's
         cm_id=inbound.cm_id,
         destination=inbound.destination,
         kind=kind,

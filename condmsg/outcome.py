@@ -13,7 +13,7 @@ from typing import Any
 
 from condmsg.errors import ProtocolError
 from condmsg.evaluation import DestinationFacts, EvaluationResult, Verdict
-from condmsg.protocol import PROTOCOL_VERSION, format_instant, parse_instant
+from condmsg.protocol import PROTOCOL_VERSION, compact_json, format_instant, parse_instant
 
 OUTCOME_CONTENT_TYPE = "application/vnd.condmsg.outcome+json"
 OUTCOME_TYPE = "condmsg.outcome"
@@ -56,7 +56,7 @@ class Outcome:
         }
 
     def to_json(self) -> bytes:
-        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+        return compact_json(self.to_dict()).encode()
 
     @classmethod
     def from_json(cls, body: bytes | str) -> Outcome:

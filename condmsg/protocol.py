@@ -108,7 +108,14 @@ def verify_token(
 
 def format_instant(value: datetime) -> str:
     """ISO-8601 UTC with microseconds: ``2026-11-21T22:13:41.123456Z`` (lossless)."""
-    return as_utc(value).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    if value.tzinfo is not UTC:
+        value = as_utc(value)
+    return value.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+#: Compact JSON for documents on the wire (one encoder: ``json.dumps`` with options builds
+#: a new one per call).
+compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def parse_instant(value: object, field: str) -> datetime:
@@ -186,7 +193,7 @@ class AckMessage:
         }
 
     def to_json(self) -> bytes:
-        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+        return compact_json(self.to_dict()).encode()
 
     @classmethod
     def from_json(cls, body: bytes | str) -> AckMessage:

@@ -252,7 +252,8 @@ class _Literals:
     __slots__ = ("_bytes_prefix", "_encoding", "_escape", "_raw")
 
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
-        self._raw = raw
+        # Weakly: this object is the value of a weak-keyed mapping from ``raw``.
+        self._raw = weakref.ref(raw)
         self._encoding = raw.info.encoding
         self._escape: Callable[[bytes], bytes] = pq.Escaping(raw.pgconn).escape_literal
         standard = raw.info.parameter_status("standard_conforming_strings") == "on"
@@ -278,7 +279,10 @@ class _Literals:
         if kind is dict or kind is list:
             return self(json.dumps(value))
         # Anything else: psycopg's own client-side adaptation.
-        return str(ClientCursor(self._raw).mogrify("%s", (value,)))
+        raw = self._raw()
+        if raw is None:
+            raise psycopg.InterfaceError("the connection is gone")
+        return str(ClientCursor(raw).mogrify("%s", (value,)))
 
 
 _RLOG_KEY = ("cm_id", "destination")

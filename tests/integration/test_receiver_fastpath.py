@@ -4,7 +4,9 @@ RabbitMQ)."""
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -139,3 +141,15 @@ def test_values_become_literals_that_read_back_exactly(
             assert got == (value if expected is None else expected), sql
         with pytest.raises(psycopg.DataError):
             literal("nul \x00 inside")
+
+
+def test_a_connection_the_fast_path_knew_can_still_be_collected(pg_engine_url: str) -> None:
+    """What the fast path keeps per connection must not keep the connection alive."""
+    url = sa.engine.make_url(pg_engine_url)
+    raw = psycopg.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
+    fastpath._prepared(raw).literal("it's")
+    gone = weakref.ref(raw)
+    raw.close()
+    del raw
+    gc.collect()
+    assert gone() is None

@@ -58,11 +58,7 @@ def judge(
     reschedule: list[tuple[str, datetime | None]] = []
     verdicts: dict[str, tuple[Outcome, bytes]] = {}
     rows: list[dict[str, Any]] = []
-    # The instants every outcome of the call shares, rendered once.
-    instants = (
-        f'"decided_at":{json.dumps(format_instant(now))},'
-        f'"effective_at":{json.dumps(format_instant(effective))}'
-    )
+    instants = _instants_json(now, effective)  # shared by every outcome of the call
     for cm_id, cm in pending.items():
         result = evaluate(cm.condition, cm.sent_at, acks.get(cm_id, ()), effective)
         if not result.decided:
@@ -93,8 +89,17 @@ def judge(
     return done
 
 
+def _instants_json(decided_at: datetime, effective_at: datetime) -> str:
+    """The ``decided_at`` and ``effective_at`` members of an outcome document."""
+    return (
+        f'"decided_at":{json.dumps(format_instant(decided_at))},'
+        f'"effective_at":{json.dumps(format_instant(effective_at))}'
+    )
+
+
 def _outcome_body(outcome: Outcome, reasons_json: str, facts_json: str, instants: str) -> bytes:
-    """``outcome.to_json()``, reusing the JSON already made for the CM row."""
+    """The document ``outcome.to_json()`` makes, reusing the JSON already made for the CM
+    row (``tests/unit/test_outcome_document.py`` holds the two to the same document)."""
     return (
         f'{{"v":{PROTOCOL_VERSION},"cm_id":{json.dumps(outcome.cm_id)},'
         f'"verdict":"{outcome.verdict.value}","reasons":{reasons_json},{instants},'

@@ -13,8 +13,9 @@ facts per destination slot ``i`` and per topic probe ``j``
 (:func:`spark_audit.transforms.enrich.cm_facts`), for one set of acks (the *variant*: the
 counted acks, or every well-formed ack):
 
-* ``{v}_n{i}``: matching acks, ``{v}_r{i}`` first ``read_at``, ``{v}_m{i}`` first
-  ``committed_at`` of a COMMIT ack (recipient-filtered where the destination names one);
+* ``{v}_n{i}``: matching acks (only whether there are any is read: the audit gives 1 or
+  0), ``{v}_r{i}`` first ``read_at``, ``{v}_m{i}`` first ``committed_at`` of a COMMIT ack
+  (recipient-filtered where the destination names one);
 * ``{v}_h{j}``: recipients of a topic destination in time for probe ``j``.
 
 The rules, for one consumption (a queue copy, or one recipient of a topic) with ``n``

@@ -111,10 +111,10 @@ class PlanSet:
         return F.broadcast(frame) if self.small else frame
 
     def with_leaves(self, rows: DataFrame) -> DataFrame:
-        """``rows`` (with ``plan_id`` and ``destination``) with their destination's
-        ``slot, leaf_recipient, leaf_topic`` in the plan (null where the plan does not
-        name it): a left join with :meth:`leaves` on :func:`leaf_key`, the plan and the
-        destination compared exactly beside it."""
+        """``rows`` (with ``plan_id`` and ``destination``) with their destination's ``slot,
+        leaf_recipient, leaf_topic, leaf_pickup_ms, leaf_process_ms`` in the plan (null
+        where the plan does not name it): a left join with :meth:`leaves` on
+        :func:`leaf_key`, the plan and the destination compared exactly beside it."""
         on = (
             (leaf_key("plan_id", "destination") == F.col("leaf_key"))
             & ((F.col("plan_id") - F.col("leaf_plan")) == 0)
@@ -125,8 +125,9 @@ class PlanSet:
         )
 
     def leaves(self) -> DataFrame:
-        """``leaf_key, leaf_plan, leaf_destination, slot, leaf_recipient, leaf_topic``: one
-        row per destination of a plan (its position in ``leaf_names``), broadcast when small.
+        """``leaf_key, leaf_plan, leaf_destination, slot, leaf_recipient, leaf_topic,
+        leaf_pickup_ms, leaf_process_ms``: one row per destination of a plan (its position
+        in ``leaf_names``), broadcast when small.
 
         A join on ``(plan_id, destination)`` finds an ack's slot with one lookup in a
         small hash table, instead of copying the plan's arrays into every ack row
@@ -137,6 +138,8 @@ class PlanSet:
             F.posexplode("leaf_names").alias("slot", "destination"),
             "leaf_recipients",
             "leaf_topic",
+            "leaf_pickup_ms",
+            "leaf_process_ms",
         ).select(
             leaf_key("plan_id", "destination").alias("leaf_key"),
             F.col("plan_id").alias("leaf_plan"),
@@ -144,6 +147,8 @@ class PlanSet:
             slot.cast("int").alias("slot"),
             F.get(F.col("leaf_recipients"), slot).alias("leaf_recipient"),
             F.coalesce(F.get(F.col("leaf_topic"), slot), F.lit(False)).alias("leaf_topic"),
+            F.get(F.col("leaf_pickup_ms"), slot).alias("leaf_pickup_ms"),
+            F.get(F.col("leaf_process_ms"), slot).alias("leaf_process_ms"),
         )
         return F.broadcast(frame) if self.small else frame
 

@@ -119,8 +119,10 @@ def enrich_acks(
     source at all) received in the window. Per ack: ``wf`` (well-formed: ``condmsg.Ack``
     accepts it), ``slot`` (its destination's position in the CM's plan, null if the
     condition does not name it), ``matched`` (counts for that destination: the recipient
-    matches where the destination names one) and ``consumer`` (the consumption it
-    belongs to: the recipient for a topic destination, else one per destination).
+    matches where the destination names one), ``consumer`` (the consumption it
+    belongs to: the recipient for a topic destination, else one per destination) and
+    ``on_time_pickup``/``on_time_process`` (matched, and read/committed by the tightest
+    deadline that applies to its destination: its deadline misses).
     """
     released = compensations.where(F.col("released_at").isNotNull()).select(
         F.lit(None).cast("string").alias("ack_id"),
@@ -179,6 +181,8 @@ def enrich_acks(
             "slot",
             F.col("leaf_recipient").alias("_named"),
             F.coalesce(F.col("leaf_topic"), F.lit(False)).alias("topic"),
+            "leaf_pickup_ms",
+            "leaf_process_ms",
         )
         .select(
             "*",
@@ -190,7 +194,18 @@ def enrich_acks(
             .otherwise(F.lit(QUEUE_CONSUMER))
             .alias("consumer"),
         )
-        .drop("_named")
+        .selectExpr(
+            "*",
+            *(
+                f"coalesce(matched AND {first} <= sent_us + leaf_{kind}_ms * 1000, false) "
+                f"AS on_time_{kind}"
+                for kind, first in (
+                    ("pickup", "read_us"),
+                    ("process", "CASE WHEN kind = 'commit' THEN committed_us END"),
+                )
+            ),
+        )
+        .drop("_named", "leaf_pickup_ms", "leaf_process_ms")
     )
 
 
@@ -232,27 +247,30 @@ def _fact_rows(enriched: DataFrame) -> DataFrame:
 
     An ack of a queue destination (or of none in the tree) is its own row; the acks of a
     topic destination are first grouped per recipient (``topic`` rows), since a topic is
-    judged per recipient. Per row: ``n_wf`` acks; per variant ``v`` (``c`` counted acks,
-    ``a`` all): ``n_v`` matching acks, ``r_v`` first read, ``m_v`` first commit; ``late``
-    acks not counted, ``flag`` (one is labelled ``changes_verdict``), ``comp`` (a
+    judged per recipient. Per row: ``n_wf`` acks; over the matching counted acks: ``n_c``
+    acks, ``r_c`` first read, ``m_c`` first commit; ``on_time_pickup``/``on_time_process``
+    (1 if a matching ack, counted or not, was in time, see :func:`enrich_acks`);
+    ``late`` acks not counted, ``flag`` (one is labelled ``changes_verdict``), ``comp`` (a
     compensation released to the slot's destination).
     """
     rows = enriched.where(F.col("known") & F.col("wf"))
     counted = F.col("status") == COUNTED_STATUS
-    matched = F.col("matched")
-    single: list[tuple[str, Column]] = [("n_wf", F.lit(1).cast("long"))]
-    grouped = [F.count(F.lit(1)).alias("n_wf")]
-    for variant, taken in (("c", matched & counted), ("a", matched)):
-        single += [
-            (f"n_{variant}", F.when(taken, F.lit(1)).otherwise(F.lit(0)).cast("long")),
-            (f"r_{variant}", F.when(taken, F.col("read_us"))),
-            (f"m_{variant}", commit_us_if(taken)),
-        ]
-        grouped += [
-            F.count(F.when(taken, 1)).alias(f"n_{variant}"),
-            F.min(F.when(taken, F.col("read_us"))).alias(f"r_{variant}"),
-            F.min(commit_us_if(taken)).alias(f"m_{variant}"),
-        ]
+    taken = F.col("matched") & counted
+    single: list[tuple[str, Column]] = [
+        ("n_wf", F.lit(1).cast("long")),
+        ("n_c", F.when(taken, F.lit(1)).otherwise(F.lit(0)).cast("long")),
+        ("r_c", F.when(taken, F.col("read_us"))),
+        ("m_c", commit_us_if(taken)),
+    ]
+    grouped = [
+        F.count(F.lit(1)).alias("n_wf"),
+        F.count(F.when(taken, 1)).alias("n_c"),
+        F.min(F.when(taken, F.col("read_us"))).alias("r_c"),
+        F.min(commit_us_if(taken)).alias("m_c"),
+    ]
+    for name in ON_TIME:
+        single.append((name, F.col(name).cast("int")))
+        grouped.append(F.max(F.col(name).cast("int")).alias(name))
     late = F.when(~counted, F.lit(1)).otherwise(F.lit(0)).cast("long")
     flag = (F.col("status") == AckStatus.CHANGES_VERDICT.value).cast("int")
     # The queue acks and the compensations in one scan (a compensation row has only its
@@ -279,15 +297,38 @@ def _fact_rows(enriched: DataFrame) -> DataFrame:
     return acks.unionByName(recipients)
 
 
+#: The per-ack deadline flags of :func:`enrich_acks`, and their per-CM bit masks.
+ON_TIME = ("on_time_pickup", "on_time_process")
+MASKS = {"on_time_pickup": "_pmask", "on_time_process": "_mmask", "comp": "_compmask"}
+
+
+def slot_bit(mask: str, slot: int) -> str:
+    """Whether ``slot``'s bit is set in the per-CM ``mask`` (SQL text; false if null):
+    masks are words of 64 slots, ``{mask}{w}`` for slots ``64 w .. 64 w + 63``."""
+    word, bit = divmod(slot, 64)
+    return f"coalesce(shiftright({mask}{word}, {bit}) & 1 = 1, false)"
+
+
+def _mask(condition: str, word: int) -> str:
+    """A bit per slot whose rows meet ``condition`` (SQL aggregate of one word)."""
+    return (
+        f"bit_or(CASE WHEN {condition} AND slot DIV 64 = {word} THEN shiftleft(1L, slot % 64) END)"
+    )
+
+
 def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFrame:
     """Every CM in the window, one row each: its columns (``state`` decoded), the fact
-    columns of :mod:`spark_audit.reevaluate.compiled` over the counted acks (``c_*``) for
-    ``plans.slots`` slots and ``plans.probes`` probes, the first read and commit over
-    every ack (``a_r{i}``, ``a_m{i}``: deadline misses), ``comp{i}`` (a compensation
-    released to slot ``i``'s destination), ``compensated``, ``late_acks``, ``flag`` and
+    columns of :mod:`spark_audit.reevaluate.compiled` over the counted acks (``c_n{i}``:
+    1 if a matching counted ack, else 0; ``c_r{i}``, ``c_m{i}``, ``c_h{j}``) for
+    ``plans.slots`` slots and ``plans.probes`` probes, the per-slot bit masks (see
+    :func:`slot_bit`) ``_pmask``/``_mmask`` (a matching ack, counted or not, read or
+    committed by the slot's deadline: deadline misses) and ``_compmask`` (a compensation
+    released to the slot's destination), ``compensated``, ``late_acks``, ``flag`` and
     ``multi`` (consumptions acked more than once).
 
-    One aggregation over the CM rows and the fact rows, both partitioned by ``cm_id``.
+    One aggregation over the CM rows and the fact rows, both partitioned by ``cm_key``.
+    Flags are bits of a few masks rather than a column per slot: the aggregation's buffer
+    per CM (and its hash table) stays narrow.
     """
     cm_rows = cms_cut.where("in_window").select(
         "cm_key", "cm_id", "sender", "plan_id", "sent_us", *_CM_COLUMNS, F.lit(1).alias("is_cm")
@@ -302,24 +343,25 @@ def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFra
         "max(is_cm) AS is_cm",
         *(f"max({name}) AS {name}" for name in _CM_COLUMNS),
     ]
-    for v in ("c", "a"):
-        for i in range(plans.slots):
-            if v == "c":
-                sql.append(f"sum(CASE WHEN slot = {i} THEN n_{v} END) AS {v}_n{i}")
-            sql += [
-                f"min(CASE WHEN slot = {i} THEN r_{v} END) AS {v}_r{i}",
-                f"min(CASE WHEN slot = {i} THEN m_{v} END) AS {v}_m{i}",
-            ]
-        for j in range(plans.probes if v == "c" else 0):
-            first = f"CASE WHEN get(probe_process, {j}) THEN m_{v} ELSE r_{v} END"
-            deadline = f"sent_us + get(probe_ms, {j}) * 1000"
-            hit = f"topic AND slot = get(probe_slot, {j}) AND {first} <= {deadline}"
-            sql.append(f"count(CASE WHEN {hit} THEN 1 END) AS {v}_h{j}")
+    for i in range(plans.slots):
+        sql += [
+            f"min(CASE WHEN slot = {i} THEN r_c END) AS c_r{i}",
+            f"min(CASE WHEN slot = {i} THEN m_c END) AS c_m{i}",
+        ]
+    for j in range(plans.probes):
+        first = f"CASE WHEN get(probe_process, {j}) THEN m_c ELSE r_c END"
+        deadline = f"sent_us + get(probe_ms, {j}) * 1000"
+        hit = f"topic AND slot = get(probe_slot, {j}) AND {first} <= {deadline}"
+        sql.append(f"count(CASE WHEN {hit} THEN 1 END) AS c_h{j}")
+    words = range(-(-plans.slots // 64))
+    sql += [f"{_mask('n_c > 0', w)} AS _cmask{w}" for w in words]
+    sql += [
+        f"{_mask(f'{flag} = 1', w)} AS {mask}{w}" for flag, mask in MASKS.items() for w in words
+    ]
     sql += [
         f"sum(CASE WHEN NOT topic AND slot = {i} THEN n_wf END) AS _wf{i}"
         for i in range(plans.slots)
     ]
-    sql += [f"max(CASE WHEN slot = {i} THEN comp END) AS comp{i}" for i in range(plans.slots)]
     sql += [
         "max(comp) AS compensated",
         "sum(late) AS late_acks",
@@ -329,12 +371,22 @@ def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFra
     aggregates = [F.expr(text) for text in sql]
     per_cm = rows.groupBy("cm_key", "cm_id", "sender").agg(*aggregates).where(F.col("is_cm") == 1)
     repeated = "".join(f" + CASE WHEN _wf{i} > 1 THEN 1 ELSE 0 END" for i in range(plans.slots))
+    counts = [
+        F.expr(f"CAST({slot_bit('_cmask', i)} AS INT)").alias(f"c_n{i}") for i in range(plans.slots)
+    ]
     return per_cm.select(
         "*",
+        *counts,
         state_name(F.col("state_code")).alias("state"),
         F.expr(f"_multi_topic{repeated}").alias("multi"),
         F.coalesce(F.col("late_acks"), F.lit(0)).alias("_late"),
-    ).drop("is_cm", "_multi_topic", "state_code", *(f"_wf{i}" for i in range(plans.slots)))
+    ).drop(
+        "is_cm",
+        "_multi_topic",
+        "state_code",
+        *(f"_cmask{w}" for w in words),
+        *(f"_wf{i}" for i in range(plans.slots)),
+    )
 
 
 def decided_case() -> Column:
@@ -453,17 +505,17 @@ def judge(
     for i in range(plans.slots):
         present = f"_valid AND get(leaf_names, {i}) IS NOT NULL"
 
-        def missed(kind: str, first: str, present: str = present, i: int = i) -> Column:
+        def missed(kind: str, mask: str, present: str = present, i: int = i) -> Column:
             ms = f"get(leaf_{kind}_ms, {i})"
-            on_time = f"coalesce({first}{i} <= sent_us + {ms} * 1000, false)"
+            on_time = slot_bit(mask, i)
             return F.expr(
                 f"CASE WHEN {present} AND {final} AND {ms} IS NOT NULL THEN NOT {on_time} END"
             )
 
         slots += [
-            missed("pickup", "a_r").alias(f"d_pm{i}"),
-            missed("process", "a_m").alias(f"d_cm{i}"),
-            F.expr(f"CASE WHEN {present} THEN coalesce(comp{i} = 1, false) END").alias(
+            missed("pickup", MASKS["on_time_pickup"]).alias(f"d_pm{i}"),
+            missed("process", MASKS["on_time_process"]).alias(f"d_cm{i}"),
+            F.expr(f"CASE WHEN {present} THEN {slot_bit(MASKS['comp'], i)} END").alias(
                 f"d_comp{i}"
             ),
         ]

@@ -316,3 +316,42 @@ def test_colliding_join_keys_change_nothing(
 
     assert canonical(collided["tables"]) == canonical(audited["tables"])
     assert collided["summary"]["metrics"] == audited["summary"]["metrics"]
+
+
+def test_more_than_64_destinations(spark: Any, tmp_path: Path) -> None:
+    """Per-slot flags are bits of 64-slot words: slots past the first word count too."""
+    names = [f"q{i}" for i in range(70)]
+    condition = DestinationSet(*(Destination(n, pickup_within=s) for n in names))
+    cms = [
+        cm_row(
+            "w1",
+            condition,
+            state="violated",
+            decided_at=at(2100),
+            effective_at=at(2000),
+        )
+    ]
+    acks = [
+        ack_row("b0", "w1", "q0", read_at=at(500)),
+        ack_row("b65", "w1", "q65", read_at=at(1500)),
+        ack_row("b69", "w1", "q69", read_at=at(200)),
+    ]
+    compensations = [
+        {"cm_id": "w1", "destination": "q66", "system_generated": True, "released_at": at(2200)}
+    ]
+    data = AuditInput(
+        cms=frame(spark, "cms", cms),
+        copies=frame(spark, "copies", []),
+        acks=frame(spark, "acks", acks),
+        compensations=frame(spark, "compensations", compensations),
+        anomalies=frame(spark, "anomalies", []),
+    )
+    options = AuditOptions(out=tmp_path, window=Window(until=UNTIL), source="wide")
+    result = run_audit(spark, data, options, progress=lambda _m: None)
+    table = pq.read_table(tmp_path / "tables" / "destinations").to_pylist()
+    got = {r["destination"]: (r["pickup_misses"], r["compensated"]) for r in table}
+    assert len(got) == 70
+    assert got["q0"] == (0, 0) and got["q69"] == (0, 0)
+    assert got["q65"] == (1, 0) and got["q66"] == (1, 1) and got["q1"] == (1, 0)
+    assert sum(r["pickup_deadlines"] for r in table) == 70
+    assert result.summary["metrics"]["discrepancies"] == 0

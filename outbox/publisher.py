@@ -373,14 +373,26 @@ class Publisher:
         out: list[bytes] = []
         size = 0
         for row in batch.rows:
-            for key, message, headers in row_messages(row):
+            try:
+                messages = row_messages(row)
+            except frames.FrameEncodingError as exc:
+                # Never raise in the I/O loop: the publisher would die, the row go back
+                # and stop the relay again on every claim. Park it with the reason.
+                for key in row_keys(row):
+                    batch.result.refused[key] = f"cannot be encoded as AMQP: {exc}"
+                continue
+            for key, message, headers in messages:
                 if message.exchange in batch.missing:
                     batch.result.refused[key] = (
                         f"exchange {message.exchange!r} does not exist (404 NOT_FOUND); "
                         f"{vhost_hint}"
                     )
                     continue
-                data = encode(message, headers, number, frame_max)
+                try:
+                    data = encode(message, headers, number, frame_max)
+                except frames.FrameEncodingError as exc:
+                    batch.result.refused[key] = f"cannot be encoded as AMQP: {exc}"
+                    continue
                 out.append(data)
                 size += len(data)
                 if size >= _WRITE_BYTES:
@@ -463,6 +475,7 @@ def row_messages(row: StoredMessage) -> list[tuple[MessageKey, OutboxMessage, by
         entries = _entries(base.headers) + _entry(ROW_ID_HEADER, row.id)
         return [((row.id, None), base, entries)]
     common = _entries(base.headers) + _entry(ROW_ID_HEADER, row.id)
+    shared = base.headers or {}
     out: list[tuple[MessageKey, OutboxMessage, bytes]] = []
     for copy in row.copies:
         n = int(copy["n"])
@@ -471,9 +484,22 @@ def row_messages(row: StoredMessage) -> list[tuple[MessageKey, OutboxMessage, by
             fields = {name: copy.get(name, getattr(base, name)) for name in COPY_FIELDS}
             message = OutboxMessage.trusted(body=base.body, headers=None, **fields)
         own = copy.get("headers")
-        entries = common + _entries(own) + _entry(COPY_HEADER, n)
+        if own and any(k in shared for k in own):
+            # A copy's header overrides a shared one (as in copy_message): one entry per
+            # name, or the broker (first entry) and consumers (last) would disagree.
+            merged = _entries({**shared, **own}) + _entry(ROW_ID_HEADER, row.id)
+            entries = merged + _entry(COPY_HEADER, n)
+        else:
+            entries = common + _entries(own) + _entry(COPY_HEADER, n)
         out.append(((row.id, n), message, entries))
     return out
+
+
+def row_keys(row: StoredMessage) -> list[MessageKey]:
+    """The keys of the messages of a claimed row (without encoding them)."""
+    if not row.copies:
+        return [(row.id, None)]
+    return [(row.id, int(copy["n"])) for copy in row.copies]
 
 
 def encode(message: OutboxMessage, headers: bytes, channel: int, frame_max: int) -> bytes:

@@ -125,7 +125,22 @@ def create_tables(bind: Engine | Connection, *, table_name: str = DEFAULT_TABLE_
 
 
 def _add_missing_columns(conn: Connection, table: sa.Table) -> None:
-    """Add the columns later versions introduced (``copies``) to a table created before."""
+    """Add the columns later versions introduced (``copies``) to a table created before.
+
+    Several processes may do this at once (evaluator instances, receivers, relays
+    starting together): on PostgreSQL ``IF NOT EXISTS`` makes the loser a no-op (its
+    ALTER waits for the winner's lock, then finds the column); SQLite has no such clause:
+    there the loser's "duplicate column" error is the same answer.
+    """
     present = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
-    if "copies" not in present:
-        conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN copies JSON"))
+    if "copies" in present:
+        return
+    name = conn.dialect.identifier_preparer.format_table(table)
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text(f"ALTER TABLE {name} ADD COLUMN IF NOT EXISTS copies JSON"))
+        return
+    try:
+        conn.execute(sa.text(f"ALTER TABLE {name} ADD COLUMN copies JSON"))
+    except sa.exc.OperationalError as exc:  # a failed statement leaves SQLite's txn usable
+        if "duplicate column" not in str(exc):
+            raise

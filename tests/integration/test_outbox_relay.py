@@ -257,3 +257,31 @@ def test_the_relay_publishes_each_copy_and_parks_only_the_unroutable_one(
         if collector is not None:
             collector.close()
         delete_queues(amqp_url, queues)
+
+
+def test_a_row_that_cannot_be_encoded_is_parked_and_the_rest_goes_out(
+    engine: sa.Engine, amqp_url: str, queues: list[str]
+) -> None:
+    q = queues[0]
+    # Valid JSON, but no AMQP field type holds an int this large (nor a name this long).
+    ok = OutboxMessage(exchange="", routing_key=q, body=b"ok")
+    bad = [
+        OutboxMessage(exchange="", routing_key=q, body=b"big", headers={"n": 2**64}),
+        OutboxMessage(exchange="", routing_key=q, body=b"name", headers={"k" * 256: 1}),
+    ]
+    with Session(engine) as s, s.begin():
+        ids = outbox.enqueue_many(s, [ok, bad[0], ok])
+        ids += outbox.enqueue_many(s, [bad[1], ok])
+    collector = Collector(amqp_url, [q])
+    try:
+        relay = Relay(engine, amqp_url, batch_size=10)
+        stats = relay.run_until_idle(timeout_s=20)
+        collector.wait_for([ids[0], ids[2], ids[4]])
+        assert sorted(collector.ids(q)) == [ids[0], ids[2], ids[4]]
+        assert (stats.published, stats.failed) == (3, 2)
+        failed = OutboxStore(engine).failed_rows()
+        assert [f.id for f in failed] == [ids[1], ids[3]]
+        assert "64 bits" in (failed[0].last_error or "")
+        assert "255 bytes" in (failed[1].last_error or "")
+    finally:
+        collector.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -348,4 +349,51 @@ def test_a_claim_that_dies_gives_back_every_copy(pg_url: str) -> None:
     assert [n for n, _ in row.expand()] == [0, 1, 2]
     b.settle(again, published=[row.id])
     assert b.status().pending == 0
+    eng.dispose()
+
+
+def _create_old_table(engine: sa.Engine, name: str) -> None:
+    """The table as versions before fan-outs created it: no ``copies`` column."""
+    old = sa.MetaData()
+    columns = [
+        sa.Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+        for c in outbox.outbox_table().columns
+        if c.name != "copies"
+    ]
+    sa.Table(name, old, *columns).create(engine)
+
+
+def test_create_tables_adds_the_copies_column_to_an_old_table_under_racing_creators(
+    db_url: str,
+) -> None:
+    eng = sa.create_engine(db_url)
+    name = "ob_old_layout"
+    _create_old_table(eng, name)
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            outbox.create_tables(eng, table_name=name)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    # A adds the column and holds its transaction open; B starts meanwhile, finds no
+    # column yet (A has not committed) and gets to its ALTER only once A commits.
+    with eng.connect() as a:
+        with a.begin():
+            outbox.create_tables(a, table_name=name)
+            other = threading.Thread(target=create)
+            other.start()
+            time.sleep(0.5)
+        other.join(30)
+    assert errors == []
+    columns = [c["name"] for c in sa.inspect(eng).get_columns(name)]
+    assert columns.count("copies") == 1
+    with Session(eng) as s, s.begin():
+        enqueue_fanouts(s, [fanout("q0", "q1")], table_name=name)
+    store = OutboxStore(eng, table_name=name)
+    claim = store.claim(10)
+    [row] = claim.rows
+    assert [n for n, _ in row.expand()] == [0, 1]
+    store.settle(claim, published=[row.id])
     eng.dispose()

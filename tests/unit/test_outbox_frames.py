@@ -7,13 +7,21 @@ from datetime import UTC, datetime
 
 import pytest
 from pika import frame, spec
-from pika.data import decode_table
+from pika.data import decode_short_string, decode_table, decode_value
 
 from outbox import frames
 from outbox.message import OutboxMessage, StoredMessage
-from outbox.publisher import encode, pika_properties, row_messages
+from outbox.publisher import (
+    COPY_HEADER,
+    ROW_ID_HEADER,
+    encode,
+    pika_properties,
+    row_messages,
+)
 
 FRAME_MAX = 131072
+OURS = (ROW_ID_HEADER, COPY_HEADER)
+_U32 = struct.Struct(">I")
 
 HEADERS = {
     "small": 1,
@@ -96,3 +104,60 @@ def test_values_that_cannot_travel_are_refused() -> None:
         frames.field_value(2**64)
     with pytest.raises(frames.FrameEncodingError, match="set"):
         frames.field_value({1, 2})
+
+
+def fanout_row(own_headers: list[dict[str, object]]) -> StoredMessage:
+    base = OutboxMessage(
+        exchange="",
+        routing_key="q0",
+        body=b"shared",
+        message_id="m",
+        headers={"cm": "c-1", "dest": "q0", "x-outbox-copy": 99},
+    )
+    copies = tuple(
+        {"n": n, "routing_key": f"q{n}", "headers": own} for n, own in enumerate(own_headers)
+    )
+    return StoredMessage(
+        id=12, created_at=datetime.now(UTC), attempts=0, message=base, copies=copies
+    )
+
+
+def table_keys(encoded: bytes) -> list[str]:
+    """The entry names of an encoded field table, in order (duplicates kept)."""
+    (size,) = struct.unpack_from(">I", encoded, 0)
+    keys, offset = [], 4
+    while offset < 4 + size:
+        key, offset = decode_short_string(encoded, offset)
+        keys.append(key)
+        _, offset = decode_value(encoded, offset)
+    return keys
+
+
+@pytest.mark.parametrize(
+    "own_headers",
+    [
+        [{"tok": "a"}, {"tok": "b"}],
+        # A copy's own header overriding a shared one: the copy's value, in one entry.
+        [{"dest": "q0"}, {"dest": "q1", "tok": "b"}],
+    ],
+)
+def test_each_copy_of_a_fanout_row_travels_as_its_expanded_message(
+    own_headers: list[dict[str, object]],
+) -> None:
+    row = fanout_row(own_headers)
+    for (n, expected), (key, message, entries) in zip(row.expand(), row_messages(row), strict=True):
+        assert key == (row.id, n)
+        data = encode(message, entries, 3, FRAME_MAX)
+        offset, method = frame.decode_frame(data)
+        offset2, header = frame.decode_frame(data[offset:])
+        _, body = frame.decode_frame(data[offset + offset2 :])
+        assert isinstance(method, frame.Method) and isinstance(header, frame.Header)
+        assert isinstance(body, frame.Body) and body.fragment == expected.body
+        assert method.method.routing_key == expected.routing_key == f"q{n}"
+        props = header.properties
+        assert props.message_id == expected.message_id
+        mine = {k: v for k, v in (expected.headers or {}).items() if k not in OURS}
+        assert props.headers == mine | {ROW_ID_HEADER: row.id, COPY_HEADER: n}
+        # Every name once: RabbitMQ reads the first entry of a name, pika the last.
+        keys = table_keys(_U32.pack(len(entries)) + entries)
+        assert sorted(keys) == sorted(props.headers)

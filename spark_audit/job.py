@@ -4,15 +4,17 @@ Reading happens before (:mod:`spark_audit.readers`, :mod:`spark_audit.jdbc`) and
 only here, at the edge. The work is a fixed, small number of Spark jobs:
 
 1. the distinct conditions and their plans (:func:`spark_audit.transforms.conditions.plan_set`);
-2. every CM, cut at the window and partitioned by ``cm_id`` (cached): the CMs' one shuffle;
+2. every CM, cut at the window and partitioned by ``cm_key`` (a 64-bit hash of
+   ``cm_id``, see :func:`spark_audit.transforms.enrich.cm_key`; cached): the CMs' one
+   shuffle;
 3. every ack in the cut with its CM (cached), and one pass of counts per receiver: the
-   acks' one shuffle; every later join and grouping by ``cm_id`` runs on this
-   partitioning and moves nothing;
+   acks' one shuffle; every later join and grouping by CM runs on this partitioning and
+   moves nothing;
 4. the latency histogram (percentiles, distributions, relay lag per receiver);
-5. every CM judged (cached), with one aggregation for the outcome tables and the totals,
-   and one for the per-destination table;
-6. the candidate rows of the detail tables (one filter over the CMs, one over the acks),
-   then one small query per detail table.
+5. every CM judged, with one aggregation for the outcome tables, the per-destination
+   table, the totals and the rows of the CMs a per-CM detail table lists;
+6. the candidate rows of the ack-level detail tables (one filter over the acks), then
+   one query that collects every such table small enough for the driver.
 
 Small tables are collected and written from the driver with pyarrow; a detail table with
 more than :data:`DRIVER_ROWS` rows is written by Spark.

@@ -1,8 +1,9 @@
 """The audit's shared frames, built with one shuffle of the CMs and one of the acks.
 
-1. :func:`cut_cms`: every CM of the source, one row each, hash-partitioned by ``cm_id`` with
-   its ``plan_id`` and whether it is in the window (the cut, DESIGN section 6). CMs outside
-   the window stay (without them an ack of theirs would look like an orphan).
+1. :func:`cut_cms`: every CM of the source, one row each, hash-partitioned by ``cm_key``
+   (:func:`cm_key`) with its ``plan_id`` and whether it is in the window (the cut, DESIGN
+   section 6). CMs outside the window stay (without them an ack of theirs would look like
+   an orphan).
 2. :func:`enrich_acks`: every ack in the cut, and every released compensation, with its
    CM's columns and the destination *slot* of its CM's plan (the acks are shuffled once to
    the CMs' partitioning; the join itself moves nothing more).

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import reduce
@@ -246,7 +246,8 @@ class _Output:
             for name, frame in small.items()
         ]
         union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
-        collected = union.toArrow()
+        with _small(union.sparkSession):
+            collected = union.toArrow()
         for name, frame in small.items():
             mine = collected.filter(pc.equal(collected.column(_TABLE), name))
             schema = to_arrow_schema(frame.schema, timezone=UTC)
@@ -281,10 +282,19 @@ def _tuned(spark: SparkSession) -> Iterator[None]:
       (about a third more jobs, and a cache written in one pass and read back in the
       next where a plain plan fills it while the first query runs).
     """
-    settings = {
-        "spark.sql.inMemoryColumnarStorage.compressed": "false",
-        "spark.sql.adaptive.enabled": "false",
-    }
+    with _settings(
+        spark,
+        {
+            "spark.sql.inMemoryColumnarStorage.compressed": "false",
+            "spark.sql.adaptive.enabled": "false",
+        },
+    ):
+        yield
+
+
+@contextmanager
+def _settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """``settings`` on the session while the block runs, restored afterwards."""
     previous: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
     for key, value in settings.items():
         spark.conf.set(key, value)
@@ -296,6 +306,13 @@ def _tuned(spark: SparkSession) -> Iterator[None]:
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, before)
+
+
+def _small(spark: SparkSession) -> AbstractContextManager[None]:
+    """For a query whose shuffles carry a few rows (at most :data:`DRIVER_ROWS`, or a few
+    per task after a partial aggregation): its shuffles to one partition (one task per
+    stage instead of ``spark.sql.shuffle.partitions``)."""
+    return _settings(spark, {"spark.sql.shuffle.partitions": "1"})
 
 
 def run_audit(
@@ -490,7 +507,8 @@ def _details(
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
     late_metrics = _late_effects(late, rows, output)
     anomaly_frame = data.anomalies.where(seen_in(options.window, "recorded_at"))
-    kinds = dict(anomalies.anomaly_counts(anomaly_frame))
+    with _small(spark):
+        kinds = dict(anomalies.anomaly_counts(anomaly_frame))
     output.rows(
         "anomaly_counts",
         [{"kind": k, "count": v} for k, v in sorted(kinds.items())],

@@ -26,6 +26,8 @@ def test_small_tables_share_one_query_and_keep_their_schemas(
     stamps = spark.sql("SELECT 'x' AS ack_id, TIMESTAMP'2024-01-01 00:00:00' AS at, 1.5D AS ms")
     big = spark.range(3).selectExpr("CAST(id AS INT) AS id", "array('p', 'q') AS ids")
     none = spark.createDataFrame([], "ack_id string, flag boolean")
+    grouped = ids.groupBy((ids.n % 2).alias("odd")).count()
+    partitions = spark.conf.get("spark.sql.shuffle.partitions")
     output = job._Output(tmp_path)
     output.frames(
         {
@@ -33,9 +35,13 @@ def test_small_tables_share_one_query_and_keep_their_schemas(
             "stamps": (stamps, 1),
             "big": (big, 3),
             "none": (none, 0),
+            "grouped": (grouped, 2),
         }
     )
-    assert output.counts == {"ids": 2, "stamps": 1, "big": 3, "none": 0}
+    # The union ran with one shuffle partition; the session's setting is restored.
+    assert spark.conf.get("spark.sql.shuffle.partitions") == partitions
+    assert output.counts == {"ids": 2, "stamps": 1, "big": 3, "none": 0, "grouped": 2}
+    assert sorted(r["count"] for r in _read(tmp_path, "grouped").to_pylist()) == [1, 1]
     assert sorted(_read(tmp_path, "ids").to_pylist(), key=str) == [
         {"ack_id": "a", "n": 1},
         {"ack_id": "b", "n": 2},

@@ -139,6 +139,12 @@ def plan_fanouts(
             )
         )
     first = own[0]
+    if len(own) == 1 and len(chunks) == 1:
+        # One destination, one part: the message itself (a fan-out of one copy that
+        # states nothing of its own), without working out what a single copy shares.
+        headers = {**shared, **first["headers"]}
+        message = _original(first, cm_id, sender, content_type, chunks[0], headers, own=True)
+        return plans, [Fanout(message, ({},))]
     # A copy states the fields in which it differs from the first (the row's own).
     copies = [
         {k: v for k, v in c.items() if k in _OWN or v != first[k] or type(v) is not type(first[k])}
@@ -157,21 +163,40 @@ def plan_fanouts(
                 }
                 for c in copies
             ]
-        message = OutboxMessage(
-            exchange=first["exchange"],
-            routing_key=first["routing_key"],
-            body=chunk,
-            correlation_id=cm_id,
-            reply_to=p.ack_queue(sender),
-            content_type=content_type,
-            message_type=f"condmsg.{p.MessageKind.ORIGINAL.value}",
-            headers=part_headers,
-            priority=first["priority"],
-            expiration_ms=first["expiration_ms"],
-            persistent=first["persistent"],
-        )
+        message = _original(first, cm_id, sender, content_type, chunk, part_headers, own=False)
         fanouts.append(Fanout(message, tuple(part_copies)))
     return plans, fanouts
+
+
+def _original(
+    copy: Mapping[str, Any],
+    cm_id: str,
+    sender: str,
+    content_type: str,
+    body: bytes,
+    headers: Mapping[str, Any],
+    *,
+    own: bool,
+) -> OutboxMessage:
+    """An original with ``copy``'s address and delivery properties (and with its message
+    id if ``own``: else each copy of the fan-out states its own)."""
+    return OutboxMessage(
+        exchange=copy["exchange"],
+        routing_key=copy["routing_key"],
+        body=body,
+        message_id=copy["message_id"] if own else None,
+        correlation_id=cm_id,
+        reply_to=p.ack_queue(sender),
+        content_type=content_type,
+        message_type=_ORIGINAL_TYPE,
+        headers=headers,
+        priority=copy["priority"],
+        expiration_ms=copy["expiration_ms"],
+        persistent=copy["persistent"],
+    )
+
+
+_ORIGINAL_TYPE = f"condmsg.{p.MessageKind.ORIGINAL.value}"
 
 
 #: What every copy of a fan-out states for itself.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,9 @@ from condmsg.errors import StoreError
 from outbox import pg
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: A pooled PostgreSQL connection is pinged before it is handed out only if it sat in the
+#: pool at least this long (seconds); see :func:`make_engine`.
+PING_AFTER_IDLE_S = 1.0
 
 
 def describe_db_url(url: str) -> str:
@@ -59,8 +63,40 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
-    return sa.create_engine(url, **kwargs)
+    if "pool_pre_ping" in kwargs:
+        return sa.create_engine(url, **kwargs)
+    engine = sa.create_engine(url, **kwargs)
+    _ping_when_idle(engine)
+    return engine
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Check a pooled connection before use if it sat idle for :data:`PING_AFTER_IDLE_S`.
+
+    SQLAlchemy's ``pool_pre_ping`` pings at every checkout: a round trip per transaction,
+    which a sender committing batch after batch pays for nothing (a connection returned
+    milliseconds ago is as alive as it was). A connection that sat idle longer (the server
+    may have restarted or dropped it since) is pinged, and a dead one is replaced before
+    the caller sees it. A connection that dies within the idle threshold fails the first
+    statement on it instead, and SQLAlchemy then invalidates the pool, as without
+    ``pool_pre_ping``.
+    """
+    dialect = engine.dialect
+
+    @sa.event.listens_for(engine, "checkin")
+    def _returned(_dbapi_conn: Any, record: Any) -> None:
+        record.info["condmsg_idle_since"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _taken(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("condmsg_idle_since")
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return  # new, or back in the pool just now
+        try:
+            dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            # The pool discards this connection and checks out another (up to 3 tries).
+            raise sa.exc.DisconnectionError(f"stale pooled connection: {exc}") from exc
 
 
 def is_sqlite(engine: Engine) -> bool:

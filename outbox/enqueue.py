@@ -118,7 +118,8 @@ def enqueue_fanouts(
         if isinstance(group, Fanout):
             count += len(group.copies)
             if len(group.copies) == 1:  # a plain row: no copies column to write and read
-                rows.append((copy_message(group.message, group.copies[0]), None))
+                only = group.copies[0]
+                rows.append((copy_message(group.message, only) if only else group.message, None))
             else:
                 rows.append((group.message, [{"n": n, **c} for n, c in enumerate(group.copies)]))
             continue

@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -188,7 +189,13 @@ def commit_ack_statement(
     to set."""
     sets = tuple(c for c in rlog_values if c not in _RLOG_KEY)
     values = [rlog_values[c] for c in (*sets, *_RLOG_KEY)]
-    return _commit_ack_sql(tuple(outbox_row), sets), (*values, *outbox_row.values())
+    columns: list[tuple[str, str | None]] = []
+    for column, value in outbox_row.items():
+        constant = _constant(value) if column in _CONSTANT_COLUMNS else None
+        if constant is None:
+            values.append(value)
+        columns.append((column, constant))
+    return _commit_ack_sql(tuple(columns), sets), values
 
 
 def _prepared(raw: psycopg.Connection[Any]) -> _Prepared:
@@ -311,15 +318,55 @@ def _claim_sql(columns: tuple[str, ...]) -> _Sql:
     )
 
 
+#: Outbox columns that hold the same value in every ack (the exchange, state, content
+#: type, the unset properties ...): written into the statement's text, so a call renders
+#: and sends only the values that vary.
+_CONSTANT_COLUMNS = frozenset(
+    {
+        "state",
+        "exchange",
+        "reply_to",
+        "content_type",
+        "content_encoding",
+        "message_type",
+        "headers",
+        "priority",
+        "expiration_ms",
+        "persistent",
+        "mandatory",
+        "attempts",
+        "copies",
+    }
+)
+_PLAIN_TEXT = re.compile(r"[A-Za-z0-9._/+:-]*\Z")
+
+
+def _constant(value: object) -> str | None:
+    """``value`` as SQL text when it is plain enough to need no escaping, else None."""
+    if value is None:
+        return "NULL"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if type(value) is int:
+        return str(value)
+    if type(value) is str and _PLAIN_TEXT.match(value):
+        return f"'{value}'"
+    return None
+
+
 @functools.cache
-def _commit_ack_sql(outbox_columns: tuple[str, ...], sets: tuple[str, ...]) -> _Sql:
+def _commit_ack_sql(
+    outbox_columns: tuple[tuple[str, str | None], ...], sets: tuple[str, ...]
+) -> _Sql:
+    """The ack statement; ``outbox_columns`` are (column, constant text or None for a
+    parameter) in order."""
     parts: list[str | int] = [f"WITH committed AS (UPDATE {rlog.name} SET "]
     for i, column in enumerate(sets):
         parts += [f"{', ' if i else ''}{column} = ", 1]
     parts += [" WHERE cm_id = ", 1, " AND destination = ", 1]
-    parts += [
-        f") INSERT INTO {outbox_table().name} ({', '.join(outbox_columns)}) VALUES (",
-        len(outbox_columns),
-        ")",
-    ]
+    names = ", ".join(column for column, _constant in outbox_columns)
+    parts.append(f") INSERT INTO {outbox_table().name} ({names}) VALUES (")
+    for i, (_column, constant) in enumerate(outbox_columns):
+        parts += [", " if i else "", 1 if constant is None else constant]
+    parts.append(")")
     return _Sql.of(_pieces(*parts))

@@ -17,7 +17,12 @@ import sqlalchemy as sa
 from ackd import fastpath
 from ackd.tables import rlog
 from condmsg import Destination
+from condmsg import protocol as p
 from condmsg.acks import AckKind
+from condmsg.protocol import AckMessage
+from outbox.enqueue import row_values
+from outbox.message import OutboxMessage
+from outbox.table import outbox_table
 
 from .condmsg_helpers import acks_in, get_all
 
@@ -153,3 +158,52 @@ def test_a_connection_the_fast_path_knew_can_still_be_collected(pg_engine_url: s
     del raw
     gc.collect()
     assert gone() is None
+
+
+def test_the_ack_row_holds_every_column_the_portable_path_writes(
+    pg_url: str, unique_name: str, make_sender: Any, make_receiver: Any
+) -> None:
+    """The fast path writes the ack's constant columns into its statement's text: the row
+    must hold what ``outbox.enqueue.row_values`` gives for the ack message."""
+    name = unique_name.replace(".", "-")
+    queue = f"{unique_name}.q"
+    sender = make_sender(pg_url, name)
+    receiver = make_receiver(pg_url)
+    cond = Destination(queue, pickup_within=timedelta(seconds=30))
+    cm_ids = [sender.send(b"task", cond) for _ in range(3)]
+    with sender.relay() as relay:
+        relay.drain(10)
+    for _ in cm_ids:  # the first claim runs unprepared, the later ones prepared
+        with receiver.transaction() as tx:
+            assert tx.read(queue, timeout=5) is not None
+    table = outbox_table()
+    with receiver.engine.connect() as conn:
+        rows = conn.execute(sa.select(table).order_by(table.c.id)).mappings().all()
+    assert sorted(row["correlation_id"] for row in rows) == sorted(cm_ids)
+    for row in rows:
+        ack = AckMessage.from_json(row["body"])
+        assert ack.kind is AckKind.COMMIT
+        expected = row_values(ack_message_of(ack, reply_to=p.ack_queue(name)), row["created_at"])
+        assert {c: row[c] for c in expected} == expected
+
+
+def ack_message_of(ack: AckMessage, *, reply_to: str) -> OutboxMessage:
+    return OutboxMessage(
+        exchange="",
+        routing_key=reply_to,
+        body=ack.to_json(),
+        message_id=ack.ack_id,
+        correlation_id=ack.cm_id,
+        content_type=p.ACK_CONTENT_TYPE,
+        message_type=p.ACK_TYPE,
+    )
+
+
+def test_only_plain_constants_are_written_into_the_statement() -> None:
+    row = {"state": "pending", "content_type": "it's", "headers": None, "body": b"x"}
+    sql, values = fastpath.commit_ack_statement(
+        row, {"cm_id": "c", "destination": "d", "committed_at": None}
+    )
+    assert "'pending'" in sql.prepared and "NULL" in sql.prepared
+    assert "it's" not in sql.prepared  # needs escaping: a parameter
+    assert list(values) == [None, "c", "d", "it's", b"x"]

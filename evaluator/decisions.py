@@ -9,6 +9,7 @@ compensations. A CM still pending gets its next check time, shifted by the grace
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from condmsg.outcome import OUTCOME_CONTENT_TYPE, OUTCOME_TYPE, Outcome
 from condmsg.payloads import JSON
 from condmsg.protocol import PROTOCOL_VERSION, format_instant
 from evaluator import store
-from outbox.enqueue import enqueue_all
+from outbox.enqueue import enqueue_all, enqueue_batch
 from outbox.message import OutboxMessage
 
 
@@ -120,22 +121,20 @@ def _write_actions(
         copies = store.copies_of(session, [cm.cm_id for cm in cms])
     failed = [cm.cm_id for cm in cms if outcomes[cm.cm_id][0].verdict is Verdict.VIOLATED]
     compensations = store.compensations_of(session, failed)
-    messages: list[OutboxMessage] = []
+    # The outcome notifications, per outcome queue (one: the evaluator serves one sender):
+    # one template, and per CM its body and ids.
+    notifications: dict[str, tuple[list[bytes], list[str | None], list[str | None]]] = {}
+    messages: list[OutboxMessage] = []  # notices and compensations
     for cm in cms:
         outcome, body = outcomes[cm.cm_id]
-        messages.append(
-            OutboxMessage(
-                exchange="",
-                routing_key=p.outcome_queue(cm.sender),
-                body=body,
-                message_id=f"{cm.cm_id}.outcome",
-                correlation_id=cm.cm_id,
-                content_type=OUTCOME_CONTENT_TYPE,
-                message_type=OUTCOME_TYPE,
-            )
-        )
-        cm_copies = copies.get(cm.cm_id, {})
+        batch = notifications.get(cm.sender)
+        if batch is None:
+            batch = notifications[cm.sender] = ([], [], [])
+        batch[0].append(body)
+        batch[1].append(f"{cm.cm_id}.outcome")
+        batch[2].append(cm.cm_id)
         if outcome.verdict is Verdict.SATISFIED and cm.notify_success:
+            cm_copies = copies.get(cm.cm_id, {})
             notice = json.dumps({"cm_id": cm.cm_id, "verdict": "satisfied"}).encode()
             messages += [
                 _notice(p.MessageKind.SUCCESS, cm, copy, notice, JSON)
@@ -144,6 +143,7 @@ def _write_actions(
         elif outcome.verdict is Verdict.VIOLATED:
             # Every destination gets the compensation; the receiver log drops it where the
             # original was never consumed (and then drops the original too).
+            cm_copies = copies.get(cm.cm_id, {})
             for row in compensations.get(cm.cm_id, []):
                 copy = cm_copies.get(row.destination)
                 if copy is not None:
@@ -152,7 +152,21 @@ def _write_actions(
                     )
     if failed:
         store.release_compensations(session, failed, now)
+    for sender, (bodies, message_ids, correlation_ids) in notifications.items():
+        enqueue_batch(session, _outcome_template(sender), bodies, message_ids, correlation_ids)
     enqueue_all(session, messages)
+
+
+@functools.lru_cache(maxsize=64)
+def _outcome_template(sender: str) -> OutboxMessage:
+    """What the outcome notifications to ``sender`` share (body and ids are each CM's)."""
+    return OutboxMessage(
+        exchange="",
+        routing_key=p.outcome_queue(sender),
+        body=b"",
+        content_type=OUTCOME_CONTENT_TYPE,
+        message_type=OUTCOME_TYPE,
+    )
 
 
 def _notice(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import logging
 import os
 import queue
@@ -65,6 +66,11 @@ class Evaluator:
     archived to Parquet under ``retention_archive`` and deleted, every
     ``retention_interval_s`` seconds, ``retention_batch`` CMs per archive. Disabled by
     default: the store keeps everything.
+
+    With ``freeze_gc`` (the default), :meth:`run` moves the objects the process holds by
+    then (modules, SQLAlchemy metadata, pika and psycopg state...) to the garbage
+    collector's permanent generation (``gc.freeze()``): intake allocates many short-lived
+    objects, and each full collection would otherwise walk that whole heap again.
     """
 
     def __init__(
@@ -89,6 +95,7 @@ class Evaluator:
         retention_archive: Path | None = None,
         retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_S,
         retention_batch: int = DEFAULT_RETENTION_BATCH,
+        freeze_gc: bool = True,
     ) -> None:
         if engine is None and db_url is None:
             raise CondmsgError("Evaluator needs db_url (CONDMSG_DB_URL) or an engine")
@@ -104,6 +111,7 @@ class Evaluator:
                 older_than=retention, archive=Path(retention_archive), batch=retention_batch
             )
         self.retention_interval_s = retention_interval_s
+        self.freeze_gc = freeze_gc
         self.amqp_url = amqp_url
         self.sender = sender
         self.engine = engine if engine is not None else make_engine(str(db_url))
@@ -166,6 +174,9 @@ class Evaluator:
 
     def run(self) -> None:
         """Consume the ack queue in this thread until :meth:`stop` (or SIGTERM in the CLI)."""
+        if self.freeze_gc:
+            gc.collect()
+            gc.freeze()
         if self._relay is not None:
             self._relay.start()
         self._schedule_retention()

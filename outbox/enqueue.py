@@ -7,6 +7,7 @@ business rows written in it (and vanish with them on rollback).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,7 +20,15 @@ from sqlalchemy.orm import Session
 
 from outbox import pg
 from outbox.errors import OutboxTypeError, OutboxValueError
-from outbox.message import COPY_FIELDS, Fanout, HeaderValue, OutboxMessage, copy_message
+from outbox.message import (
+    COPY_FIELDS,
+    MAX_BODY_BYTES,
+    Fanout,
+    HeaderValue,
+    OutboxMessage,
+    _check_field,
+    copy_message,
+)
 from outbox.table import DEFAULT_TABLE_NAME, PENDING, outbox_table
 
 
@@ -88,6 +97,68 @@ def enqueue_all(
     batch = _checked(messages, "enqueue_all")
     _insert(session, [(m, None) for m in batch], table_name)
     return len(batch)
+
+
+def enqueue_batch(
+    session: Session | Connection,
+    template: OutboxMessage,
+    bodies: Sequence[bytes],
+    message_ids: Sequence[str | None],
+    correlation_ids: Sequence[str | None],
+    *,
+    table_name: str = DEFAULT_TABLE_NAME,
+) -> int:
+    """Add one message per body: ``template`` with that body, message id and correlation
+    id (a batch of outcome notifications to one queue); returns how many were added.
+    Never commits.
+
+    The rows are those :func:`enqueue_all` writes for the same messages, without building
+    and checking one :class:`OutboxMessage` per row: the template was checked when it was
+    built, the bodies and ids are checked here, and on PostgreSQL the template's values
+    are bound once each.
+    """
+    n = len(bodies)
+    if len(message_ids) != n or len(correlation_ids) != n:
+        raise OutboxValueError("enqueue_batch needs one message id and correlation id per body")
+    for body in bodies:
+        if type(body) is not bytes:
+            raise OutboxTypeError(f"body must be bytes, got {type(body).__name__}")
+        if len(body) > MAX_BODY_BYTES:
+            raise OutboxValueError(
+                f"body is {len(body)} bytes; RabbitMQ accepts at most {MAX_BODY_BYTES}"
+            )
+    for name, values in (("message_id", message_ids), ("correlation_id", correlation_ids)):
+        for value in values:
+            _check_field(name, value)
+    if not n:
+        return 0
+    raw = pg.driver_connection(session)
+    if raw is None:
+        rows = zip(bodies, message_ids, correlation_ids, strict=True)
+        _insert(
+            session,
+            [
+                (dataclasses.replace(template, body=b, message_id=m, correlation_id=c), None)
+                for b, m, c in rows
+            ],
+            table_name,
+        )
+        return n
+    shared = _BATCH_SHARED
+    params: dict[str, Any] = {"created_at": datetime.now(UTC)}
+    params |= {c: getattr(template, c) for c in shared}
+    params |= {
+        "body": list(bodies),
+        "message_id": list(message_ids),
+        "correlation_id": list(correlation_ids),
+        "headers": [template.headers_text()] * n,
+    }
+    pg.execute(raw, _pg_insert(table_name, shared), params)
+    return n
+
+
+#: What the messages of an :func:`enqueue_batch` share (the template's).
+_BATCH_SHARED = frozenset(_c for _c in COPY_FIELDS if _c not in ("message_id", "correlation_id"))
 
 
 def enqueue_fanouts(

@@ -352,7 +352,7 @@ def _run(
     partitions = options.partitions or _partitions(spark, int(cut["cms"]))
     cms = keep(cut_cms(data.cms, plans, window, partitions))
     acks = keep(enrich_acks(data.acks, data.compensations, cms, plans, window))
-    histograms = Histograms(histogram_frame(acks).toArrow())
+    histograms = Histograms(histogram_frame(acks).toArrow(), plans.destinations)
     ack_counts = histograms.totals()
     output.rows("latency", histograms.latency_rows(), SMALL_SCHEMAS["latency"])
     output.rows(

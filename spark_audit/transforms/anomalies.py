@@ -13,6 +13,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from condmsg.archive_layout import ACKS, AckStatus, AnomalyKind
+from spark_audit.transforms import enrich
+from spark_audit.transforms.conditions import same_text
 from spark_audit.transforms.enrich import COUNTED_STATUS, acks_only, judging_acks
 
 STATUSES = tuple(s.value for s in AckStatus)
@@ -74,7 +76,17 @@ def ack_candidates(enriched: DataFrame, flagged: DataFrame) -> DataFrame:
     evidence of a discrepancy, of a multiple consumption, or to judge the CM with its
     late acks (a small frame, broadcast).
     """
-    joined = acks_only(enriched).join(F.broadcast(flagged), "cm_id", "left")
+    # One long equi-join key (``cm_key``), the ids compared exactly beside it: a lookup
+    # per ack in a hash table keyed by longs rather than by 36-byte strings.
+    keyed = flagged.select(
+        enrich.cm_key().alias("_flag_key"),
+        F.col("cm_id").alias("_flag_cm_id"),
+        *(c for c in flagged.columns if c != "cm_id"),
+    )
+    on = (F.col("cm_key") == F.col("_flag_key")) & same_text("cm_id", "_flag_cm_id")
+    joined = (
+        acks_only(enriched).join(F.broadcast(keyed), on, "left").drop("_flag_key", "_flag_cm_id")
+    )
     wanted = (
         late()
         | problem().isNotNull()
@@ -144,7 +156,7 @@ def multiple_consumptions(candidates: DataFrame) -> DataFrame:
             & F.col("wf")
             & F.col("slot").isNotNull()
         )
-        .groupBy("cm_id", "destination", "consumer")
+        .groupBy("cm_id", "destination", enrich.consumer())
         .agg(
             F.count(F.lit(1)).alias("acks"),
             F.sort_array(F.collect_list("ack_id")).alias("ack_ids"),

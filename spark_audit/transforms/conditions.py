@@ -104,6 +104,9 @@ class PlanSet:
     #: With ``plan_set(..., chosen=...)``: the chosen CMs' ``cms`` (count), ``first`` and
     #: ``last`` (``sent_at``), gathered by the same scan.
     chosen: dict[str, Any] | None = None
+    #: Every destination the plans name, sorted (only with the plans on the driver): a
+    #: leaf's ``leaf_code`` (:meth:`leaves`) is its name's index here.
+    destinations: tuple[str, ...] = ()
 
     def lookup(self, *columns: str) -> DataFrame:
         """``plan_id`` and ``columns`` of the plans, broadcast when small."""
@@ -126,8 +129,9 @@ class PlanSet:
 
     def leaves(self) -> DataFrame:
         """``leaf_key, leaf_plan, leaf_destination, slot, leaf_recipient, leaf_topic,
-        leaf_pickup_ms, leaf_process_ms``: one row per destination of a plan (its position
-        in ``leaf_names``), broadcast when small.
+        leaf_pickup_ms, leaf_process_ms, leaf_code``: one row per destination of a plan
+        (its position in ``leaf_names``), broadcast when small. ``leaf_code``: the
+        destination's index in :attr:`destinations` (null without them).
 
         A join on ``(plan_id, destination)`` finds an ack's slot with one lookup in a
         small hash table, instead of copying the plan's arrays into every ack row
@@ -140,6 +144,11 @@ class PlanSet:
             "leaf_topic",
             "leaf_pickup_ms",
             "leaf_process_ms",
+            (
+                F.col("leaf_codes")
+                if self.destinations
+                else F.lit(None).cast("array<int>").alias("leaf_codes")
+            ),
         ).select(
             leaf_key("plan_id", "destination").alias("leaf_key"),
             F.col("plan_id").alias("leaf_plan"),
@@ -149,6 +158,7 @@ class PlanSet:
             F.coalesce(F.get(F.col("leaf_topic"), slot), F.lit(False)).alias("leaf_topic"),
             F.get(F.col("leaf_pickup_ms"), slot).alias("leaf_pickup_ms"),
             F.get(F.col("leaf_process_ms"), slot).alias("leaf_process_ms"),
+            F.get(F.col("leaf_codes"), slot).cast("int").alias("leaf_code"),
         )
         return F.broadcast(frame) if self.small else frame
 
@@ -165,15 +175,23 @@ class PlanSet:
         return cms.join(ids, "condition_json", "left")
 
 
-def _frame_rows(plans: list[dict[str, Any]], skel_ids: dict[str, int]) -> list[dict[str, Any]]:
+def _frame_rows(
+    plans: list[dict[str, Any]], skel_ids: dict[str, int], codes: dict[str, int]
+) -> list[dict[str, Any]]:
     return [
         {
             **row,
             "plan_id": index,
             "skel_id": skel_ids.get(row["skeleton"]) if row["structurally_native"] else None,
+            "leaf_codes": [codes[name] for name in row["leaf_names"] or ()],
         }
         for index, row in enumerate(plans)
     ]
+
+
+def _destinations(plans: list[dict[str, Any]]) -> tuple[str, ...]:
+    """Every destination name of ``plans`` (rows), sorted."""
+    return tuple(sorted({name for row in plans for name in row["leaf_names"] or ()}))
 
 
 def _with_ids_schema() -> T.StructType:
@@ -182,6 +200,7 @@ def _with_ids_schema() -> T.StructType:
             *PLAN_SCHEMA.fields,
             T.StructField("plan_id", T.LongType()),
             T.StructField("skel_id", T.IntegerType()),
+            T.StructField("leaf_codes", T.ArrayType(T.IntegerType())),
         ]
     )
 
@@ -235,7 +254,10 @@ def plan_set(cms: DataFrame, *, native: bool = True, chosen: Column | None = Non
             weights[plan.skeleton] += row["count"]
             examples.setdefault(plan.skeleton, plan.condition_json)
     skel_ids = _chosen(weights)
-    data = _frame_rows([p.as_row() for p in plans], skel_ids)
+    as_rows = [p.as_row() for p in plans]
+    destinations = _destinations(as_rows)
+    codes = {name: code for code, name in enumerate(destinations)}
+    data = _frame_rows(as_rows, skel_ids, codes)
     frame = local_frame(cms.sparkSession, data, _with_ids_schema()).withColumn(
         "native", F.col("skel_id").isNotNull()
     )
@@ -248,6 +270,7 @@ def plan_set(cms: DataFrame, *, native: bool = True, chosen: Column | None = Non
         python=any(p.valid and p.skeleton not in skel_ids for p in plans),
         small=True,
         chosen=_fold_chosen(rows) if chosen is not None else None,
+        destinations=destinations,
     )
 
 

@@ -120,10 +120,12 @@ def enrich_acks(
     source at all) received in the window. Per ack: ``wf`` (well-formed: ``condmsg.Ack``
     accepts it), ``slot`` (its destination's position in the CM's plan, null if the
     condition does not name it), ``matched`` (counts for that destination: the recipient
-    matches where the destination names one), ``consumer`` (the consumption it
-    belongs to: the recipient for a topic destination, else one per destination) and
-    ``on_time_pickup``/``on_time_process`` (matched, and read/committed by the tightest
-    deadline that applies to its destination: its deadline misses).
+    matches where the destination names one), ``topic`` (a topic destination: see
+    :func:`consumer`), ``on_time_pickup``/``on_time_process`` (matched, and
+    read/committed by the tightest deadline that applies to its destination: its
+    deadline misses) and ``dest_code``
+    (the destination's index in ``plans.destinations`` where the plan names it, else
+    null: a number the latency histogram groups by instead of the name).
     """
     released = compensations.where(F.col("released_at").isNotNull()).select(
         F.lit(None).cast("string").alias("ack_id"),
@@ -184,6 +186,7 @@ def enrich_acks(
             F.coalesce(F.col("leaf_topic"), F.lit(False)).alias("topic"),
             "leaf_pickup_ms",
             "leaf_process_ms",
+            F.col("leaf_code").alias("dest_code"),
         )
         .select(
             "*",
@@ -191,9 +194,6 @@ def enrich_acks(
                 F.col("slot").isNotNull()
                 & (F.col("_named").isNull() | (F.col("recipient") == F.col("_named")))
             ).alias("matched"),
-            F.when(F.col("topic"), F.coalesce(F.col("recipient"), F.lit(ANONYMOUS)))
-            .otherwise(F.lit(QUEUE_CONSUMER))
-            .alias("consumer"),
         )
         .selectExpr(
             "*",
@@ -207,6 +207,18 @@ def enrich_acks(
             ),
         )
         .drop("_named", "leaf_pickup_ms", "leaf_process_ms")
+    )
+
+
+def consumer() -> Column:
+    """The consumption an ack of :func:`enrich_acks` belongs to: the recipient for a
+    topic destination (:data:`ANONYMOUS` without one), else one per destination
+    (:data:`QUEUE_CONSUMER`). Computed where it is used rather than cached with the
+    acks (a string column less to build)."""
+    return (
+        F.when(F.col("topic"), F.coalesce(F.col("recipient"), F.lit(ANONYMOUS)))
+        .otherwise(F.lit(QUEUE_CONSUMER))
+        .alias("consumer")
     )
 
 
@@ -243,7 +255,7 @@ _CM_COLUMNS = ("sent_at", "state_code", "decided_at", "effective_at", "evaluatio
 _FACT_KEYS = ("cm_key", "cm_id", "sender", "plan_id", "sent_us", "slot")
 
 
-def _fact_rows(enriched: DataFrame) -> DataFrame:
+def _fact_rows(enriched: DataFrame, plans: PlanSet) -> DataFrame:
     """The ack and compensation rows :func:`cm_facts` aggregates (acks' partitioning).
 
     An ack of a queue destination (or of none in the tree) is its own row; the acks of a
@@ -252,7 +264,8 @@ def _fact_rows(enriched: DataFrame) -> DataFrame:
     acks, ``r_c`` first read, ``m_c`` first commit; ``on_time_pickup``/``on_time_process``
     (1 if a matching ack, counted or not, was in time, see :func:`enrich_acks`);
     ``late`` acks not counted, ``flag`` (one is labelled ``changes_verdict``), ``comp`` (a
-    compensation released to the slot's destination).
+    compensation released to the slot's destination); on a topic row, ``h{j}`` (1 if the
+    recipient was in time for the plan's probe ``j``, else null).
     """
     rows = enriched.where(F.col("known") & F.col("wf"))
     counted = F.col("status") == COUNTED_STATUS
@@ -289,13 +302,28 @@ def _fact_rows(enriched: DataFrame) -> DataFrame:
     )
     recipients = (
         rows.where(F.col("topic"))
-        .groupBy(*_FACT_KEYS, "consumer")
+        .groupBy(*_FACT_KEYS, consumer())
         .agg(*grouped, F.sum(late).alias("late"), F.max(flag).alias("flag"))
         .drop("consumer")
         .withColumn("topic", F.lit(True))
         .withColumn("comp", F.lit(0))
     )
-    return acks.unionByName(recipients)
+    if plans.probes:
+        # The probes' parameters only on the topic rows (a few per cent of the rows),
+        # rather than the plan's arrays on every row of the per-CM aggregation.
+        probes = plans.lookup("probe_slot", "probe_process", "probe_ms")
+        hits = []
+        for j in range(plans.probes):
+            first = f"CASE WHEN get(probe_process, {j}) THEN m_c ELSE r_c END"
+            deadline = f"sent_us + get(probe_ms, {j}) * 1000"
+            hit = f"slot = get(probe_slot, {j}) AND {first} <= {deadline}"
+            hits.append(f"CASE WHEN {hit} THEN 1 END AS h{j}")
+        recipients = (
+            recipients.join(probes, "plan_id", "left")
+            .selectExpr("*", *hits)
+            .drop("probe_slot", "probe_process", "probe_ms")
+        )
+    return acks.unionByName(recipients, allowMissingColumns=True)
 
 
 #: The per-ack deadline flags of :func:`enrich_acks`, and their per-CM bit masks.
@@ -334,9 +362,7 @@ def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFra
     cm_rows = cms_cut.where("in_window").select(
         "cm_key", "cm_id", "sender", "plan_id", "sent_us", *_CM_COLUMNS, F.lit(1).alias("is_cm")
     )
-    rows = cm_rows.unionByName(_fact_rows(enriched), allowMissingColumns=True)
-    if plans.probes:
-        rows = rows.join(plans.lookup("probe_slot", "probe_process", "probe_ms"), "plan_id", "left")
+    rows = cm_rows.unionByName(_fact_rows(enriched, plans), allowMissingColumns=True)
     # SQL text: one parse per aggregate rather than a Py4J call per expression node.
     sql = [
         "max(plan_id) AS plan_id",
@@ -349,11 +375,7 @@ def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFra
             f"min(CASE WHEN slot = {i} THEN r_c END) AS c_r{i}",
             f"min(CASE WHEN slot = {i} THEN m_c END) AS c_m{i}",
         ]
-    for j in range(plans.probes):
-        first = f"CASE WHEN get(probe_process, {j}) THEN m_c ELSE r_c END"
-        deadline = f"sent_us + get(probe_ms, {j}) * 1000"
-        hit = f"topic AND slot = get(probe_slot, {j}) AND {first} <= {deadline}"
-        sql.append(f"count(CASE WHEN {hit} THEN 1 END) AS c_h{j}")
+    sql += [f"count(h{j}) AS c_h{j}" for j in range(plans.probes)]
     words = range(-(-plans.slots // 64))
     sql += [f"{_mask('n_c > 0', w)} AS _cmask{w}" for w in words]
     sql += [

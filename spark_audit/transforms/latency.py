@@ -24,7 +24,7 @@ receiver (:mod:`spark_audit.transforms.skew`).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -68,11 +68,16 @@ def _coarse(value: str) -> str:
 
 
 def histogram_frame(enriched: DataFrame) -> DataFrame:
-    """``metric, key1, key2, bin, bucket, rows, n, lo, hi, lo2, <counters>`` over the acks
-    (``metric``: its code in :data:`CODES`; ``bin`` only for :data:`HISTOGRAM_METRICS`).
+    """``metric, code1, key1, key2, bin, bucket, rows, n, lo, hi, lo2, <counters>`` over
+    the acks (``metric``: its code in :data:`CODES`; ``bin`` only for
+    :data:`HISTOGRAM_METRICS`).
 
     Latencies (µs) of the well-formed acks of known CMs, per :data:`METRICS` keyed by
-    destination and recipient. And one row per ack keyed by receiver
+    destination and recipient: the destination is ``code1``, its index in the plans'
+    destinations (``dest_code``, see :func:`spark_audit.transforms.enrich.enrich_acks`),
+    where the ack's plan names it, else its name ``key1`` (a number hashes and compares
+    faster than a string; :class:`Histograms` puts the names back and merges the rows of
+    one name). And one row per ack keyed by receiver
     (:data:`RELAY_BY_RECEIVER`): its relay lag (``lo2``: the smallest pickup, for the clock
     bounds) and the counts of :data:`COUNTERS` (``rows``: every ack), so no other pass
     over the acks is needed for them.
@@ -86,6 +91,7 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
     counts = counters()
     values = acks_only(enriched).select(
         "destination",
+        "dest_code",
         "recipient",
         "receiver",
         F.when(facts, read - sent).alias("_pickup"),
@@ -102,7 +108,9 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
     by_code = " ".join(f"WHEN {CODES[m]} THEN _{m}" for m in METRICS)
     exploded = values.selectExpr("*", f"explode(array({codes})) AS metric").selectExpr(
         "metric",
-        f"CASE WHEN metric = {receiver} THEN receiver ELSE destination END AS key1",
+        f"CASE WHEN metric = {receiver} THEN receiver WHEN dest_code IS NULL "
+        "THEN destination END AS key1",
+        f"CASE WHEN metric != {receiver} THEN dest_code END AS code1",
         f"CASE WHEN metric = {receiver} THEN NULL ELSE recipient END AS key2",
         f"CASE metric {by_code} ELSE _relay END AS v",
         f"CASE WHEN metric = {receiver} THEN _pickup END AS v2",
@@ -113,6 +121,7 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
     drawn = ", ".join(str(CODES[m]) for m in HISTOGRAM_METRICS)
     return kept.groupBy(
         "metric",
+        "code1",
         "key1",
         "key2",
         F.expr(f"CASE WHEN metric IN ({drawn}) THEN {_coarse('v')} END").alias("bin"),
@@ -217,7 +226,7 @@ class Histograms:
     lag, are folded in Python.
     """
 
-    def __init__(self, table: pa.Table) -> None:
+    def __init__(self, table: pa.Table, destinations: Sequence[str] = ()) -> None:
         #: (level, destination, recipient) -> metric -> merged buckets
         self.groups: dict[tuple[str, Any, Any], dict[str, Arrays]] = defaultdict(dict)
         self.receivers: dict[str, dict[int, list[int]]] = defaultdict(dict)
@@ -225,6 +234,7 @@ class Histograms:
         #: receiver -> counter (and ``facts``, ``min_pickup_us``, ``min_relay_us``) -> value
         self.per_receiver: dict[str, dict[str, int]] = defaultdict(dict)
         relay = CODES[RELAY_BY_RECEIVER]
+        table = _named(table, destinations)
         is_relay = pc.equal(table.column("metric"), relay)
         latencies = table.filter(pc.and_(pc.invert(is_relay), pc.greater(table.column("n"), 0)))
         for level, keys in LEVELS:
@@ -301,6 +311,17 @@ class Histograms:
             }
             for receiver, merged in self.receivers.items()
         }
+
+
+def _named(table: pa.Table, destinations: Sequence[str]) -> pa.Table:
+    """``table`` with ``key1`` the destination's name where ``code1`` stood for it."""
+    codes = table.column("code1")
+    if codes.null_count == len(codes):
+        return table.drop_columns(["code1"])
+    names = pc.take(pa.array(destinations, pa.string()), codes)
+    key1 = pc.if_else(pc.is_valid(codes), names, table.column("key1"))
+    index = table.schema.get_field_index("key1")
+    return table.set_column(index, "key1", key1).drop_columns(["code1"])
 
 
 def _total(arrays: Arrays | None) -> int:

@@ -63,7 +63,8 @@ _CM_COLUMNS = "cm_id, sender, sent_at, condition_json, state, notify_success, ef
 
 def load_cms(session: Session, cm_ids: Iterable[str], *, lock: bool = False) -> dict[str, CmRow]:
     """The CM rows for ``cm_ids``. With ``lock`` (PostgreSQL), rows are locked ``FOR UPDATE``
-    in id order, so that two instances deciding overlapping batches queue behind each other
+    in id order (Python's sort, the same in every instance), so that two instances deciding
+    overlapping batches queue behind each other
     instead of deadlocking."""
     ids = sorted(set(cm_ids))
     if not ids:
@@ -72,11 +73,7 @@ def load_cms(session: Session, cm_ids: Iterable[str], *, lock: bool = False) -> 
     if raw is not None:
         # One array parameter, not one bind per id: the statement text stays the same
         # whatever the batch, so psycopg parses it once.
-        sql = (
-            f"SELECT {_CM_COLUMNS} FROM {t.cms.name} "
-            "WHERE cm_id = ANY(CAST(%(ids)b AS text[])) ORDER BY cm_id"
-            + (" FOR UPDATE" if lock else "")
-        )
+        sql = _lookup_sql(t.cms.name, _CM_COLUMNS, lock=lock)
         return {
             cm_id: CmRow(
                 cm_id,
@@ -97,6 +94,24 @@ def load_cms(session: Session, cm_ids: Iterable[str], *, lock: bool = False) -> 
     return {row.cm_id: CmRow.of(row) for row in session.execute(query)}
 
 
+@lru_cache(maxsize=16)
+def _lookup_sql(table: str, columns: str, where: str = "", *, lock: bool = False) -> str:
+    """``columns`` of the rows of ``table`` whose ``cm_id`` is in the array ``ids``, looked
+    up id by id through the index on ``cm_id`` (a nested loop over the array), in the
+    array's order; with ``lock``, each row is locked ``FOR UPDATE`` as it is found.
+
+    Written so that the plan cannot be a scan of the table: with ``cm_id = ANY(ids)`` and
+    statistics that lag behind the table (a store that has just grown), PostgreSQL scans
+    every row of it, and for the CM table's conditional update it hashed every pending
+    CM, per batch. A sub-select that locks, or has ``OFFSET 0``, is not merged into the
+    outer query: it runs once per id, on the index."""
+    tail = " FOR UPDATE" if lock else " OFFSET 0"
+    return (
+        f"SELECT r.* FROM unnest(CAST(%(ids)b AS text[])) AS i(id) CROSS JOIN LATERAL "
+        f"(SELECT {columns} FROM {table} WHERE cm_id = i.id{where}{tail}) AS r"
+    )
+
+
 def _select_by_cm(
     session: Session,
     table: sa.Table,
@@ -110,12 +125,8 @@ def _select_by_cm(
     parameter: the statement text stays the same whatever the batch."""
     raw = pg.driver_connection(session)
     if raw is not None:
-        sql = (
-            f"SELECT {', '.join(columns)} FROM {table.name} "
-            "WHERE cm_id = ANY(CAST(%(ids)b AS text[]))"
-            + (f" AND status = '{status}'" if status is not None else "")
-        )
-        return pg.execute(raw, sql, {"ids": ids})
+        where = f" AND status = '{status}'" if status is not None else ""
+        return pg.execute(raw, _lookup_sql(table.name, ", ".join(columns), where), {"ids": ids})
     c = table.c
     query = sa.select(*(c[name] for name in columns)).where(c.cm_id.in_(ids))
     if status is not None:

@@ -229,26 +229,25 @@ def test_an_overlapped_query_reads_its_results_as_exec_does(pg_engine_url: str) 
         assert raw.execute("SELECT 4").fetchone() == (4,)  # nothing left unread
 
 
-@pytest.fixture
-def polls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """One entry per :meth:`Broker.poll` call."""
-    calls: list[bool] = []
-    poll = Broker.poll
-
-    def counted(self: Broker) -> None:
-        calls.append(True)
-        poll(self)
-
-    monkeypatch.setattr(Broker, "poll", counted)
-    return calls
-
-
 def test_consume_overlaps_its_commits_and_survives_a_forgotten_statement(
-    pg_url: str, unique_name: str, make_sender: Any, make_receiver: Any, channel: Any, polls: Any
+    pg_url: str,
+    unique_name: str,
+    make_sender: Any,
+    make_receiver: Any,
+    channel: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """While consuming, the COMMIT travels while pika reads the broker's socket. A handler
     that makes the server forget the prepared statements mid-transaction still commits
     once (the ack falls back inside its savepoint), as do the others."""
+    polls: list[bool] = []
+    poll = Broker.poll
+
+    def counted(self: Broker) -> None:
+        polls.append(True)
+        poll(self)
+
+    monkeypatch.setattr(Broker, "poll", counted)
     name = unique_name.replace(".", "-")
     queue = f"{unique_name}.q"
     sender = make_sender(pg_url, name)

@@ -143,20 +143,6 @@ class Broker:
             if channel.is_open:
                 channel.cancel()
 
-    @property
-    def consuming(self) -> bool:
-        """True while :meth:`consume` runs."""
-        return self._deferring
-
-    def poll(self) -> None:
-        """Let the connection read and dispatch what the broker has sent, without waiting
-        (deliveries wait in the consumer's buffer): the receiver does this while the
-        database commits, so that the frames are decoded by the time it wants the next
-        delivery."""
-        connection = self._connection
-        if connection is not None and connection.is_open:
-            connection.process_data_events(time_limit=0)
-
     def ack(self, delivery: Delivery, *, deferred: bool = False) -> None:
         """Acknowledge ``delivery``; with ``deferred``, possibly later, batched.
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
@@ -84,14 +84,13 @@ def commit_with_acks(
     committed_at: datetime,
     recipient: str,
     receiver: str,
-    meanwhile: Callable[[], None] | None = None,
 ) -> None:
     """Commit ``session`` with a COMMIT ack for each delivered original (with its
     ``read_at``) and the RLOG rows' ``committed_at``.
 
     On PostgreSQL with psycopg the acks and the COMMIT travel in one round trip
-    (:mod:`ackd.fastpath`), and ``meanwhile`` runs while the server commits; the ORM is
-    flushed first, so the app's pending objects are written before.
+    (:mod:`ackd.fastpath`); the ORM is flushed first, so the app's pending objects are
+    written before.
     """
     rows = [
         (
@@ -128,7 +127,7 @@ def commit_with_acks(
         )
         for inbound, message in rows
     ]
-    fastpath.execute_and_commit(raw, statements, meanwhile=meanwhile)
+    fastpath.execute_and_commit(raw, statements)
     # The database transaction is committed; this ends the session's own bookkeeping (a
     # COMMIT with no transaction open is not sent).
     session.commit()

@@ -47,7 +47,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import logging
 import re
 import threading
 import weakref
@@ -69,8 +68,6 @@ from outbox.pg import wrapped
 from outbox.table import outbox_table
 
 __all__ = ["claim", "commit_ack_statement", "driver_connection", "execute_and_commit"]
-
-log = logging.getLogger(__name__)
 
 _DONE = (ExecStatus.COMMAND_OK, ExecStatus.TUPLES_OK)
 _LOST = "26000"  # invalid_sql_statement_name: the prepared statement is not there
@@ -161,18 +158,11 @@ def claim(raw: psycopg.Connection[Any], values: Mapping[str, Any]) -> bool:
     return _run(raw, f"BEGIN; {_plain(literal, statement)}").ntuples > 0
 
 
-def execute_and_commit(
-    raw: psycopg.Connection[Any],
-    statements: Sequence[Statement],
-    *,
-    meanwhile: Callable[[], None] | None = None,
-) -> None:
+def execute_and_commit(raw: psycopg.Connection[Any], statements: Sequence[Statement]) -> None:
     """Run ``statements`` and ``COMMIT`` in one round trip.
 
     If a statement fails, PostgreSQL skips the rest, the ``COMMIT`` included: the
-    transaction is left failed and the caller rolls it back. ``meanwhile`` runs while
-    the server works on them (it must not use this connection; what it raises is
-    ignored).
+    transaction is left failed and the caller rolls it back.
     """
     prepared = _prepared(raw)
     literal = prepared.literal
@@ -183,7 +173,6 @@ def execute_and_commit(
                 raw,
                 f"SAVEPOINT {_SAVEPOINT}; {calls}; RELEASE SAVEPOINT {_SAVEPOINT}; COMMIT",
                 prepared=prepared,
-                meanwhile=meanwhile,
             )
             return
         except _Lost:
@@ -245,23 +234,14 @@ def _plain(literal: _Literals, statement: Statement) -> str:
 
 
 def _run(
-    raw: psycopg.Connection[Any],
-    query: str,
-    *,
-    prepared: _Prepared | None = None,
-    meanwhile: Callable[[], None] | None = None,
+    raw: psycopg.Connection[Any], query: str, *, prepared: _Prepared | None = None
 ) -> pq.abc.PGresult:
     """Send ``query`` (one or more statements); the last statement's result. Errors are
     raised as SQLAlchemy would raise them. With ``prepared`` (the query calls prepared
-    statements), a missing one is recorded there and raised as :class:`_Lost`. With
-    ``meanwhile``, the query is sent without waiting and ``meanwhile`` runs before the
-    results are read."""
+    statements), a missing one is recorded there and raised as :class:`_Lost`."""
     encoding = raw.info.encoding
     with raw.lock:
-        if meanwhile is None:
-            result = raw.pgconn.exec_(query.encode(encoding))
-        else:
-            result = _overlapped(raw.pgconn, query.encode(encoding), meanwhile)
+        result = raw.pgconn.exec_(query.encode(encoding))
     if result.status not in _DONE:
         error = pg_errors.error_from_result(result, encoding=encoding)
         if prepared is not None and error.sqlstate == _LOST:
@@ -271,28 +251,6 @@ def _run(
     if prepared is not None:
         prepared.losses = 0  # they were there: a loss now and then is psycopg's doing
     return result
-
-
-def _overlapped(pgconn: pq.abc.PGconn, query: bytes, meanwhile: Callable[[], None]) -> Any:
-    """``PQexec`` in two halves with ``meanwhile`` between them: send ``query``, run
-    ``meanwhile``, then collect the results as ``PQexec`` would (the first error, else the
-    last result: the server skips the statements after a failed one)."""
-    try:
-        pgconn.send_query(query)
-        pgconn.flush()  # whatever did not fit the socket now goes with get_result
-    except psycopg.OperationalError:
-        return pgconn.exec_(query)  # a broken connection: exec_'s result reports it
-    try:
-        meanwhile()
-    except Exception:
-        log.debug("work overlapped with a query failed", exc_info=True)
-    found = None
-    while (result := pgconn.get_result()) is not None:
-        if found is None or found.status in _DONE:
-            found = result
-    if found is None:
-        raise psycopg.OperationalError("the server sent no result")
-    return found
 
 
 class _Literals:

@@ -592,8 +592,6 @@ class Receiver(OwnsOutbox):
                 committed_at=self._clock(),
                 recipient=self.recipient,
                 receiver=self.receiver_id,
-                # While consuming, let pika read the next deliveries during the commit.
-                meanwhile=self._broker.poll if self._broker.consuming else None,
             )
             if any(t.inbound.seq_id is not None for t in tx.taken):
                 # Parts stored by this transaction are visible now: the sequence may be

@@ -15,7 +15,6 @@ import pytest
 import sqlalchemy as sa
 
 from ackd import fastpath
-from ackd.broker import Broker
 from ackd.tables import rlog
 from condmsg import Destination
 from condmsg import protocol as p
@@ -208,71 +207,3 @@ def test_only_plain_constants_are_written_into_the_statement() -> None:
     assert "'pending'" in sql.prepared and "NULL" in sql.prepared
     assert "it's" not in sql.prepared  # needs escaping: a parameter
     assert list(values) == [None, "c", "d", "it's", b"x"]
-
-
-def test_an_overlapped_query_reads_its_results_as_exec_does(pg_engine_url: str) -> None:
-    url = sa.engine.make_url(pg_engine_url)
-    with psycopg.connect(
-        host=url.host, port=url.port, user=url.username, dbname=url.database, autocommit=True
-    ) as raw:
-        ran: list[bool] = []
-
-        def meanwhile() -> None:
-            ran.append(True)
-            raise RuntimeError("the overlapped work failed")  # ignored: the query goes on
-
-        result = fastpath._run(raw, "SELECT 1; SELECT 2", meanwhile=meanwhile)
-        assert result.get_value(0, 0) == b"2"
-        with pytest.raises(sa.exc.DBAPIError, match="division by zero"):
-            fastpath._run(raw, "SELECT 1; SELECT 1/0; SELECT 3", meanwhile=meanwhile)
-        assert ran == [True, True]
-        assert raw.execute("SELECT 4").fetchone() == (4,)  # nothing left unread
-
-
-def test_consume_overlaps_its_commits_and_survives_a_forgotten_statement(
-    pg_url: str,
-    unique_name: str,
-    make_sender: Any,
-    make_receiver: Any,
-    channel: Any,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """While consuming, the COMMIT travels while pika reads the broker's socket. A handler
-    that makes the server forget the prepared statements mid-transaction still commits
-    once (the ack falls back inside its savepoint), as do the others."""
-    polls: list[bool] = []
-    poll = Broker.poll
-
-    def counted(self: Broker) -> None:
-        polls.append(True)
-        poll(self)
-
-    monkeypatch.setattr(Broker, "poll", counted)
-    name = unique_name.replace(".", "-")
-    queue = f"{unique_name}.q"
-    sender = make_sender(pg_url, name)
-    receiver = make_receiver(pg_url)
-    app.metadata.create_all(receiver.engine)
-    cond = Destination(queue, process_within=timedelta(seconds=30))
-    cm_ids = [sender.send(b"task", cond) for _ in range(8)]
-    with sender.relay() as relay:
-        relay.drain(10)
-    seen: list[str] = []
-
-    def handler(message: Any, session: Any) -> None:
-        session.execute(sa.insert(app).values(cm_id=message.cm_id))
-        seen.append(message.cm_id)
-        if len(seen) == 5:
-            session.execute(sa.text("DEALLOCATE ALL"))
-
-    assert receiver.consume(queue, handler, max_messages=8, idle_timeout_s=5) == 8
-    assert sorted(seen) == sorted(cm_ids)
-    assert len(polls) >= 8  # every commit overlapped
-    with receiver.engine.connect() as conn:
-        assert sorted(conn.execute(sa.select(app.c.cm_id)).scalars()) == sorted(cm_ids)
-    with receiver.relay() as relay:
-        relay.drain(10)
-    acks = acks_in(channel, name)
-    assert sorted(a.cm_id for a in acks) == sorted(cm_ids)
-    assert {a.kind for a in acks} == {AckKind.COMMIT}
-    assert get_all(channel, queue, settle_s=0.1) == []

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
 
-from ackd import fastpath, rlog
+from ackd import fastpath
 from ackd.inbound import Inbound
 from condmsg.acks import AckKind
 from condmsg.protocol import ACK_CONTENT_TYPE, ACK_TYPE, AckMessage
@@ -86,47 +86,31 @@ def commit_with_acks(
     receiver: str,
 ) -> None:
     """Commit ``session`` with a COMMIT ack for each delivered original (with its
-    ``read_at``) and the RLOG rows' ``committed_at``.
+    ``read_at``).
 
     On PostgreSQL with psycopg the acks and the COMMIT travel in one round trip
     (:mod:`ackd.fastpath`); the ORM is flushed first, so the app's pending objects are
     written before.
     """
-    rows = [
-        (
+    messages = [
+        ack_message(
             inbound,
-            ack_message(
-                inbound,
-                kind=AckKind.COMMIT,
-                read_at=read_at,
-                committed_at=committed_at,
-                recipient=recipient,
-                receiver=receiver,
-            ),
+            kind=AckKind.COMMIT,
+            read_at=read_at,
+            committed_at=committed_at,
+            recipient=recipient,
+            receiver=receiver,
         )
         for inbound, read_at in delivered
     ]
-    raw = fastpath.driver_connection(session) if rows else None
+    raw = fastpath.driver_connection(session) if messages else None
     if raw is None:
-        for inbound, _message in rows:
-            rlog.mark_committed(session, inbound, committed_at)
-        enqueue_all(session, [message for _inbound, message in rows])
+        enqueue_all(session, messages)
         session.commit()
         return
     session.flush()
     now = datetime.now(UTC)
-    statements = [
-        fastpath.commit_ack_statement(
-            row_values(message, now),
-            {
-                "cm_id": inbound.cm_id,
-                "destination": inbound.destination,
-                "committed_at": committed_at,
-                "updated_at": committed_at,
-            },
-        )
-        for inbound, message in rows
-    ]
+    statements = [fastpath.ack_statement(row_values(message, now)) for message in messages]
     fastpath.execute_and_commit(raw, statements)
     # The database transaction is committed; this ends the session's own bookkeeping (a
     # COMMIT with no transaction open is not sent).

@@ -7,8 +7,7 @@ on top of the app's own statements. Two of them ride along here:
 
 - ``BEGIN`` and the RLOG insert travel as one query string (``BEGIN; INSERT ...
   RETURNING``) when the transaction has not begun yet;
-- the COMMIT ack (one statement that also stamps the RLOG row's ``committed_at``) and
-  ``COMMIT`` travel as one (``WITH ... INSERT ...; COMMIT``).
+- the COMMIT ack's outbox row and ``COMMIT`` travel as one (``INSERT ...; COMMIT``).
 
 So the receiver's two statements add no round trip to the app's transaction: they travel
 with the ``BEGIN`` and ``COMMIT`` it needs anyway. Several statements in one string need
@@ -23,13 +22,18 @@ leaves a failed transaction that the caller rolls back, and a failed ack skips t
 ``COMMIT``.
 
 Prepared statements belong to the server session, and psycopg deallocates them all
-(``DEALLOCATE ALL``) after any ``ROLLBACK`` it runs, a savepoint's included, once it has
-prepared statements of its own. So a call that finds its statement gone
-(``invalid_sql_statement_name``) falls back to the plain statement in the same
-transaction: the claim rolls back the ``BEGIN`` it sent and sends ``BEGIN; INSERT``; the
-ack runs inside a savepoint (``SAVEPOINT; EXECUTE; RELEASE; COMMIT``), rolls back to it
-and sends ``INSERT; COMMIT``. The next claim prepares again. A connection that keeps
-losing them (a pooler in transaction mode) gets plain statements from then on.
+(``DEALLOCATE ALL``) after any ``ROLLBACK`` it runs, a savepoint's included, or a
+``DROP``, ``ALTER`` or ``DISCARD ALL``, once it has prepared statements of its own. The
+receiver therefore follows what its connections run through SQLAlchemy (:func:`watch`):
+after such a statement, or a rollback, the transaction's ack goes as the plain statement
+(``INSERT; COMMIT``), and the next claim prepares again (a ``PREPARE`` of a name still
+there fails harmlessly). A claim that finds its statement gone all the same
+(``invalid_sql_statement_name``: a ``DEALLOCATE`` sent past SQLAlchemy) rolls back the
+``BEGIN`` it sent and sends ``BEGIN; INSERT``; an ack that does fails its transaction,
+which the receiver rolls back and requeues like any failed commit (an ack that could
+fall back on its own would need a ``SAVEPOINT`` in every commit: 20-30 µs of server CPU
+a message here). A connection that keeps losing them (a pooler in transaction mode)
+gets plain statements from then on.
 
 What was measured and rejected: psycopg's pipeline mode saves the same round trips with
 bound parameters, but on a local socket it costs more than it saves (twice the client
@@ -67,12 +71,11 @@ from outbox.pg import driver_connection as _driver_connection
 from outbox.pg import wrapped
 from outbox.table import outbox_table
 
-__all__ = ["claim", "commit_ack_statement", "driver_connection", "execute_and_commit"]
+__all__ = ["ack_statement", "claim", "driver_connection", "execute_and_commit", "watch"]
 
 _DONE = (ExecStatus.COMMAND_OK, ExecStatus.TUPLES_OK)
 _LOST = "26000"  # invalid_sql_statement_name: the prepared statement is not there
 _EXISTS = "42P05"  # duplicate_prepared_statement
-_SAVEPOINT = "condmsg_ack"
 #: Losses of the prepared statements after which a connection gets plain statements.
 MAX_LOSSES = 3
 
@@ -106,11 +109,16 @@ Statement = tuple[_Sql, Sequence[Any]]
 
 @dataclass(slots=True)
 class _Prepared:
-    """What one connection has prepared, and how often in a row the server lost it."""
+    """What one connection has prepared, and how often in a row the server lost it.
+
+    ``doubtful``: a statement ran (through SQLAlchemy) after which psycopg may have
+    deallocated everything; until the next claim prepares again, calls are not trusted.
+    """
 
     literal: _Literals
     names: set[str] = field(default_factory=set)
     losses: int = 0
+    doubtful: bool = False
 
     @property
     def usable(self) -> bool:
@@ -128,7 +136,11 @@ _CONNECTIONS_LOCK = threading.Lock()
 
 
 class _Lost(Exception):
-    """A prepared statement was not there."""
+    """A prepared statement was not there (``error``: the server's)."""
+
+    def __init__(self, error: psycopg.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def driver_connection(session: Session) -> psycopg.Connection[Any] | None:
@@ -150,6 +162,9 @@ def claim(raw: psycopg.Connection[Any], values: Mapping[str, Any]) -> bool:
     if raw.info.transaction_status is not TransactionStatus.IDLE:
         return _run(raw, _plain(literal, statement)).ntuples > 0
     if prepared.usable:
+        if prepared.doubtful:
+            prepared.names.clear()  # PREPARE again what is gone (an existing one is kept)
+            prepared.doubtful = False
         _prepare_known(raw, prepared)
         try:
             return _run(raw, f"BEGIN; {_call(literal, statement)}", prepared=prepared).ntuples > 0
@@ -162,40 +177,64 @@ def execute_and_commit(raw: psycopg.Connection[Any], statements: Sequence[Statem
     """Run ``statements`` and ``COMMIT`` in one round trip.
 
     If a statement fails, PostgreSQL skips the rest, the ``COMMIT`` included: the
-    transaction is left failed and the caller rolls it back.
+    transaction is left failed and the caller rolls it back. That is also what happens
+    if a prepared statement is gone without this module knowing (see the module's
+    docstring): the transaction fails, and the next claim prepares again.
     """
     prepared = _prepared(raw)
     literal = prepared.literal
-    if all(sql.name in prepared.names for sql, _values in statements):
-        calls = "; ".join(_call(literal, s) for s in statements)
+    if not prepared.doubtful and all(sql.name in prepared.names for sql, _ in statements):
+        query = "; ".join([*(_call(literal, s) for s in statements), "COMMIT"])
         try:
-            _run(
-                raw,
-                f"SAVEPOINT {_SAVEPOINT}; {calls}; RELEASE SAVEPOINT {_SAVEPOINT}; COMMIT",
-                prepared=prepared,
-            )
-            return
-        except _Lost:
-            _run(raw, f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+            _run(raw, query, prepared=prepared)
+        except _Lost as lost:
+            raise wrapped(query, {}, lost.error) from lost.error
+        return
     _run(raw, "; ".join([*(_plain(literal, s) for s in statements), "COMMIT"]))
 
 
-def commit_ack_statement(
-    outbox_row: Mapping[str, Any], rlog_values: Mapping[str, Any]
-) -> Statement:
-    """The COMMIT ack's outbox row and the RLOG row's ``committed_at``, as one statement.
+def watch(engine: sa.Engine) -> None:
+    """Follow the statements ``engine``'s connections run through SQLAlchemy: after one
+    that makes psycopg deallocate its prepared statements (it runs ``DEALLOCATE ALL``
+    after a ``ROLLBACK``, a savepoint's included, or a ``DROP``, ``ALTER``, ``DISCARD
+    ALL``, once it has prepared statements of its own) or a rollback, this module's are
+    doubtful: the transaction's ack is sent as a plain statement, and the next claim
+    prepares them again."""
+    if getattr(engine, "_condmsg_watched", False):
+        return
 
-    ``rlog_values`` holds the RLOG row's key (``cm_id``, ``destination``) and the columns
-    to set."""
-    sets = tuple(c for c in rlog_values if c not in _RLOG_KEY)
-    values = [rlog_values[c] for c in (*sets, *_RLOG_KEY)]
+    def doubt(conn: sa.Connection) -> None:
+        raw = conn.connection.driver_connection
+        if isinstance(raw, psycopg.Connection):
+            _prepared(raw).doubtful = True
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def _statement(conn: sa.Connection, _cursor: Any, statement: str, *_: Any) -> None:
+        if _DEALLOCATING(statement):
+            doubt(conn)
+
+    @sa.event.listens_for(engine, "rollback")
+    def _rollback(conn: sa.Connection) -> None:
+        doubt(conn)
+
+    engine._condmsg_watched = True  # type: ignore[attr-defined]
+
+
+#: What makes psycopg deallocate its prepared statements (its own test, case-insensitive
+#: and with leading blanks allowed here), plus a DEALLOCATE of one name.
+_DEALLOCATING = re.compile(r"\s*(?:DROP|ALTER|ROLLBACK|DISCARD|DEALLOCATE)\b", re.IGNORECASE).match
+
+
+def ack_statement(outbox_row: Mapping[str, Any]) -> Statement:
+    """The insert of an ack's outbox row (its constant columns written into the text)."""
+    values = []
     columns: list[tuple[str, str | None]] = []
     for column, value in outbox_row.items():
         constant = _constant(value) if column in _CONSTANT_COLUMNS else None
         if constant is None:
             values.append(value)
         columns.append((column, constant))
-    return _commit_ack_sql(tuple(columns), sets), values
+    return _ack_sql(tuple(columns)), values
 
 
 def _prepared(raw: psycopg.Connection[Any]) -> _Prepared:
@@ -246,7 +285,7 @@ def _run(
         error = pg_errors.error_from_result(result, encoding=encoding)
         if prepared is not None and error.sqlstate == _LOST:
             prepared.lost()
-            raise _Lost from error
+            raise _Lost(error) from error
         raise wrapped(query, {}, error) from error
     if prepared is not None:
         prepared.losses = 0  # they were there: a loss now and then is psycopg's doing
@@ -290,9 +329,6 @@ class _Literals:
         if raw is None:
             raise psycopg.InterfaceError("the connection is gone")
         return str(ClientCursor(raw).mogrify("%s", (value,)))
-
-
-_RLOG_KEY = ("cm_id", "destination")
 
 
 def _pieces(*parts: str | int) -> tuple[str, ...]:
@@ -355,17 +391,11 @@ def _constant(value: object) -> str | None:
 
 
 @functools.cache
-def _commit_ack_sql(
-    outbox_columns: tuple[tuple[str, str | None], ...], sets: tuple[str, ...]
-) -> _Sql:
-    """The ack statement; ``outbox_columns`` are (column, constant text or None for a
+def _ack_sql(outbox_columns: tuple[tuple[str, str | None], ...]) -> _Sql:
+    """The ack's insert; ``outbox_columns`` are (column, constant text or None for a
     parameter) in order."""
-    parts: list[str | int] = [f"WITH committed AS (UPDATE {rlog.name} SET "]
-    for i, column in enumerate(sets):
-        parts += [f"{', ' if i else ''}{column} = ", 1]
-    parts += [" WHERE cm_id = ", 1, " AND destination = ", 1]
     names = ", ".join(column for column, _constant in outbox_columns)
-    parts.append(f") INSERT INTO {outbox_table().name} ({names}) VALUES (")
+    parts: list[str | int] = [f"INSERT INTO {outbox_table().name} ({names}) VALUES ("]
     for i, (_column, constant) in enumerate(outbox_columns):
         parts += [", " if i else "", 1 if constant is None else constant]
     parts.append(")")

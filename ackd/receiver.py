@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from ackd import rlog, sequence
+from ackd import fastpath, rlog, sequence
 from ackd.broker import Broker, Delivery
 from ackd.emit import commit_with_acks, enqueue_ack
 from ackd.inbound import Inbound, InvalidMessage, check_payload, check_token, parse
@@ -141,6 +141,8 @@ class Receiver(OwnsOutbox):
             engine if engine is not None else make_engine(str(db_url), pool_pre_ping=False)
         )
         self._postgres = self.engine.dialect.name == "postgresql"
+        if self._postgres:
+            fastpath.watch(self.engine)
         self.secret = secret
         self.max_attempts = max_attempts
         self.sequence_timeout = sequence_timeout

@@ -178,11 +178,6 @@ def on_success(session: Session, inbound: Inbound, *, now: datetime) -> Decision
     return Decision.DELIVER
 
 
-def mark_committed(session: Session, inbound: Inbound, committed_at: datetime) -> None:
-    cm_id, destination = _key(inbound)
-    _update(session, cm_id, destination, committed_at=committed_at)
-
-
 def _update(session: Session, cm_id: str, destination: str, **values: Any) -> None:
     values.setdefault("updated_at", next(iter(v for v in values.values() if v is not None)))
     session.execute(

@@ -30,7 +30,8 @@ rlog = sa.Table(
     sa.Column("receiver", sa.String(255), nullable=False),
     sa.Column("sender", sa.String(255)),
     sa.Column("read_at", _TS),
-    sa.Column("committed_at", _TS),
+    # A transactional read's row commits with the app's transaction (its being there is
+    # the commit); the commit's instant travels in the COMMIT ack (``committed_at``).
     sa.Column("transactional", sa.Boolean()),
     sa.Column("compensated_at", _TS),
     sa.Column("success_at", _TS),

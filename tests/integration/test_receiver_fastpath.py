@@ -47,9 +47,10 @@ def test_a_forgotten_prepared_statement_falls_back_to_the_plain_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """psycopg runs ``DEALLOCATE ALL`` after a rollback once it prepared statements of its
-    own. Whether the server forgets them before the claim or in the middle of the app's
-    transaction, every read still commits exactly once with its COMMIT ack, and a later
-    claim prepares them again."""
+    own, and an app may run it too. Whether the server forgets them before the claim or
+    in the middle of the app's transaction, through SQLAlchemy (the receiver notices) or
+    past it (it does not), every read commits exactly once with its COMMIT ack, and a
+    later claim prepares them again."""
     # No store check for sequences after the first read: it would begin the transaction
     # before the claim (the claim then runs inside it, unprepared), hiding what is tested.
     monkeypatch.setattr("ackd.receiver.STORE_RECHECK_S", 3600.0)
@@ -62,50 +63,65 @@ def test_a_forgotten_prepared_statement_falls_back_to_the_plain_one(
     app.metadata.create_all(receiver.engine)
     cm_ids = [
         sender.send(b"task", Destination(queue, process_within=timedelta(seconds=30)))
-        for _ in range(6)
+        for _ in range(8)
     ]
     with sender.relay() as relay:
         relay.drain(10)
 
-    def read_one(*, forget_before_commit: bool = False) -> str:
+    def forget(session: Any, how: str) -> None:
+        if how == "sqlalchemy":
+            session.execute(sa.text("DEALLOCATE ALL"))
+        else:  # past SQLAlchemy, on the driver's connection
+            session.connection().connection.driver_connection.execute("DEALLOCATE ALL")
+
+    def read_one(*, forget_before_commit: str | None = None) -> str:
         with receiver.transaction() as tx:
             message = tx.read(queue, timeout=5)
             assert message is not None
             tx.session.execute(sa.insert(app).values(cm_id=message.cm_id))
             if forget_before_commit:
-                tx.session.execute(sa.text("DEALLOCATE ALL"))
+                forget(tx.session, forget_before_commit)
             return str(message.cm_id)
 
     def prepared_now() -> int:
         with receiver.transaction() as tx:  # the receiver's own connection
             return len(tx.session.execute(PREPARED).all())
 
-    def forget() -> None:
+    def forget_between(how: str) -> None:
         with receiver.transaction() as tx:
-            tx.session.execute(sa.text("DEALLOCATE ALL"))
+            forget(tx.session, how)
 
     read = [read_one()]  # the first claim runs after the store check, unprepared
     read.append(read_one())
     assert prepared_now() == 2  # the claim's and the ack's, prepared ahead of the claim
-    # Gone in the middle of the transaction: the ack falls back inside its savepoint.
-    read.append(read_one(forget_before_commit=True))
+    # Gone in the middle of the transaction, as the receiver sees: a plain ack.
+    read.append(read_one(forget_before_commit="sqlalchemy"))
     assert prepared_now() == 0
     read.append(read_one())
     assert prepared_now() == 2  # prepared again
-    # Gone between transactions while the receiver believes them there: the claim
-    # falls back (and the ack, as nothing is prepared until the next claim).
-    forget()
+    # Gone between transactions, as the receiver sees: the claim prepares them again.
+    forget_between("sqlalchemy")
+    read.append(read_one())
+    assert prepared_now() == 2
+    # Gone between transactions unseen: the claim falls back (the ack too: nothing is
+    # prepared until the next claim).
+    forget_between("driver")
     read.append(read_one())
     assert prepared_now() == 0
     read.append(read_one())
     assert prepared_now() == 2
+    # Gone in the middle of the transaction unseen: that commit fails, the message is
+    # requeued, and the next read commits it.
+    with pytest.raises(sa.exc.DBAPIError) as failed:
+        read_one(forget_before_commit="driver")
+    assert getattr(failed.value.orig, "sqlstate", None) == "26000"
+    read.append(read_one())
 
     assert sorted(read) == sorted(cm_ids)
     with receiver.engine.connect() as conn:
         assert sorted(conn.execute(sa.select(app.c.cm_id)).scalars()) == sorted(cm_ids)
-        rows = conn.execute(sa.select(rlog.c.recipient, rlog.c.committed_at)).all()
-    assert [r.recipient for r in rows] == [recipient] * 6
-    assert all(r.committed_at is not None for r in rows)
+        rows = conn.execute(sa.select(rlog.c.recipient, rlog.c.state)).all()
+    assert [(r.recipient, r.state) for r in rows] == [(recipient, "consumed")] * 8
     with receiver.relay() as relay:
         relay.drain(10)
     acks = acks_in(channel, name)
@@ -201,9 +217,7 @@ def ack_message_of(ack: AckMessage, *, reply_to: str) -> OutboxMessage:
 
 def test_only_plain_constants_are_written_into_the_statement() -> None:
     row = {"state": "pending", "content_type": "it's", "headers": None, "body": b"x"}
-    sql, values = fastpath.commit_ack_statement(
-        row, {"cm_id": "c", "destination": "d", "committed_at": None}
-    )
+    sql, values = fastpath.ack_statement(row)
     assert "'pending'" in sql.prepared and "NULL" in sql.prepared
     assert "it's" not in sql.prepared  # needs escaping: a parameter
-    assert list(values) == [None, "c", "d", "it's", b"x"]
+    assert list(values) == ["it's", b"x"]

@@ -27,6 +27,8 @@
     ``transaction_read`` / raw >= 0.7.
 
 Baselines and subjects alternate, ``--rounds`` times; figures are medians over rounds.
+``--receive`` messages (3,000) make each receive measurement last 1.5-3 s: with 1,000,
+the consumer's start (qos, consume, the first prefetch window) weighed on both sides.
 Sender and receiver each get a fresh PostgreSQL schema (dropped afterwards); queues are
 unique to the run and deleted afterwards.
 
@@ -116,7 +118,7 @@ def parse_args() -> Options:
     ap.add_argument("--size", type=int, default=256, help="payload bytes")
     ap.add_argument("--senders", type=int, default=4, help="threads calling Sender.send")
     ap.add_argument("--batch", type=int, default=100, help="sends per session, batched variant")
-    ap.add_argument("--receive", type=int, default=1000, help="messages per receive measurement")
+    ap.add_argument("--receive", type=int, default=3000, help="messages per receive measurement")
     ap.add_argument("--prefetch", type=int, default=100, help="consumer prefetch, CM and raw")
     ap.add_argument("--rounds", type=int, default=3, help="baseline/subject alternations")
     ap.add_argument("--ack-relay", action="store_true", help="run the ack relay while receiving")

@@ -22,14 +22,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from condmsg.conditions import Destination, DestinationSet
 from spark_audit.job import AuditOptions, run_audit
 from spark_audit.readers import AuditInput, Window, apply_window
+from spark_audit.transforms.anomalies import COUNTERS
 from spark_audit.transforms.conditions import plan_set
-from spark_audit.transforms.latency import percentile
+from spark_audit.transforms.latency import CODES, Histograms, percentile
 from tests.spark.builders import T0, ack_row, at, cm_row, frame
 from tests.spark.conftest import SPARK_MARKS
 
@@ -218,6 +220,51 @@ def test_percentiles_interpolate_within_a_bucket() -> None:
     assert percentile([(1, 5, 5), (3, 100, 103)], 0.5) == 0.1
     assert percentile([(1, 5, 5), (3, 100, 103)], 0.9) == 0.103
     assert percentile([], 0.5) is None
+
+
+def test_histogram_merges_a_destination_by_code_and_by_name() -> None:
+    # "qa" by its code (acks whose plan names it) and by its name (an ack whose plan does
+    # not): one latency row per level, its buckets merged.
+    pickup = CODES["pickup"]
+    rows = [
+        {"code1": 1, "key1": None, "bucket": 5, "n": 1, "lo": 5, "hi": 5},
+        {"code1": None, "key1": "qa", "bucket": 5, "n": 1, "lo": 5, "hi": 5},
+        {"code1": None, "key1": "qa", "bucket": 7, "n": 2, "lo": 7, "hi": 7},
+        {"code1": 0, "key1": None, "bucket": 3, "n": 1, "lo": 3, "hi": 3},
+    ]
+    table = pa.Table.from_pylist(
+        [
+            {"metric": pickup, "key2": None, "bin": 0, "rows": r["n"], "lo2": None, **r}
+            for r in rows
+        ],
+        schema=pa.schema(
+            [
+                ("metric", pa.int8()),
+                ("code1", pa.int32()),
+                ("key1", pa.string()),
+                ("key2", pa.string()),
+                ("bin", pa.int32()),
+                ("bucket", pa.int64()),
+                ("rows", pa.int64()),
+                ("n", pa.int64()),
+                ("lo", pa.int64()),
+                ("hi", pa.int64()),
+                ("lo2", pa.int64()),
+                *((name, pa.int64()) for name in COUNTERS),
+            ]
+        ),
+    )
+    got = {
+        (r["level"], r["destination"]): r for r in Histograms(table, ("a0", "qa")).latency_rows()
+    }
+    assert set(got) == {("all", None), ("destination", "a0"), ("destination", "qa")} | {
+        ("recipient", "a0"),
+        ("recipient", "qa"),
+    }
+    assert got[("destination", "qa")]["acks"] == 4
+    assert got[("destination", "qa")]["pickup_p50_ms"] == 0.005
+    assert got[("destination", "qa")]["pickup_p99_ms"] == 0.007
+    assert got[("all", None)]["acks"] == 5
 
 
 def test_clock_skew_bounds_per_receiver(audited: dict[str, Any]) -> None:

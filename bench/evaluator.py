@@ -168,6 +168,7 @@ def intake(db_url: str, sender_name: str, queue: str, n: int) -> dict[str, float
     _publish(channel, ack_queue, bodies)
     connection.close()
     service = Evaluator(
+        freeze_gc=True,  # as `condmsg evaluator` runs it: a process of its own
         amqp_url=AMQP_URL,
         sender=sender_name,
         engine=engine,
@@ -241,6 +242,7 @@ def latencies(
     sender = Sender(amqp_url=AMQP_URL, engine=engine, name=sender_name, secret=SECRET)
     watcher = OutcomeWatcher(sender_name)
     service = Evaluator(
+        freeze_gc=True,  # as `condmsg evaluator` runs it: a process of its own
         amqp_url=AMQP_URL,
         sender=sender_name,
         engine=engine,
@@ -328,6 +330,7 @@ def sweep_time(db_url: str, sender_name: str, queue: str, pending: int, rounds: 
         clock=lambda: past,
     )
     service = Evaluator(
+        freeze_gc=True,  # as `condmsg evaluator` runs it: a process of its own
         amqp_url=AMQP_URL,
         sender=sender_name,
         engine=engine,

@@ -67,10 +67,13 @@ class Evaluator:
     ``retention_interval_s`` seconds, ``retention_batch`` CMs per archive. Disabled by
     default: the store keeps everything.
 
-    With ``freeze_gc`` (the default), :meth:`run` moves the objects the process holds by
-    then (modules, SQLAlchemy metadata, pika and psycopg state...) to the garbage
-    collector's permanent generation (``gc.freeze()``): intake allocates many short-lived
-    objects, and each full collection would otherwise walk that whole heap again.
+    With ``freeze_gc``, :meth:`run` moves the objects the process holds by then (modules,
+    SQLAlchemy metadata, pika and psycopg state...) to the garbage collector's permanent
+    generation (``gc.freeze()``): intake allocates many short-lived objects, and each full
+    collection would otherwise walk that whole heap again. It acts on the whole process,
+    so it is off by default (an evaluator embedded in an application would freeze the
+    application's objects too) and on in ``condmsg evaluator``, which is a process of its
+    own.
     """
 
     def __init__(
@@ -95,7 +98,7 @@ class Evaluator:
         retention_archive: Path | None = None,
         retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_S,
         retention_batch: int = DEFAULT_RETENTION_BATCH,
-        freeze_gc: bool = True,
+        freeze_gc: bool = False,
     ) -> None:
         if engine is None and db_url is None:
             raise CondmsgError("Evaluator needs db_url (CONDMSG_DB_URL) or an engine")

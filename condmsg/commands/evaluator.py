@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         retention=args.retention or settings.retention,
         retention_archive=args.archive or settings.archive_dir,
         retention_interval_s=args.retention_interval or settings.retention_interval_s,
+        freeze_gc=True,  # this process is the service's own
     )
     if args.metrics_port is not None:
         from prometheus_client import start_http_server

@@ -22,11 +22,11 @@ from outbox import pg
 from outbox.errors import OutboxTypeError, OutboxValueError
 from outbox.message import (
     COPY_FIELDS,
-    MAX_BODY_BYTES,
     Fanout,
     HeaderValue,
     OutboxMessage,
-    _check_field,
+    check_body,
+    check_field,
     copy_message,
 )
 from outbox.table import DEFAULT_TABLE_NAME, PENDING, outbox_table
@@ -121,15 +121,10 @@ def enqueue_batch(
     if len(message_ids) != n or len(correlation_ids) != n:
         raise OutboxValueError("enqueue_batch needs one message id and correlation id per body")
     for body in bodies:
-        if type(body) is not bytes:
-            raise OutboxTypeError(f"body must be bytes, got {type(body).__name__}")
-        if len(body) > MAX_BODY_BYTES:
-            raise OutboxValueError(
-                f"body is {len(body)} bytes; RabbitMQ accepts at most {MAX_BODY_BYTES}"
-            )
+        check_body(body)
     for name, values in (("message_id", message_ids), ("correlation_id", correlation_ids)):
         for value in values:
-            _check_field(name, value)
+            check_field(name, value)
     if not n:
         return 0
     raw = pg.driver_connection(session)
@@ -189,8 +184,7 @@ def enqueue_fanouts(
         if isinstance(group, Fanout):
             count += len(group.copies)
             if len(group.copies) == 1:  # a plain row: no copies column to write and read
-                only = group.copies[0]
-                rows.append((copy_message(group.message, only) if only else group.message, None))
+                rows.append((copy_message(group.message, group.copies[0]), None))
             else:
                 rows.append((group.message, [{"n": n, **c} for n, c in enumerate(group.copies)]))
             continue

@@ -109,25 +109,9 @@ class OutboxMessage:
         if isinstance(body, bytearray | memoryview):
             body = bytes(body)
             object.__setattr__(self, "body", body)
-        if not isinstance(body, bytes):
-            hint = "; encode it first, e.g. body.encode('utf-8')" if isinstance(body, str) else ""
-            raise OutboxTypeError(f"body must be bytes, got {type(body).__name__}{hint}")
-        if len(self.body) > MAX_BODY_BYTES:
-            raise OutboxValueError(
-                f"body is {len(self.body)} bytes; RabbitMQ accepts at most {MAX_BODY_BYTES}"
-            )
+        check_body(body)
         for name in COPY_FIELDS:
-            value = getattr(self, name)
-            # Plainly valid values pass without the full check (this runs per message).
-            if value is None:
-                if name in _MAY_BE_NONE:
-                    continue
-            elif type(value) is str:
-                if name in _SHORTSTR_FIELDS and len(value) <= _SURELY_SHORT:
-                    continue
-            elif type(value) is bool and name in _FLAGS:
-                continue
-            _check_field(name, value)
+            check_field(name, getattr(self, name))
         if self.headers is not None:
             _check_headers(self.headers)
 
@@ -170,8 +154,29 @@ _MAY_BE_NONE = frozenset({*_OPTIONAL_NAMES, "priority", "expiration_ms"})
 _FLAGS = frozenset({"persistent", "mandatory"})
 
 
-def _check_field(name: str, value: object) -> None:
+def check_body(body: object) -> None:
+    """Raise unless ``body`` is a message body: bytes RabbitMQ accepts."""
+    if not isinstance(body, bytes):
+        hint = "; encode it first, e.g. body.encode('utf-8')" if isinstance(body, str) else ""
+        raise OutboxTypeError(f"body must be bytes, got {type(body).__name__}{hint}")
+    if len(body) > MAX_BODY_BYTES:
+        raise OutboxValueError(
+            f"body is {len(body)} bytes; RabbitMQ accepts at most {MAX_BODY_BYTES}"
+        )
+
+
+def check_field(name: str, value: object) -> None:
     """Raise unless ``value`` is valid for the message field ``name`` (one of COPY_FIELDS)."""
+    # Plainly valid values pass first, without the branches below (this runs per field of
+    # every message).
+    if value is None:
+        if name in _MAY_BE_NONE:
+            return
+    elif type(value) is str:
+        if name in _SHORTSTR_FIELDS and len(value) <= _SURELY_SHORT:
+            return
+    elif type(value) is bool and name in _FLAGS:
+        return
     if name in _OPTIONAL_NAMES:
         _shortstr(name, value, optional=True)
     elif name in ("exchange", "routing_key"):
@@ -224,7 +229,7 @@ class Fanout:
                 if name == "headers":
                     _check_headers(value)
                 elif name in COPY_FIELDS:
-                    _check_field(name, value)
+                    check_field(name, value)
                 else:
                     raise OutboxTypeError(f"a copy of a fan-out cannot set {name!r}")
             if self.message.headers is None and copy.get("headers"):
@@ -261,6 +266,8 @@ class StoredMessage:
 
 def copy_message(base: OutboxMessage, copy: Mapping[str, Any]) -> OutboxMessage:
     """The message of one copy of a fan-out row: ``base`` with the copy's own fields."""
+    if not copy:
+        return base  # a copy that states nothing of its own is the message itself
     fields = {name: copy.get(name, getattr(base, name)) for name in COPY_FIELDS}
     own = copy.get("headers")
     headers = base.headers if not own else {**(base.headers or {}), **own}

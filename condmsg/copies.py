@@ -143,7 +143,9 @@ def plan_fanouts(
         # One destination, one part: the message itself (a fan-out of one copy that
         # states nothing of its own), without working out what a single copy shares.
         headers = {**shared, **first["headers"]}
-        message = _original(first, cm_id, sender, content_type, chunks[0], headers, own=True)
+        message = _original(
+            first, cm_id, sender, content_type, chunks[0], headers, first["message_id"]
+        )
         return plans, [Fanout(message, ({},))]
     # A copy states the fields in which it differs from the first (the row's own).
     copies = [
@@ -163,7 +165,7 @@ def plan_fanouts(
                 }
                 for c in copies
             ]
-        message = _original(first, cm_id, sender, content_type, chunk, part_headers, own=False)
+        message = _original(first, cm_id, sender, content_type, chunk, part_headers, None)
         fanouts.append(Fanout(message, tuple(part_copies)))
     return plans, fanouts
 
@@ -175,16 +177,15 @@ def _original(
     content_type: str,
     body: bytes,
     headers: Mapping[str, Any],
-    *,
-    own: bool,
+    message_id: str | None,
 ) -> OutboxMessage:
-    """An original with ``copy``'s address and delivery properties (and with its message
-    id if ``own``: else each copy of the fan-out states its own)."""
+    """An original with ``copy``'s address and delivery properties (``message_id`` None:
+    each copy of the fan-out states its own)."""
     return OutboxMessage(
         exchange=copy["exchange"],
         routing_key=copy["routing_key"],
         body=body,
-        message_id=copy["message_id"] if own else None,
+        message_id=message_id,
         correlation_id=cm_id,
         reply_to=p.ack_queue(sender),
         content_type=content_type,

@@ -3,18 +3,21 @@
 Reading happens before (:mod:`spark_audit.readers`, :mod:`spark_audit.jdbc`) and writing
 only here, at the edge. The work is a fixed, small number of Spark jobs:
 
-1. the distinct conditions and their plans (:func:`spark_audit.transforms.conditions.plan_set`);
+1. the distinct conditions and their plans, and the senders
+   (:func:`spark_audit.transforms.conditions.plan_set`);
 2. every CM, cut at the window and partitioned by ``cm_key`` (a 64-bit hash of
    ``cm_id``, see :func:`spark_audit.transforms.enrich.cm_key`; cached): the CMs' one
    shuffle;
-3. every ack in the cut with its CM (cached), and one pass of counts per receiver: the
-   acks' one shuffle; every later join and grouping by CM runs on this partitioning and
-   moves nothing;
+3. every ack in the cut with its CM (cached, numbers for its text: no ids), and one pass
+   of counts per receiver: the acks' one shuffle; every later join and grouping by CM
+   runs on this partitioning and moves nothing;
 4. the latency histogram (percentiles, distributions, relay lag per receiver);
 5. every CM judged, with one aggregation for the outcome tables, the per-destination
-   table, the totals and the rows of the CMs a per-CM detail table lists;
-6. the candidate rows of the ack-level detail tables (one filter over the acks), then
-   one query that collects every such table small enough for the driver.
+   table, the totals and the rows of the CMs a per-CM detail table lists (by the CM's
+   numbers; one lookup gives their ids);
+6. the acks of the ack-level detail tables: read again for the few CMs they belong to
+   (found by ``cm_key`` in the cached acks), then one query that collects every such
+   table small enough for the driver.
 
 Small tables are collected and written from the driver with pyarrow; a detail table with
 more than :data:`DRIVER_ROWS` rows is written by Spark.
@@ -48,9 +51,9 @@ from spark_audit.reevaluate.recompute import judge_cut
 from spark_audit.report import write_report
 from spark_audit.schemas import local_frame
 from spark_audit.summary import build_summary, metrics_from
-from spark_audit.transforms import anomalies, rates
-from spark_audit.transforms.conditions import plan_set
-from spark_audit.transforms.enrich import cut_cms, enrich_acks
+from spark_audit.transforms import anomalies, enrich, rates
+from spark_audit.transforms.conditions import PlanSet, plan_set
+from spark_audit.transforms.enrich import cm_ranks, cut_cms, enrich_acks
 from spark_audit.transforms.latency import Histograms, histogram_frame
 from spark_audit.transforms.skew import receiver_rows
 
@@ -73,6 +76,9 @@ _FLAGGED = T.StructType(
     ]
 )
 _IDS = T.StructType([T.StructField("cm_id", T.StringType())])
+_KEYS = T.StructType(
+    [T.StructField("cm_key", T.LongType()), T.StructField("cm_rank", T.IntegerType())]
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -333,7 +339,7 @@ def run_audit(
 def _run(
     spark: SparkSession, data: AuditInput, options: AuditOptions, clock: _Clock
 ) -> AuditResult:
-    window, until = options.window, options.window.until
+    window = options.window
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     output = _Output(out / "tables")
@@ -343,15 +349,17 @@ def _run(
         cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
         return frame
 
-    # One scan of the CMs: their distinct conditions, and the count and span of those in
-    # the window.
-    plans = plan_set(data.cms, chosen=sent_in(window))
+    # One scan of the CMs: their distinct conditions and senders, and the count and span
+    # of those in the window.
+    plans = plan_set(data.cms, chosen=sent_in(window), senders=True)
     cut = plans.chosen
     assert cut is not None
     clock.step("decoded the conditions")
     partitions = options.partitions or _partitions(spark, int(cut["cms"]))
     cms = keep(cut_cms(data.cms, plans, window, partitions))
-    acks = keep(enrich_acks(data.acks, data.compensations, cms, plans, window))
+    # The acks' text columns only where ``evaluate`` judges some CMs over the cached acks;
+    # else the detail tables read the text of their few acks again (_ack_rows).
+    acks = keep(enrich_acks(data.acks, data.compensations, cms, plans, window, text=plans.python))
     histograms = Histograms(histogram_frame(acks).toArrow(), plans.destinations)
     ack_counts = histograms.totals()
     output.rows("latency", histograms.latency_rows(), SMALL_SCHEMAS["latency"])
@@ -362,17 +370,26 @@ def _run(
     output.rows("receivers", receivers, SMALL_SCHEMAS["receivers"])
     clock.step("read the cut; latencies and clocks")
 
-    judged = judge_cut(cms, acks, plans, until=until, stale_grace=options.stale_grace)
-    folded = rates.fold(
-        rates.rollup_frame(judged, plans, _bucket(options, cut)).toArrow().to_pylist()
-    )
+    folded = _judged(plans, cms, acks, options, _bucket(options, cut))
+    if folded["collided"]:
+        # Two CMs share a ``cm_key``: number them apart and build the CM frames again.
+        ranks = cm_ranks(cms)
+        for frame in cached:
+            frame.unpersist()
+        cached.clear()
+        cms = keep(cut_cms(data.cms, plans, window, partitions, ranks))
+        acks = keep(
+            enrich_acks(data.acks, data.compensations, cms, plans, window, text=plans.python)
+        )
+        folded = _judged(plans, cms, acks, options, _bucket(options, cut))
+    candidates = _with_ids(cms, folded["candidates"])
     for name in ("rates_by_sender", "rates_by_shape", "outcomes_over_time", "destinations"):
         output.rows(name, folded[name], SMALL_SCHEMAS[name])
     clock.step("re-evaluated and rated the CMs")
 
     overall = {key: int(value) for key, value in folded["overall"].items()}
     late_metrics = _details(
-        spark, data, options, acks, folded["candidates"], overall, ack_counts, output
+        spark, data, options, _Shared(plans, cms, acks), candidates, overall, ack_counts, output
     )
     clock.step("wrote the detail tables")
     for frame in cached:
@@ -411,6 +428,73 @@ def _run(
     clock.step(f"wrote summary.json and report.html: {verdict}")
     summary["timings_s"] = clock.timings
     return AuditResult(verdict, summary, out, clock.timings)
+
+
+def _judged(
+    plans: PlanSet, cms: DataFrame, acks: DataFrame, options: AuditOptions, bucket: int
+) -> dict[str, Any]:
+    """Every CM judged and rolled up (:func:`spark_audit.transforms.rates.fold`)."""
+    judged = judge_cut(
+        cms, acks, plans, until=options.window.until, stale_grace=options.stale_grace
+    )
+    rolled = rates.rollup_frame(judged, plans, bucket).toArrow().to_pylist()
+    return rates.fold(rolled, plans.senders)
+
+
+def _with_ids(cms: DataFrame, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``candidates`` (CMs by ``cm_key, cm_rank``) with their ``cm_id``, ordered by it:
+    one lookup in the cached CMs (a broadcast join on the numbers)."""
+    if not candidates:
+        return []
+    keys = local_frame(
+        cms.sparkSession,
+        [{"cm_key": c["cm_key"], "cm_rank": c["cm_rank"]} for c in candidates],
+        _KEYS,
+    )
+    found = (
+        cms.where("in_window")
+        .join(F.broadcast(keys), ["cm_key", "cm_rank"], "left_semi")
+        .select("cm_key", "cm_rank", "cm_id")
+        .toArrow()
+        .to_pylist()
+    )
+    ids = {(r["cm_key"], r["cm_rank"]): r["cm_id"] for r in found}
+    named = [{**c, "cm_id": ids.get((c["cm_key"], c["cm_rank"]))} for c in candidates]
+    return sorted(named, key=lambda c: str(c["cm_id"]))
+
+
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    """The plans and the cached frames (:func:`cut_cms`, :func:`enrich_acks`)."""
+
+    plans: PlanSet
+    cms: DataFrame
+    acks: DataFrame
+
+
+def _ack_rows(
+    data: AuditInput, window: Window, shared: _Shared, flagged: DataFrame, *, small: bool
+) -> DataFrame:
+    """:func:`spark_audit.transforms.anomalies.ack_candidates`: from the cached acks if
+    they carry their text, else from the acks read again for the few CMs whose acks the
+    tables need (those of the flagged CMs and of every listed ack, found by ``cm_key``
+    in the cached acks), enriched as the cached ones were: the same rows, each with its
+    text. ``small``: few enough listed acks to broadcast their keys."""
+    if "ack_id" in shared.acks.columns:
+        return anomalies.ack_candidates(shared.acks, flagged)
+    keys = (
+        anomalies.listed_keys(shared.acks)
+        .unionByName(flagged.select(enrich.cm_key()))
+        .select(F.col("cm_key").alias("_key"))
+    )
+    if small:
+        keys = F.broadcast(keys)
+    on = F.col("cm_key") == F.col("_key")
+    source = data.acks.select("*", enrich.cm_key()).join(keys, on, "left_semi").drop("cm_key")
+    cms = shared.cms.join(keys, on, "left_semi")
+    none = data.compensations.where(F.lit(False))
+    text = enrich_acks(source, none, cms, shared.plans, window, text=True)
+    return anomalies.ack_candidates(text, flagged)
 
 
 def _partitions(spark: SparkSession, cms: int) -> int:
@@ -468,7 +552,7 @@ def _details(
     spark: SparkSession,
     data: AuditInput,
     options: AuditOptions,
-    acks: DataFrame,
+    shared: _Shared,
     candidates: list[dict[str, Any]],
     overall: Mapping[str, int],
     ack_counts: Mapping[str, int],
@@ -499,10 +583,10 @@ def _details(
         ],
         _FLAGGED,
     )
-    rows = anomalies.ack_candidates(acks, flagged)
     expected = sum(
         ack_counts[k] for k in ("late_acks", "malformed_acks", "orphan_rows", *anomalies.PROBLEMS)
     )
+    rows = _ack_rows(data, options.window, shared, flagged, small=expected <= DRIVER_ROWS)
     if expected <= DRIVER_ROWS:
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
     late_metrics = _late_effects(late, rows, output)

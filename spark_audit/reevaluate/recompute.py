@@ -18,6 +18,7 @@ from spark_audit.transforms.enrich import (
     COUNTED_STATUS,
     STATES,
     cm_facts,
+    cm_ranks,
     cut_cms,
     enrich_acks,
     judge,
@@ -38,7 +39,14 @@ def python_cases(cms_cut: DataFrame, plans: PlanSet) -> DataFrame:
             & F.col("decided_at").isNotNull()
         )
         .join(F.broadcast(chosen) if plans.small else chosen, "plan_id")
-        .select("cm_id", "condition_json", "sent_at", F.col("effective_at").alias("at"))
+        .select(
+            "cm_key",
+            "cm_rank",
+            "cm_id",
+            "condition_json",
+            "sent_at",
+            F.col("effective_at").alias("at"),
+        )
     )
 
 
@@ -51,10 +59,14 @@ def judge_cut(
     stale_grace: timedelta,
 ) -> DataFrame:
     """:func:`spark_audit.transforms.enrich.judge` of the cut's CMs over their enriched
-    acks, with ``evaluate``'s verdicts (:func:`python_cases`) where the plans need it."""
+    acks, with ``evaluate``'s verdicts (:func:`python_cases`) where the plans need it
+    (``enriched`` then needs its text columns)."""
     python = None
     if plans.python:
-        python = python_verdicts(python_cases(cms_cut, plans), judging_acks(enriched))
+        cases = python_cases(cms_cut, plans)
+        python = python_verdicts(cases, judging_acks(enriched)).join(
+            cases.select("cm_id", "cm_key", "cm_rank"), "cm_id"
+        )
     return judge(
         cm_facts(cms_cut, enriched, plans),
         plans,
@@ -84,7 +96,13 @@ def recompute(cases: DataFrame, acks: DataFrame, *, native: bool = True) -> Data
         F.col("at").alias("evaluation_deadline"),
     )
     cut = cut_cms(cms, plans, None, partitions)
+    ranks = cm_ranks(cut)
+    if ranks is not None:
+        cut = cut_cms(cms, plans, None, partitions, ranks)
     none = spark.createDataFrame([], SCHEMAS["compensations"])
     enriched = enrich_acks(acks.withColumn("status", F.lit(COUNTED_STATUS)), none, cut, plans, None)
     judged = judge_cut(cut, enriched, plans, until=None, stale_grace=timedelta(0))
-    return judged.select("cm_id", F.col("recomputed_verdict").alias("verdict"), "path", "error")
+    ids = cut.select("cm_key", "cm_rank", "cm_id")
+    return judged.join(ids, ["cm_key", "cm_rank"]).select(
+        "cm_id", F.col("recomputed_verdict").alias("verdict"), "path", "error"
+    )

@@ -12,22 +12,21 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from condmsg.archive_layout import ACKS, AckStatus, AnomalyKind
+from condmsg.archive_layout import ACKS, AnomalyKind
 from spark_audit.transforms import enrich
 from spark_audit.transforms.conditions import same_text
-from spark_audit.transforms.enrich import COUNTED_STATUS, acks_only, judging_acks
+from spark_audit.transforms.enrich import COUNTED_CODE, acks_only, judging_acks
 
-STATUSES = tuple(s.value for s in AckStatus)
 PROBLEMS = ("counted_after_decision", "not_counted_while_pending", "not_counted_before_decision")
 
 
 def _counted() -> Column:
-    return F.col("status") == COUNTED_STATUS
+    return enrich.counted()
 
 
 def late() -> Column:
     """An ack of a decided CM that was not counted (received after the decision)."""
-    return F.col("known") & F.col("decided_us").isNotNull() & (F.col("status") != COUNTED_STATUS)
+    return F.col("known") & F.col("decided_us").isNotNull() & (F.col("status_code") != COUNTED_CODE)
 
 
 def problem() -> Column:
@@ -50,7 +49,7 @@ def problem() -> Column:
 
 def malformed() -> Column:
     """A row ``condmsg.Ack`` would reject, or with an unknown status (never judged)."""
-    return ~F.col("wf") | ~F.col("status").isin(*STATUSES)
+    return ~F.col("wf") | ~(F.col("status_code") >= 0)
 
 
 #: Per-ack counts gathered with the latency histogram (per receiver).
@@ -67,6 +66,19 @@ def counters() -> dict[str, Column]:
         "orphan_rows": ~F.col("known"),
         **{name: found == name for name in PROBLEMS},
     }
+
+
+def listed() -> Column:
+    """An ack an ack-level table lists for itself (late, a status problem, malformed, an
+    orphan), whichever CM it belongs to."""
+    return late() | problem().isNotNull() | malformed() | ~F.col("known")
+
+
+def listed_keys(enriched: DataFrame) -> DataFrame:
+    """``cm_key`` of every ack :func:`listed` (an orphan's: the hash of its ``cm_id``),
+    one row per key: with the keys of the flagged CMs, the CMs whose acks
+    :func:`ack_candidates` needs (numeric columns only: the cached acks may lack text)."""
+    return acks_only(enriched).where(F.coalesce(listed(), F.lit(False))).select("cm_key").distinct()
 
 
 def ack_candidates(enriched: DataFrame, flagged: DataFrame) -> DataFrame:
@@ -88,10 +100,7 @@ def ack_candidates(enriched: DataFrame, flagged: DataFrame) -> DataFrame:
         acks_only(enriched).join(F.broadcast(keyed), on, "left").drop("_flag_key", "_flag_cm_id")
     )
     wanted = (
-        late()
-        | problem().isNotNull()
-        | malformed()
-        | ~F.col("known")
+        listed()
         | F.coalesce(F.col("discrepant"), F.lit(False))
         | F.coalesce(F.col("multi"), F.lit(False))
         | F.coalesce(F.col("late"), F.lit(False))

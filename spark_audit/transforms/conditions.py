@@ -36,6 +36,9 @@ MAX_DRIVER_PLANS = 10_000
 MAX_SKELETONS = 32
 
 _LONGS = T.ArrayType(T.LongType())
+_SENDERS = T.StructType(
+    [T.StructField("_sender_name", T.StringType()), T.StructField("sender_code", T.IntegerType())]
+)
 PLAN_SCHEMA = T.StructType(
     [
         T.StructField("condition_json", T.StringType()),
@@ -107,6 +110,9 @@ class PlanSet:
     #: Every destination the plans name, sorted (only with the plans on the driver): a
     #: leaf's ``leaf_code`` (:meth:`leaves`) is its name's index here.
     destinations: tuple[str, ...] = ()
+    #: With ``plan_set(..., senders=True)``: every sender of the CMs (not null), sorted; a
+    #: CM's ``sender_code`` (:meth:`sender_codes`) is its sender's index here.
+    senders: tuple[str, ...] = ()
 
     def lookup(self, *columns: str) -> DataFrame:
         """``plan_id`` and ``columns`` of the plans, broadcast when small."""
@@ -161,6 +167,20 @@ class PlanSet:
             F.get(F.col("leaf_codes"), slot).cast("int").alias("leaf_code"),
         )
         return F.broadcast(frame) if self.small else frame
+
+    def sender_codes(self, cms: DataFrame) -> DataFrame:
+        """``cms`` with ``sender_code``: the index of its ``sender`` in :attr:`senders` (null
+        for a null sender or without senders). A broadcast join on a 64-bit hash of the
+        name, the names compared exactly beside it."""
+        if not self.senders:
+            return cms.withColumn("sender_code", F.lit(None).cast("int"))
+        codes = local_frame(
+            cms.sparkSession,
+            [{"_sender_name": name, "sender_code": code} for code, name in enumerate(self.senders)],
+            _SENDERS,
+        ).select(F.xxhash64("_sender_name").alias("_sender_hash"), "_sender_name", "sender_code")
+        on = (F.xxhash64("sender") == F.col("_sender_hash")) & same_text("sender", "_sender_name")
+        return cms.join(F.broadcast(codes), on, "left").drop("_sender_hash", "_sender_name")
 
     def attach(self, cms: DataFrame) -> DataFrame:
         """``cms`` with the ``plan_id`` of their ``condition_json``.
@@ -230,28 +250,43 @@ def _fold_chosen(rows: list[Any]) -> dict[str, Any]:
     }
 
 
-def plan_set(cms: DataFrame, *, native: bool = True, chosen: Column | None = None) -> PlanSet:
+def plan_set(
+    cms: DataFrame, *, native: bool = True, chosen: Column | None = None, senders: bool = False
+) -> PlanSet:
     """The :class:`PlanSet` of ``cms`` (``native=False``: compile nothing, for tests).
 
     ``chosen`` (a condition on ``cms``, e.g. the window's): also count those CMs and the
-    span of their ``sent_at`` in the same scan (:attr:`PlanSet.chosen`).
+    span of their ``sent_at`` in the same scan (:attr:`PlanSet.chosen`). ``senders``: also
+    every sender (:attr:`PlanSet.senders`), from the same scan grouped by condition and
+    sender (else, with many conditions, from a scan of their own).
     """
     stats = _chosen_stats(chosen) if chosen is not None else []
-    counted = cms.groupBy("condition_json").agg(
+    keys = ("condition_json", "sender") if senders else ("condition_json",)
+    counted = cms.groupBy(*keys).agg(
         F.count(F.lit(1)).alias("count"), F.max(_hash()).alias("hash"), *stats
     )
     rows = counted.limit(MAX_DRIVER_PLANS + 1).collect()
-    if len(rows) > MAX_DRIVER_PLANS or len({row["hash"] for row in rows}) < len(rows):
-        found = _executor_plan_set(cms, counted.select("condition_json", "count"), native=native)
+    by_text: dict[str, int] = {}
+    hashes: dict[str, int] = {}
+    for row in rows:
+        by_text[row["condition_json"]] = by_text.get(row["condition_json"], 0) + row["count"]
+        hashes[row["condition_json"]] = row["hash"]
+    if len(rows) > MAX_DRIVER_PLANS or len(set(hashes.values())) < len(hashes):
+        per_condition = cms.groupBy("condition_json").agg(F.count(F.lit(1)).alias("count"))
+        found = _executor_plan_set(cms, per_condition, native=native)
+        if senders:
+            names = cms.where(F.col("sender").isNotNull()).select("sender").distinct().collect()
+            found = replace(found, senders=tuple(sorted(r["sender"] for r in names)))
         if chosen is None:
             return found
         return replace(found, chosen=_fold_chosen(cms.agg(*_chosen_stats(chosen)).collect()))
-    plans = [plan_of(row["condition_json"]) for row in rows]
+    texts = list(by_text)
+    plans = [plan_of(text) for text in texts]
     weights: Counter[str] = Counter()
     examples: dict[str, str] = {}
-    for plan, row in zip(plans, rows, strict=True):
+    for plan, text in zip(plans, texts, strict=True):
         if plan.native and native:
-            weights[plan.skeleton] += row["count"]
+            weights[plan.skeleton] += by_text[text]
             examples.setdefault(plan.skeleton, plan.condition_json)
     skel_ids = _chosen(weights)
     as_rows = [p.as_row() for p in plans]
@@ -271,6 +306,9 @@ def plan_set(cms: DataFrame, *, native: bool = True, chosen: Column | None = Non
         small=True,
         chosen=_fold_chosen(rows) if chosen is not None else None,
         destinations=destinations,
+        senders=(
+            tuple(sorted({r["sender"] for r in rows if r["sender"] is not None})) if senders else ()
+        ),
     )
 
 

@@ -6,12 +6,14 @@
    an orphan).
 2. :func:`enrich_acks`: every ack in the cut, and every released compensation, with its
    CM's columns and the destination *slot* of its CM's plan (the acks are shuffled once to
-   the CMs' partitioning; the join itself moves nothing more).
+   the CMs' partitioning; the join itself moves nothing more). The audit caches it
+   without text: the CM as the numbers ``(cm_key, cm_rank)``, ``kind`` and ``status`` as
+   codes, the destination as its code in the plans' destinations.
 3. :func:`cm_facts`: per CM in the window, its columns and the facts its verdict and its
    deadline misses are judged from (:mod:`spark_audit.reevaluate.compiled`): one
    aggregation over the CM rows and the ack rows together (acks of a topic destination
    grouped per recipient first), all on the same partitioning, so nothing is shuffled and
-   no join is needed (a CM without acks has its own row).
+   no join is needed (a CM without acks has its own row), grouped by the CM's numbers.
 4. :func:`judge`: every CM in the window with its recomputed verdict (counted acks), its
    compensations and its per-destination deadline misses.
 
@@ -24,20 +26,34 @@ from datetime import datetime, timedelta
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from condmsg.archive_layout import AckStatus
 from spark_audit.readers import Window, decided_after, seen_in, sent_in
 from spark_audit.reevaluate import VERDICTS, well_formed
 from spark_audit.reevaluate.compiled import COUNTED, compiled_values, verdict_name
+from spark_audit.schemas import local_frame
 from spark_audit.transforms.conditions import PlanSet, same_text
 
 COUNTED_STATUS = AckStatus.COUNTED.value
+#: An ack's ``status`` as a number in the cached acks (``status_code``): its index here,
+#: -1 for any other text (null stays null).
+STATUS_CODES = {status.value: code for code, status in enumerate(AckStatus)}
+COUNTED_CODE = STATUS_CODES[COUNTED_STATUS]
+CHANGES_VERDICT_CODE = STATUS_CODES[AckStatus.CHANGES_VERDICT.value]
 #: The consumer key of every ack of a queue destination (a queue copy is consumed once).
 QUEUE_CONSUMER = ""
 #: The consumer key of a topic ack without a recipient (``evaluate``'s name for it).
 ANONYMOUS = "(anonymous)"
 #: A CM's state as a number (fixed-width aggregation buffers); anything else is ``OTHER``.
 STATES = ("pending", "satisfied", "violated")
+_RANKS = T.StructType(
+    [
+        T.StructField("cm_key", T.LongType()),
+        T.StructField("cm_id", T.StringType()),
+        T.StructField("cm_rank", T.IntegerType()),
+    ]
+)
 OTHER_STATE = len(STATES)
 
 
@@ -70,13 +86,38 @@ def cm_key(column: str = "cm_id") -> Column:
     return F.xxhash64(column).alias("cm_key")
 
 
-def cut_cms(cms: DataFrame, plans: PlanSet, window: Window | None, partitions: int) -> DataFrame:
+def status_code(status: Column) -> Column:
+    """:data:`STATUS_CODES` of an ack's ``status`` (a tinyint)."""
+    code = F.lit(-1)
+    for name, value in reversed(STATUS_CODES.items()):
+        code = F.when(status == name, F.lit(value)).otherwise(code)
+    return F.when(status.isNotNull(), code).cast("tinyint")
+
+
+def counted() -> Column:
+    """An ack the evaluator counted (``status_code``)."""
+    return F.col("status_code") == COUNTED_CODE
+
+
+def cut_cms(
+    cms: DataFrame,
+    plans: PlanSet,
+    window: Window | None,
+    partitions: int,
+    ranks: DataFrame | None = None,
+) -> DataFrame:
     """Every CM of ``cms`` with ``in_window`` and its state as of ``window.until``.
 
     A decision taken after ``until`` is not visible yet (state ``pending``, no decision
-    instants). Columns: ``cm_key`` (:func:`cm_key`), ``cm_id, in_window, sender, sent_at,
-    sent_us, plan_id, state_code (:data:`STATES`), decided_at, effective_at,
+    instants). Columns: ``cm_key`` (:func:`cm_key`), ``cm_rank`` (see below), ``cm_id,
+    in_window, sender_code`` (:meth:`PlanSet.sender_codes`: the sender's name is not
+    kept), ``sent_at, sent_us,
+    plan_id, state_code (:data:`STATES`), decided_at, effective_at,
     evaluation_deadline``; ``partitions`` partitions by ``cm_key``.
+
+    ``(cm_key, cm_rank)`` is the CM's numeric identity, what every grouping by CM keys
+    on: ``cm_rank`` is 0, except for CMs whose ``cm_key`` another CM shares, which
+    ``ranks`` (:func:`cm_ranks`: ``cm_key, cm_id, cm_rank``) numbers apart.
     """
     state, decided, effective = F.col("state"), F.col("decided_at"), F.col("effective_at")
     in_window: Column = F.lit(True)
@@ -86,23 +127,53 @@ def cut_cms(cms: DataFrame, plans: PlanSet, window: Window | None, partitions: i
         state = F.when(late, F.lit("pending")).otherwise(state)
         decided = F.when(~late, decided)
         effective = F.when(~late, effective)
-    return (
-        plans.attach(cms)
-        .select(
-            cm_key(),
-            "cm_id",
-            in_window.alias("in_window"),
-            "sender",
-            "sent_at",
-            _us("sent_at").alias("sent_us"),
-            "plan_id",
-            _state_code(state).alias("state_code"),
-            decided.alias("decided_at"),
-            effective.alias("effective_at"),
-            "evaluation_deadline",
-        )
-        .repartition(partitions, "cm_key")
+    cut = plans.sender_codes(plans.attach(cms)).select(
+        cm_key(),
+        "cm_id",
+        in_window.alias("in_window"),
+        "sender_code",
+        "sent_at",
+        _us("sent_at").alias("sent_us"),
+        "plan_id",
+        _state_code(state).alias("state_code"),
+        decided.alias("decided_at"),
+        effective.alias("effective_at"),
+        "evaluation_deadline",
     )
+    if ranks is None:
+        cut = cut.withColumn("cm_rank", F.lit(0))
+    else:
+        numbered = ranks.select(
+            F.col("cm_key").alias("_rank_key"),
+            F.col("cm_id").alias("_rank_id"),
+            F.col("cm_rank").alias("_rank"),
+        )
+        on = (F.col("cm_key") == F.col("_rank_key")) & same_text("cm_id", "_rank_id")
+        cut = (
+            cut.join(F.broadcast(numbered), on, "left")
+            .withColumn("cm_rank", F.coalesce(F.col("_rank"), F.lit(0)))
+            .drop("_rank_key", "_rank_id", "_rank")
+        )
+    return cut.repartition(partitions, "cm_key")
+
+
+def cm_ranks(cms_cut: DataFrame) -> DataFrame | None:
+    """``cm_key, cm_id, cm_rank`` of the CMs of :func:`cut_cms` whose ``cm_key`` another
+    CM shares (``cm_rank``: the id's place among the ids of that key, in order), or
+    ``None`` where every key is one CM's (one aggregation; normally none shares one)."""
+    shared = cms_cut.groupBy("cm_key").count().where("count > 1").select("cm_key")
+    rows = cms_cut.join(shared, "cm_key", "left_semi").select("cm_key", "cm_id").collect()
+    if not rows:
+        return None
+    by_key: dict[int, list[str]] = {}
+    for row in rows:
+        by_key.setdefault(row["cm_key"], []).append(row["cm_id"])
+    numbered = [
+        {"cm_key": key, "cm_id": cm_id, "cm_rank": rank}
+        for key, ids in by_key.items()
+        for rank, cm_id in enumerate(sorted(ids))
+    ]
+    return local_frame(cms_cut.sparkSession, numbered, _RANKS)
 
 
 def enrich_acks(
@@ -111,6 +182,8 @@ def enrich_acks(
     cms_cut: DataFrame,
     plans: PlanSet,
     window: Window | None,
+    *,
+    text: bool = True,
 ) -> DataFrame:
     """Every ack in the cut, with its CM's columns (``known`` false for an orphan), and
     every compensation released by ``until`` (``is_comp``: its ``received_us`` is the
@@ -126,6 +199,13 @@ def enrich_acks(
     deadline misses) and ``dest_code``
     (the destination's index in ``plans.destinations`` where the plan names it, else
     null: a number the latency histogram groups by instead of the name).
+
+    Numbers stand for the ack's text: ``cm_key, cm_rank`` for its CM (see
+    :func:`cut_cms`), ``commit`` for ``kind``, ``status_code`` (:func:`status_code`) for
+    ``status``, ``dest_code`` for the destination (``other_destination`` is its name
+    where ``dest_code`` is null). ``text``: also the text columns ``ack_id, cm_id,
+    destination, kind, status`` (without them the frame the audit caches is
+    about half as costly to build; :data:`TEXT_COLUMNS`).
     """
     released = compensations.where(F.col("released_at").isNotNull()).select(
         F.lit(None).cast("string").alias("ack_id"),
@@ -150,8 +230,8 @@ def enrich_acks(
     cms = cms_cut.select(
         F.col("cm_key").alias("_cm_key"),
         F.col("cm_id").alias("_cm_id"),
+        "cm_rank",
         "in_window",
-        "sender",
         "sent_us",
         "plan_id",
         _us("decided_at").alias("decided_us"),
@@ -161,9 +241,10 @@ def enrich_acks(
     known = F.col("in_window").isNotNull()
     in_cut = F.coalesce(F.col("in_window"), F.lit(False)) | (~known & orphan_ok & ~F.col("is_comp"))
     with_leaves = plans.with_leaves(joined.where(in_cut))
-    return (
+    enriched = (
         with_leaves.select(
             "cm_key",
+            "cm_rank",
             "ack_id",
             "cm_id",
             "destination",
@@ -177,7 +258,6 @@ def enrich_acks(
             "is_comp",
             known.alias("known"),
             (F.coalesce(well_formed(), F.lit(False)) & ~F.col("is_comp")).alias("wf"),
-            "sender",
             "sent_us",
             "decided_us",
             "plan_id",
@@ -208,6 +288,17 @@ def enrich_acks(
         )
         .drop("_named", "leaf_pickup_ms", "leaf_process_ms")
     )
+    coded = [
+        F.when(F.col("dest_code").isNull(), F.col("destination")).alias("other_destination"),
+        (F.col("kind") == "commit").alias("commit"),
+        status_code(F.col("status")).alias("status_code"),
+    ]
+    kept = [c for c in enriched.columns if text or c not in TEXT_COLUMNS]
+    return enriched.select(*kept, *coded)
+
+
+#: The text columns :func:`enrich_acks` leaves out with ``text=False``.
+TEXT_COLUMNS = ("ack_id", "cm_id", "destination", "kind", "status")
 
 
 def consumer() -> Column:
@@ -237,7 +328,7 @@ def judging_acks(enriched: DataFrame) -> DataFrame:
         "kind",
         F.timestamp_micros("read_us").alias("read_at"),
         F.timestamp_micros(commit_us()).alias("committed_at"),
-        (F.col("status") == COUNTED_STATUS).alias("counted"),
+        counted().alias("counted"),
     )
 
 
@@ -248,11 +339,11 @@ def commit_us_if(taken: Column) -> Column:
 
 def commit_us() -> Column:
     """``committed_at`` (µs) of a COMMIT ack, else null."""
-    return F.when(F.col("kind") == "commit", F.col("committed_us"))
+    return F.when(F.col("commit"), F.col("committed_us"))
 
 
 _CM_COLUMNS = ("sent_at", "state_code", "decided_at", "effective_at", "evaluation_deadline")
-_FACT_KEYS = ("cm_key", "cm_id", "sender", "plan_id", "sent_us", "slot")
+_FACT_KEYS = ("cm_key", "cm_rank", "plan_id", "sent_us", "slot")
 
 
 def _fact_rows(enriched: DataFrame, plans: PlanSet) -> DataFrame:
@@ -268,8 +359,8 @@ def _fact_rows(enriched: DataFrame, plans: PlanSet) -> DataFrame:
     recipient was in time for the plan's probe ``j``, else null).
     """
     rows = enriched.where(F.col("known") & F.col("wf"))
-    counted = F.col("status") == COUNTED_STATUS
-    taken = F.col("matched") & counted
+    is_counted = counted()
+    taken = F.col("matched") & is_counted
     single: list[tuple[str, Column]] = [
         ("n_wf", F.lit(1).cast("long")),
         ("n_c", F.when(taken, F.lit(1)).otherwise(F.lit(0)).cast("long")),
@@ -285,8 +376,8 @@ def _fact_rows(enriched: DataFrame, plans: PlanSet) -> DataFrame:
     for name in ON_TIME:
         single.append((name, F.col(name).cast("int")))
         grouped.append(F.max(F.col(name).cast("int")).alias(name))
-    late = F.when(~counted, F.lit(1)).otherwise(F.lit(0)).cast("long")
-    flag = (F.col("status") == AckStatus.CHANGES_VERDICT.value).cast("int")
+    late = F.when(~is_counted, F.lit(1)).otherwise(F.lit(0)).cast("long")
+    flag = (F.col("status_code") == CHANGES_VERDICT_CODE).cast("int")
     # The queue acks and the compensations in one scan (a compensation row has only its
     # slot and ``comp``), the topic acks grouped per recipient in another.
     ack = ~F.col("is_comp")
@@ -353,21 +444,32 @@ def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFra
     :func:`slot_bit`) ``_pmask``/``_mmask`` (a matching ack, counted or not, read or
     committed by the slot's deadline: deadline misses) and ``_compmask`` (a compensation
     released to the slot's destination), ``compensated``, ``late_acks``, ``flag`` and
-    ``multi`` (consumptions acked more than once).
+    ``multi`` (consumptions acked more than once), and ``n_cm``: the CMs of its
+    ``(cm_key, cm_rank)``, 1 unless two CMs share a key that :func:`cm_ranks` did not
+    number apart (the caller then ranks them and runs again).
 
-    One aggregation over the CM rows and the fact rows, both partitioned by ``cm_key``.
+    One aggregation over the CM rows and the fact rows, both partitioned by ``cm_key``,
+    grouped by the CM's numeric identity ``(cm_key, cm_rank)``: no text in its keys or
+    its buffers (the sender is its ``sender_code``).
     Flags are bits of a few masks rather than a column per slot: the aggregation's buffer
     per CM (and its hash table) stays narrow.
     """
     cm_rows = cms_cut.where("in_window").select(
-        "cm_key", "cm_id", "sender", "plan_id", "sent_us", *_CM_COLUMNS, F.lit(1).alias("is_cm")
+        "cm_key",
+        "cm_rank",
+        "sender_code",
+        "plan_id",
+        "sent_us",
+        *_CM_COLUMNS,
+        F.lit(1).alias("is_cm"),
     )
     rows = cm_rows.unionByName(_fact_rows(enriched, plans), allowMissingColumns=True)
     # SQL text: one parse per aggregate rather than a Py4J call per expression node.
     sql = [
         "max(plan_id) AS plan_id",
         "max(sent_us) AS sent_us",
-        "max(is_cm) AS is_cm",
+        "max(sender_code) AS sender_code",
+        "sum(is_cm) AS n_cm",
         *(f"max({name}) AS {name}" for name in _CM_COLUMNS),
     ]
     for i in range(plans.slots):
@@ -392,7 +494,7 @@ def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFra
         "count(CASE WHEN topic AND n_wf > 1 THEN 1 END) AS _multi_topic",
     ]
     aggregates = [F.expr(text) for text in sql]
-    per_cm = rows.groupBy("cm_key", "cm_id", "sender").agg(*aggregates).where(F.col("is_cm") == 1)
+    per_cm = rows.groupBy("cm_key", "cm_rank").agg(*aggregates).where(F.col("n_cm") >= 1)
     repeated = "".join(f" + CASE WHEN _wf{i} > 1 THEN 1 ELSE 0 END" for i in range(plans.slots))
     counts = [
         F.expr(f"CAST({slot_bit('_cmask', i)} AS INT)").alias(f"c_n{i}") for i in range(plans.slots)
@@ -404,7 +506,6 @@ def cm_facts(cms_cut: DataFrame, enriched: DataFrame, plans: PlanSet) -> DataFra
         F.expr(f"_multi_topic{repeated}").alias("multi"),
         F.coalesce(F.col("late_acks"), F.lit(0)).alias("_late"),
     ).drop(
-        "is_cm",
         "_multi_topic",
         "state_code",
         *(f"_cmask{w}" for w in words),
@@ -442,7 +543,7 @@ def judge(
     """Every CM in the window (:func:`cm_facts`) with its verdicts, anomalies and
     destination facts.
 
-    ``python``: ``cm_id, py_verdict, py_verdict_all, py_reasons, py_error`` of the CMs
+    ``python``: ``cm_key, cm_rank, py_verdict, py_verdict_all, py_reasons, py_error`` of the CMs
     that ``evaluate`` judges (:func:`spark_audit.reevaluate.fallback.python_verdicts`).
     ``verdict_with_late``: with late acks, the verdict over every ack where ``evaluate``
     judged the CM (else null: the driver judges those few CMs, see
@@ -467,7 +568,7 @@ def judge(
         "node_min_process",
         "node_max_process",
     ]
-    joined = facts if python is None else facts.join(python, "cm_id", "left")
+    joined = facts if python is None else facts.join(python, ["cm_key", "cm_rank"], "left")
     joined = joined.join(plans.lookup(*plan_columns), "plan_id", "left")
     if python is None:
         joined = joined.select(
@@ -547,8 +648,10 @@ def judge(
         F.col("evaluation_deadline") <= F.lit(until) if until is not None else F.lit(True),
     )
     return valued.select(
-        "cm_id",
-        "sender",
+        "cm_key",
+        "cm_rank",
+        "n_cm",
+        "sender_code",
         "sent_at",
         "plan_id",
         "state",

@@ -75,9 +75,9 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
     Latencies (µs) of the well-formed acks of known CMs, per :data:`METRICS` keyed by
     destination and recipient: the destination is ``code1``, its index in the plans'
     destinations (``dest_code``, see :func:`spark_audit.transforms.enrich.enrich_acks`),
-    where the ack's plan names it, else its name ``key1`` (a number hashes and compares
-    faster than a string; :class:`Histograms` puts the names back and merges the rows of
-    one name). And one row per ack keyed by receiver
+    where the ack's plan names it, else its name ``key1`` (``other_destination``; a number
+    hashes and compares faster than a string; :class:`Histograms` puts the names back and
+    merges the rows of one name). And one row per ack keyed by receiver
     (:data:`RELAY_BY_RECEIVER`): its relay lag (``lo2``: the smallest pickup, for the clock
     bounds) and the counts of :data:`COUNTERS` (``rows``: every ack), so no other pass
     over the acks is needed for them.
@@ -90,7 +90,7 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
     facts = F.col("known") & F.col("wf")
     counts = counters()
     values = acks_only(enriched).select(
-        "destination",
+        "other_destination",
         "dest_code",
         "recipient",
         "receiver",
@@ -108,8 +108,7 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
     by_code = " ".join(f"WHEN {CODES[m]} THEN _{m}" for m in METRICS)
     exploded = values.selectExpr("*", f"explode(array({codes})) AS metric").selectExpr(
         "metric",
-        f"CASE WHEN metric = {receiver} THEN receiver WHEN dest_code IS NULL "
-        "THEN destination END AS key1",
+        f"CASE WHEN metric = {receiver} THEN receiver ELSE other_destination END AS key1",
         f"CASE WHEN metric != {receiver} THEN dest_code END AS code1",
         f"CASE WHEN metric = {receiver} THEN NULL ELSE recipient END AS key2",
         f"CASE metric {by_code} ELSE _relay END AS v",

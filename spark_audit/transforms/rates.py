@@ -6,13 +6,15 @@ by plan, sender and ``sent_at`` bucket, gives partial counts that the driver fol
 every table: per shape (a plan's), per sender, per bucket, per destination (a plan's slot
 ``i`` is the destination ``leaf_names[i]``) and overall. A CM that a detail table lists (a
 *candidate*: disagreeing verdict, late acks, multiple consumption, stale, invalid
-condition) is its own group, keyed by its ``cm_id``, so the same pass returns its row.
+condition) is its own group, keyed by its numeric identity ``(cm_key, cm_rank)``, so the
+same pass returns its row (the caller looks its ``cm_id`` up). Senders are grouped by
+their ``sender_code`` (:meth:`spark_audit.transforms.conditions.PlanSet.sender_codes`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -74,7 +76,9 @@ def candidate() -> Column:
 
 
 def rollup_frame(judged: DataFrame, plans: PlanSet, bucket_seconds: int) -> DataFrame:
-    """Partial counts per (plan, sender, ``sent_at`` bucket, candidate ``cm_id``)."""
+    """Partial counts per (plan, sender code, ``sent_at`` bucket, candidate CM), and
+    ``collided``: rows of the judged CMs that stand for several CMs (``n_cm > 1``, see
+    :func:`spark_audit.transforms.enrich.cm_facts`)."""
     seconds = F.unix_seconds("sent_at")
     bucket = F.timestamp_seconds(F.floor(seconds / bucket_seconds) * bucket_seconds)
     state, decided, late = F.col("state"), F.col("decided"), with_late_acks()
@@ -94,9 +98,10 @@ def rollup_frame(judged: DataFrame, plans: PlanSet, bucket_seconds: int) -> Data
     chosen = F.col("_candidate")
     grouped = judged.groupBy(
         "plan_id",
-        "sender",
+        "sender_code",
         bucket.alias("bucket_start"),
-        F.when(chosen, F.col("cm_id")).alias("cm_id"),
+        F.when(chosen, F.col("cm_key")).alias("cm_key"),
+        F.when(chosen, F.col("cm_rank")).alias("cm_rank"),
         *(F.when(chosen, F.col(name)).alias(f"cm_{name}") for name in CANDIDATE_COLUMNS),
     ).agg(
         F.count(F.lit(1)).alias("cms"),
@@ -109,6 +114,7 @@ def rollup_frame(judged: DataFrame, plans: PlanSet, bucket_seconds: int) -> Data
         F.sum("multi").alias("multiple_consumptions"),
         _count(F.col("stale")).alias("stale_pending"),
         _count(~F.col("valid")).alias("invalid_conditions"),
+        _count(F.col("n_cm") > 1).alias("collided"),
         *per_slot,
     )
     details = plans.frame.select("plan_id", "shape", "leaf_names", "condition_json")
@@ -134,19 +140,25 @@ def _add(into: dict[str, int], row: Mapping[str, Any], keys: Iterable[str]) -> N
         into[key] = into.get(key, 0) + int(row[key] or 0)
 
 
-def fold(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def fold(rows: Iterable[Mapping[str, Any]], senders: Sequence[str] = ()) -> dict[str, Any]:
     """The collected :func:`rollup_frame` as tables: ``rates_by_sender``,
     ``rates_by_shape``, ``outcomes_over_time``, ``destinations`` (row lists), ``overall``
-    (:data:`CM_COUNTS` over every CM) and ``candidates`` (one dict per candidate CM)."""
+    (:data:`CM_COUNTS` over every CM), ``candidates`` (one dict per candidate CM, with its
+    ``cm_key, cm_rank``) and ``collided`` (see :func:`rollup_frame`). ``senders``: the
+    names of the sender codes."""
     outcome_keys = ("cms", *OUTCOMES, "compensated")
-    senders: dict[Any, dict[str, int]] = defaultdict(dict)
+    by_sender: dict[Any, dict[str, int]] = defaultdict(dict)
     shapes: dict[Any, dict[str, int]] = defaultdict(dict)
     buckets: dict[Any, dict[str, int]] = defaultdict(dict)
     destinations: dict[str, dict[str, int]] = defaultdict(dict)
     overall: dict[str, int] = {}
     candidates = []
+    collided = 0
     for row in rows:
-        _add(senders[row["sender"]], row, outcome_keys)
+        code = row["sender_code"]
+        sender = senders[code] if code is not None else None
+        collided += int(row["collided"] or 0)
+        _add(by_sender[sender], row, outcome_keys)
         _add(shapes[row["shape"]], row, outcome_keys)
         _add(buckets[row["bucket_start"]], row, OUTCOMES)
         _add(overall, row, CM_COUNTS)
@@ -155,11 +167,12 @@ def fold(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             _add(into, row, ("cms", *OUTCOMES))
             for key in DESTINATION_COUNTS:
                 into[key] = into.get(key, 0) + int(row.get(f"{key}{i}") or 0)
-        if row["cm_id"] is not None:
+        if row["cm_key"] is not None:
             candidates.append(
                 {
-                    "cm_id": row["cm_id"],
-                    "sender": row["sender"],
+                    "cm_key": row["cm_key"],
+                    "cm_rank": row["cm_rank"],
+                    "sender": sender,
                     "shape": row["shape"],
                     "condition_json": row["condition_json"],
                     **{name: row[f"cm_{name}"] for name in CANDIDATE_COLUMNS},
@@ -167,7 +180,7 @@ def fold(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             )
     return {
         "rates_by_sender": [
-            _with_rates({"sender": k, **v}) for k, v in sorted(senders.items(), key=_by_key)
+            _with_rates({"sender": k, **v}) for k, v in sorted(by_sender.items(), key=_by_key)
         ],
         "rates_by_shape": [
             _with_rates({"shape": k, **v}) for k, v in sorted(shapes.items(), key=_by_key)
@@ -175,7 +188,8 @@ def fold(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "outcomes_over_time": [{"bucket_start": k, **v} for k, v in sorted(buckets.items())],
         "destinations": [_destination(k, v) for k, v in sorted(destinations.items())],
         "overall": overall,
-        "candidates": sorted(candidates, key=lambda c: str(c["cm_id"])),
+        "candidates": candidates,
+        "collided": collided,
     }
 
 

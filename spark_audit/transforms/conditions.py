@@ -73,6 +73,11 @@ def leaf_key(plan: str, destination: str) -> Column:
     return F.xxhash64(plan, destination)
 
 
+def sender_key(column: str) -> Column:
+    """The (long) equi-join key of a sender's name: ``xxhash64`` of it."""
+    return F.xxhash64(column)
+
+
 def same_text(left: str, right: str) -> Column:
     """``left = right`` for strings (null if either is null), written so that Spark keeps
     it as a join's condition instead of taking it as a second equi-join key (a join on a
@@ -178,8 +183,8 @@ class PlanSet:
             cms.sparkSession,
             [{"_sender_name": name, "sender_code": code} for code, name in enumerate(self.senders)],
             _SENDERS,
-        ).select(F.xxhash64("_sender_name").alias("_sender_hash"), "_sender_name", "sender_code")
-        on = (F.xxhash64("sender") == F.col("_sender_hash")) & same_text("sender", "_sender_name")
+        ).select(sender_key("_sender_name").alias("_sender_hash"), "_sender_name", "sender_code")
+        on = (sender_key("sender") == F.col("_sender_hash")) & same_text("sender", "_sender_name")
         return cms.join(F.broadcast(codes), on, "left").drop("_sender_hash", "_sender_name")
 
     def attach(self, cms: DataFrame) -> DataFrame:

@@ -237,7 +237,16 @@ def enrich_acks(
         _us("decided_at").alias("decided_us"),
     )
     on_cm = (F.col("cm_key") == F.col("_cm_key")) & same_text("cm_id", "_cm_id")
-    joined = events.select("*", cm_key()).join(cms.hint("shuffle_hash"), on_cm, "left")
+    # What the ack alone decides is computed before the shuffle (without ``text``, its
+    # ``kind`` and ``status`` then do not travel).
+    coded = events.select(
+        "*",
+        cm_key(),
+        (F.coalesce(well_formed(), F.lit(False)) & ~F.col("is_comp")).alias("wf"),
+        (F.col("kind") == "commit").alias("commit"),
+        status_code(F.col("status")).alias("status_code"),
+    )
+    joined = coded.join(cms.hint("shuffle_hash"), on_cm, "left")
     known = F.col("in_window").isNotNull()
     in_cut = F.coalesce(F.col("in_window"), F.lit(False)) | (~known & orphan_ok & ~F.col("is_comp"))
     with_leaves = plans.with_leaves(joined.where(in_cut))
@@ -257,7 +266,9 @@ def enrich_acks(
             _us("received_at").alias("received_us"),
             "is_comp",
             known.alias("known"),
-            (F.coalesce(well_formed(), F.lit(False)) & ~F.col("is_comp")).alias("wf"),
+            "wf",
+            "commit",
+            "status_code",
             "sent_us",
             "decided_us",
             "plan_id",
@@ -282,19 +293,15 @@ def enrich_acks(
                 f"AS on_time_{kind}"
                 for kind, first in (
                     ("pickup", "read_us"),
-                    ("process", "CASE WHEN kind = 'commit' THEN committed_us END"),
+                    ("process", "CASE WHEN commit THEN committed_us END"),
                 )
             ),
         )
         .drop("_named", "leaf_pickup_ms", "leaf_process_ms")
     )
-    coded = [
-        F.when(F.col("dest_code").isNull(), F.col("destination")).alias("other_destination"),
-        (F.col("kind") == "commit").alias("commit"),
-        status_code(F.col("status")).alias("status_code"),
-    ]
+    other = F.when(F.col("dest_code").isNull(), F.col("destination"))
     kept = [c for c in enriched.columns if text or c not in TEXT_COLUMNS]
-    return enriched.select(*kept, *coded)
+    return enriched.select(*kept, other.alias("other_destination"))
 
 
 #: The text columns :func:`enrich_acks` leaves out with ``text=False``.

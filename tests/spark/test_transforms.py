@@ -347,15 +347,17 @@ def test_window_is_a_consistent_cut(spark: Any) -> None:
 def test_colliding_join_keys_change_nothing(
     spark: Any, audited: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The joins' one long key is a hash (of the CM id; of the plan and destination): with
-    every CM given one key and every plan destination another, the exact comparisons
-    beside the keys keep them apart and the audit's answers do not change."""
+    """The joins' one long key is a hash (of the CM id; of the plan and destination; of
+    the sender): with every CM given one key, every plan destination another and every
+    sender a third, the exact comparisons beside the keys keep them apart, the CMs are
+    numbered apart for the per-CM aggregation, and the audit's answers do not change."""
     from pyspark.sql import functions as F
 
     from spark_audit.transforms import conditions, enrich
 
     monkeypatch.setattr(enrich, "cm_key", lambda column="cm_id": F.lit(7).alias("cm_key"))
     monkeypatch.setattr(conditions, "leaf_key", lambda plan, destination: F.lit(7).cast("long"))
+    monkeypatch.setattr(conditions, "sender_key", lambda column: F.lit(7).cast("long"))
     collided = _audit(spark, tmp_path)
 
     def canonical(tables: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]:

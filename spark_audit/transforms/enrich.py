@@ -47,6 +47,7 @@ QUEUE_CONSUMER = ""
 ANONYMOUS = "(anonymous)"
 #: A CM's state as a number (fixed-width aggregation buffers); anything else is ``OTHER``.
 STATES = ("pending", "satisfied", "violated")
+OTHER_STATE = len(STATES)
 _RANKS = T.StructType(
     [
         T.StructField("cm_key", T.LongType()),
@@ -54,7 +55,6 @@ _RANKS = T.StructType(
         T.StructField("cm_rank", T.IntegerType()),
     ]
 )
-OTHER_STATE = len(STATES)
 
 
 def _us(column: str) -> Column:
@@ -110,9 +110,8 @@ def cut_cms(
 
     A decision taken after ``until`` is not visible yet (state ``pending``, no decision
     instants). Columns: ``cm_key`` (:func:`cm_key`), ``cm_rank`` (see below), ``cm_id,
-    in_window, sender_code`` (:meth:`PlanSet.sender_codes`: the sender's name is not
-    kept), ``sent_at, sent_us,
-    plan_id, state_code (:data:`STATES`), decided_at, effective_at,
+    in_window, sender_code`` (:meth:`PlanSet.sender_codes`; the name is not kept),
+    ``sent_at, sent_us, plan_id, state_code (:data:`STATES`), decided_at, effective_at,
     evaluation_deadline``; ``partitions`` partitions by ``cm_key``.
 
     ``(cm_key, cm_rank)`` is the CM's numeric identity, what every grouping by CM keys
@@ -159,8 +158,10 @@ def cut_cms(
 
 def cm_ranks(cms_cut: DataFrame) -> DataFrame | None:
     """``cm_key, cm_id, cm_rank`` of the CMs of :func:`cut_cms` whose ``cm_key`` another
-    CM shares (``cm_rank``: the id's place among the ids of that key, in order), or
-    ``None`` where every key is one CM's (one aggregation; normally none shares one)."""
+    CM shares (``cm_rank``: the id's place among the distinct ids of that key, in order),
+    or ``None`` where every key is one CM's (one aggregation; normally none shares one).
+    Rows with one id (a duplicated CM) keep one rank: they stay one CM, as grouping by
+    the id would keep them."""
     shared = cms_cut.groupBy("cm_key").count().where("count > 1").select("cm_key")
     rows = cms_cut.join(shared, "cm_key", "left_semi").select("cm_key", "cm_id").collect()
     if not rows:
@@ -171,7 +172,7 @@ def cm_ranks(cms_cut: DataFrame) -> DataFrame | None:
     numbered = [
         {"cm_key": key, "cm_id": cm_id, "cm_rank": rank}
         for key, ids in by_key.items()
-        for rank, cm_id in enumerate(sorted(ids))
+        for rank, cm_id in enumerate(sorted(set(ids)))
     ]
     return local_frame(cms_cut.sparkSession, numbered, _RANKS)
 
@@ -204,8 +205,8 @@ def enrich_acks(
     :func:`cut_cms`), ``commit`` for ``kind``, ``status_code`` (:func:`status_code`) for
     ``status``, ``dest_code`` for the destination (``other_destination`` is its name
     where ``dest_code`` is null). ``text``: also the text columns ``ack_id, cm_id,
-    destination, kind, status`` (without them the frame the audit caches is
-    about half as costly to build; :data:`TEXT_COLUMNS`).
+    destination, kind, status`` (:data:`TEXT_COLUMNS`; without them the audit's cache of
+    this frame costs about 40 % less to build, see docs/audit.md).
     """
     released = compensations.where(F.col("released_at").isNotNull()).select(
         F.lit(None).cast("string").alias("ack_id"),

@@ -367,6 +367,29 @@ def test_colliding_join_keys_change_nothing(
     assert collided["summary"]["metrics"] == audited["summary"]["metrics"]
 
 
+def test_every_condition_judged_by_evaluate_gives_the_same_audit(
+    spark: Any, audited: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no skeleton compiled, ``evaluate`` judges every CM over the cached acks, which
+    then keep their text (and the detail tables read them from the cache): the answers
+    are those of the compiled path, but for the path each discrepancy names."""
+    from spark_audit.transforms import conditions
+
+    monkeypatch.setattr(conditions, "MAX_SKELETONS", 0)
+    judged = _audit(spark, tmp_path)
+
+    def canonical(tables: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]:
+        return {
+            name: sorted(repr({k: v for k, v in row.items() if k != "path"}) for row in rows)
+            for name, rows in tables.items()
+        }
+
+    assert {r["path"] for r in judged["tables"]["discrepancies"]} == {"python"}
+    assert canonical(judged["tables"]) == canonical(audited["tables"])
+    assert judged["summary"]["metrics"] == audited["summary"]["metrics"]
+    assert judged["summary"]["totals"]["native_cms"] == 0
+
+
 def test_more_than_64_destinations(spark: Any, tmp_path: Path) -> None:
     """Per-slot flags are bits of 64-slot words: slots past the first word count too."""
     names = [f"q{i}" for i in range(70)]

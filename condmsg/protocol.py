@@ -207,6 +207,9 @@ class AckMessage:
 
 _REQUIRED_TEXT = ("ack_id", "cm_id", "destination", "receiver", "token", "kind", "read_at")
 _KINDS = {kind.value: kind for kind in AckKind}
+#: No store can hold it (PostgreSQL's text cannot): an ack carrying one would fail every
+#: batch it is in, so it is refused as malformed instead.
+_NUL = "ack field {!r} contains a NUL character"
 
 
 def decode_ack(body: bytes | str) -> tuple[AckMessage, Ack]:
@@ -230,9 +233,13 @@ def _ack_from_dict(data: object) -> tuple[AckMessage, Ack]:
         value = data.get(name)
         if not isinstance(value, str) or not value:
             raise ProtocolError(f"ack field {name!r} must be a non-empty string")
+        if "\x00" in value:
+            raise ProtocolError(_NUL.format(name))
     recipient = data.get("recipient")
     if recipient is not None and (not isinstance(recipient, str) or not recipient):
         raise ProtocolError("ack field 'recipient' must be a non-empty string or null")
+    if recipient is not None and "\x00" in recipient:
+        raise ProtocolError(_NUL.format("recipient"))
     kind = _KINDS.get(data["kind"])
     if kind is None:
         raise ProtocolError(f"ack kind must be 'read' or 'commit', got {data['kind']!r}")

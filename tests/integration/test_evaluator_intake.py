@@ -117,6 +117,10 @@ def test_one_batch_with_every_kind_of_ack(store: Store) -> None:
             kind=AckKind.COMMIT,
             committed_at=read + timedelta(milliseconds=1),
         ),
+        # A NUL, which no PostgreSQL text can hold, in an id or a name: dead-lettered
+        # rather than failing the batch (and its every redelivery).
+        nul_id := ack(cms[5][:8] + "\x00" + cms[5][8:], q, read),
+        nul_receiver := ack(cms[5], q, read, receiver="rx\x00"),
         b"{not json",
     ]
     evaluator = s.evaluator()
@@ -134,7 +138,8 @@ def test_one_batch_with_every_kind_of_ack(store: Store) -> None:
     assert stored[cms[4]].kind == "commit" and stored[cms[4]].committed_at is not None
     assert {r.status for r in stored.values()} == {"counted"}
     dead = s.rows(outbox_table(), outbox_table().c.routing_key == p.dead_letter_queue(s.name))
-    assert [r.body for r in dead] == [b"{not json"]
+    assert [r.body for r in dead] == [nul_id, nul_receiver, b"{not json"]
+    assert "NUL" in dead[0].headers[p.H_REASON]
     # One outcome per decided CM, the same document the CM row holds.
     outcomes = {o.cm_id: o for o in _outcomes(s)}
     assert set(outcomes) == {cms[0], cms[1], cms[4]}

@@ -5,6 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+# The PostgreSQL JDBC driver the Spark audit's JDBC reader (and its tests) load, from
+# Debian's libpostgresql-jdbc-java (Maven is not reachable here).
+JDBC_JAR := /usr/share/java/postgresql.jar
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
 .PHONY: demo test lint bench services install clean
 
 $(STAMP): pyproject.toml
@@ -15,6 +20,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+$(JDBC_JAR):
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java \
+	  || { $(SUDO) apt-get update -qq \
+	       && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java; }
+
 services: $(STAMP)
 	$(BIN)/python -m condmsg.cli check-services
 
@@ -23,7 +33,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) services lint
+test: $(STAMP) $(JDBC_JAR) services lint
 	$(BIN)/pytest -n 2 --dist loadgroup
 
 demo: $(STAMP) services

@@ -356,10 +356,18 @@ def _run(
     assert cut is not None
     clock.step("decoded the conditions")
     partitions = options.partitions or _partitions(spark, int(cut["cms"]))
-    cms = keep(cut_cms(data.cms, plans, window, partitions))
-    # The acks' text columns only where ``evaluate`` judges some CMs over the cached acks;
-    # else the detail tables read the text of their few acks again (_ack_rows).
-    acks = keep(enrich_acks(data.acks, data.compensations, cms, plans, window, text=plans.python))
+
+    def frames(ranks: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
+        """The cached CMs and acks. The acks' text columns only where ``evaluate`` judges
+        some CMs over them; else the detail tables read the text of their few acks again
+        (_ack_rows)."""
+        cut_frame = keep(cut_cms(data.cms, plans, window, partitions, ranks))
+        text = plans.python
+        return cut_frame, keep(
+            enrich_acks(data.acks, data.compensations, cut_frame, plans, window, text=text)
+        )
+
+    cms, acks = frames()
     histograms = Histograms(histogram_frame(acks).toArrow(), plans.destinations)
     ack_counts = histograms.totals()
     output.rows("latency", histograms.latency_rows(), SMALL_SCHEMAS["latency"])
@@ -377,10 +385,7 @@ def _run(
         for frame in cached:
             frame.unpersist()
         cached.clear()
-        cms = keep(cut_cms(data.cms, plans, window, partitions, ranks))
-        acks = keep(
-            enrich_acks(data.acks, data.compensations, cms, plans, window, text=plans.python)
-        )
+        cms, acks = frames(ranks)
         folded = _judged(plans, cms, acks, options, _bucket(options, cut))
     candidates = _with_ids(cms, folded["candidates"])
     for name in ("rates_by_sender", "rates_by_shape", "outcomes_over_time", "destinations"):

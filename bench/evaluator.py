@@ -4,7 +4,10 @@
     :class:`evaluator.service.Evaluator` (decode, verify, store, decide, outbox writes),
     next to a raw baseline measured in the same run on the same acks: a bare pika consumer
     (same prefetch and batch) that decodes the JSON and inserts each batch of acks into a
-    copy of ``condmsg_ack``. Target: evaluator / raw >= 0.5.
+    copy of ``condmsg_ack``. Target: evaluator / raw >= 0.5. The evaluator runs with one
+    intake process per core (``intake_processes``, its workers started inside the timed
+    run); the one-process figure is measured and printed too, each with its own raw
+    baseline, on its own fresh acks.
 (b) Decision latency: a real ``ackd.Receiver`` commits the last needed ack of a CM (its
     own store and relay); latency = the outcome message's arrival at the sender's outcome
     consumer minus the receiver's commit (same machine clock). Target: p99 < 150 ms.
@@ -49,6 +52,9 @@ PG_URL = os.environ.get("CONDMSG_BENCH_PG_URL", "postgresql+psycopg://postgres@1
 AMQP_URL = os.environ.get("CONDMSG_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 SECRET = b"bench-evaluator-secret"
 BATCH, PREFETCH = 500, 1000  # the evaluator's defaults; the raw baseline gets the same
+#: The evaluator's intake processes: one per core, as ``docs/evaluator.md`` recommends for
+#: ``condmsg evaluator --intake-processes``; the one-process figure is printed too.
+INTAKE_PROCESSES = os.cpu_count() or 1
 SWEEP_BATCH = 500
 TARGET_INTAKE_RATIO = 0.5
 TARGET_DECISION_P99_MS = 150.0
@@ -152,7 +158,7 @@ def raw_intake(engine: Any, ack_queue: str, n: int) -> float:
     return sw.seconds
 
 
-def intake(db_url: str, sender_name: str, queue: str, n: int) -> dict[str, float]:
+def intake(db_url: str, sender_name: str, queue: str, n: int, processes: int) -> dict[str, float]:
     engine = sa.create_engine(db_url, pool_size=4)
     sender = Sender(amqp_url=AMQP_URL, engine=engine, name=sender_name, secret=SECRET)
     log(f"(a) sending {n} CMs ...")
@@ -164,7 +170,7 @@ def intake(db_url: str, sender_name: str, queue: str, n: int) -> dict[str, float
     log("(a) raw baseline: pika consume + batched INSERT ...")
     _publish(channel, ack_queue, bodies)
     raw_s = raw_intake(engine, ack_queue, n)
-    log("(a) evaluator intake ...")
+    log(f"(a) evaluator intake, {processes} intake process(es) ...")
     _publish(channel, ack_queue, bodies)
     connection.close()
     service = Evaluator(
@@ -177,11 +183,13 @@ def intake(db_url: str, sender_name: str, queue: str, n: int) -> dict[str, float
         batch_size=BATCH,
         prefetch=PREFETCH,
         sweep_interval_s=3600,
+        intake_processes=processes,
     )
 
     def stored() -> float:
-        # The service's own counter, bumped after each batch commits: polling a count(*)
-        # of the ack table instead would load the database being measured.
+        # The service's own counter, bumped after each batch commits (its workers' batches
+        # as they report them): polling a count(*) of the ack table instead would load
+        # the database being measured.
         return service.registry.get_sample_value("condmsg_evaluator_acks_total") or 0.0
 
     with timed() as sw:
@@ -362,8 +370,10 @@ def main() -> None:
     tag = uuid.uuid4().hex[:8]
     sender_name, queue = f"bench-eval-{tag}", f"bench.eval.{tag}.q"
     try:
-        with fresh_pg_schema(PG_URL, "bench_eval") as db_url:
-            a = intake(db_url, sender_name, queue, args.intake)
+        runs: dict[int, dict[str, float]] = {}
+        for processes in sorted({1, INTAKE_PROCESSES}):
+            with fresh_pg_schema(PG_URL, "bench_eval") as db_url:
+                runs[processes] = intake(db_url, sender_name, queue, args.intake, processes)
         with (
             fresh_pg_schema(PG_URL, "bench_eval") as db_url,
             fresh_pg_schema(PG_URL, "bench_rx") as rx_url,
@@ -389,13 +399,19 @@ def main() -> None:
                 *(f"condmsg.{sender_name}.{k}" for k in ("ack", "outcome", "dead")),
             ):
                 channel.queue_delete(name)
-    intake_rate, raw_rate = args.intake / a["evaluator_s"], args.intake / a["raw_s"]
+    rates = {
+        k: (args.intake / run["evaluator_s"], args.intake / run["raw_s"]) for k, run in runs.items()
+    }
+    intake_rate, raw_rate = rates[INTAKE_PROCESSES]
     intake_ratio = intake_rate / raw_rate
+    one_rate, one_raw = rates[1]
     d, late = lat["decision_ms"], lat["lateness_ms"]
     sweep_ratio = sweeps[args.large] / sweeps[args.small]
     print(
-        f"intake: evaluator {intake_rate:,.0f} acks/s, raw {raw_rate:,.0f} acks/s, "
-        f"ratio {intake_ratio:.2f} (target >= {TARGET_INTAKE_RATIO})"
+        f"intake: evaluator {intake_rate:,.0f} acks/s with {INTAKE_PROCESSES} intake "
+        f"process(es), raw {raw_rate:,.0f} acks/s, ratio {intake_ratio:.2f} "
+        f"(target >= {TARGET_INTAKE_RATIO}); one process: {one_rate:,.0f} acks/s, raw "
+        f"{one_raw:,.0f} acks/s, ratio {one_rate / one_raw:.2f}"
     )
     print(
         f"decision latency: p50 {percentile(d, 50):.1f} ms, p99 {percentile(d, 99):.1f} ms "
@@ -418,6 +434,10 @@ def main() -> None:
             "raw_intake_acks_per_s": round(raw_rate, 1),
             "intake_ratio": round(intake_ratio, 3),
             "intake_ratio_target": TARGET_INTAKE_RATIO,
+            "intake_processes": INTAKE_PROCESSES,
+            "intake_1p_acks_per_s": round(one_rate, 1),
+            "intake_1p_raw_acks_per_s": round(one_raw, 1),
+            "intake_1p_ratio": round(one_rate / one_raw, 3),
             "intake_ok": intake_ratio >= TARGET_INTAKE_RATIO,
             "decision_cms": len(d),
             "decision_p50_ms": round(percentile(d, 50), 2),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter as CountOf
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -72,7 +73,35 @@ class EvaluatorMetrics:
         for verdict, count in verdicts.items():
             self.decisions.labels(verdict=verdict).inc(count)
 
+    def observe_report(self, report: dict[str, Any]) -> None:
+        """What one batch of an intake worker did (:func:`batch_report`), counted here."""
+        self.acks.inc(int(report.get("acks", 0)))
+        self.dead.inc(int(report.get("dead", 0)))
+        for kind, count in dict(report.get("anomalies", {})).items():
+            self.anomalies.labels(kind=str(kind)).inc(int(count))
+        for verdict, count in dict(report.get("decisions", {})).items():
+            self.decisions.labels(verdict=str(verdict)).inc(int(count))
+        for seconds in report.get("lateness_s", ()):
+            self.lateness.observe(float(seconds))
+
     def observe_archived(self, archived: Archived) -> None:
         self.archives.inc()
         for table, count in archived.rows.items():
             self.retained.labels(table=table).inc(count)
+
+
+def batch_report(intake: Intake, outcomes: Iterable[Outcome]) -> dict[str, Any]:
+    """What one batch did, as the JSON document an intake worker sends its service
+    (:mod:`evaluator.workers`; applied there by :meth:`EvaluatorMetrics.observe_report`)."""
+    verdicts: CountOf[str] = CountOf()
+    lateness = []
+    for outcome in outcomes:
+        verdicts[outcome.verdict.value] += 1
+        lateness.append((outcome.decided_at - outcome.effective_at).total_seconds())
+    return {
+        "acks": intake.stored,
+        "dead": intake.dead,
+        "anomalies": dict(intake.anomalies),
+        "decisions": dict(verdicts),
+        "lateness_s": lateness,
+    }

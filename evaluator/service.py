@@ -42,9 +42,10 @@ from condmsg.timeutil import utcnow
 from condmsg.topology import declare_service_queue
 from evaluator import decisions, store
 from evaluator.intake import ingest
-from evaluator.metrics import EvaluatorMetrics
+from evaluator.metrics import EvaluatorMetrics, batch_report
 from evaluator.retention import DEFAULT_BATCH as DEFAULT_RETENTION_BATCH
 from evaluator.retention import Archived, RetentionPolicy, retain
+from evaluator.workers import IntakeWorkers, WorkerConfig
 from outbox.relay import Relay
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,9 @@ class Evaluator:
         retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_S,
         retention_batch: int = DEFAULT_RETENTION_BATCH,
         freeze_gc: bool = False,
+        intake_processes: int = 1,
+        sweeps: bool = True,
+        report: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if engine is None and db_url is None:
             raise CondmsgError("Evaluator needs db_url (CONDMSG_DB_URL) or an engine")
@@ -123,6 +127,12 @@ class Evaluator:
         self.ack_grace = ack_grace
         if store_threads < 1:
             raise ConfigError("store_threads must be at least 1")
+        if intake_processes < 1:
+            raise ConfigError("intake_processes must be at least 1")
+        if intake_processes > 1 and self.engine.dialect.name != "postgresql":
+            raise ConfigError(
+                "several intake processes need PostgreSQL (SQLite takes one writer at a time)"
+            )
         self.batch_size = batch_size
         self.prefetch = prefetch
         self.store_threads = store_threads
@@ -144,15 +154,36 @@ class Evaluator:
             if relay
             else None
         )
-        self._scheduler = BackgroundScheduler(timezone="UTC")
-        self._scheduler.add_job(
-            self._sweep_job,
-            "interval",
-            seconds=sweep_interval_s,
-            id="sweep",
-            max_instances=1,  # a slow sweep is never run twice at once
-            coalesce=True,  # missed runs collapse into one
+        self._report = report
+        self.workers = (
+            IntakeWorkers(
+                intake_processes - 1,
+                WorkerConfig(
+                    amqp_url=amqp_url,
+                    db_url=self.engine.url.render_as_string(hide_password=False),
+                    sender=sender,
+                    secret_hex=self.secret.hex(),
+                    ack_grace_ms=ack_grace.total_seconds() * 1000,
+                    batch_size=batch_size,
+                    prefetch=prefetch,
+                    store_threads=store_threads,
+                    instance=self.instance,
+                ),
+                self.metrics.observe_report,
+            )
+            if intake_processes > 1
+            else None
         )
+        self._scheduler = BackgroundScheduler(timezone="UTC")
+        if sweeps:
+            self._scheduler.add_job(
+                self._sweep_job,
+                "interval",
+                seconds=sweep_interval_s,
+                id="sweep",
+                max_instances=1,  # a slow sweep is never run twice at once
+                coalesce=True,  # missed runs collapse into one
+            )
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -180,6 +211,8 @@ class Evaluator:
         if self.freeze_gc:
             gc.collect()
             gc.freeze()
+        if self.workers is not None:
+            self.workers.start()
         if self._relay is not None:
             self._relay.start()
         self._schedule_retention()
@@ -195,6 +228,8 @@ class Evaluator:
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, 10.0)
         finally:
+            if self.workers is not None:
+                self.workers.stop()
             self._scheduler.shutdown(wait=True)
             if self._relay is not None:
                 self._relay.stop()
@@ -261,6 +296,8 @@ class Evaluator:
             )
         self.metrics.observe_intake(intake)
         self.metrics.observe_decisions(result.outcomes)
+        if self._report is not None:
+            self._report(batch_report(intake, result.outcomes))
         return len(result.outcomes)
 
     # -- deadline sweeps ------------------------------------------------------------------

@@ -28,6 +28,14 @@ def register(subparsers: Any) -> None:
         default=2,
         help="threads that store and decide batches while the next is consumed (default 2)",
     )
+    parser.add_argument(
+        "--intake-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes taking in acks (this one and N-1 workers; PostgreSQL only): one "
+        "interpreter lock bounds a process's intake, so use up to one per core (default 1)",
+    )
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics here")
     parser.add_argument(
         "--no-relay", action="store_true", help="do not publish the outbox (run `condmsg relay`)"
@@ -62,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         sweep_interval_s=args.sweep_interval,
         batch_size=args.batch_size,
         store_threads=args.store_threads,
+        intake_processes=args.intake_processes,
         relay=not args.no_relay,
         retention=args.retention or settings.retention,
         retention_archive=args.archive or settings.archive_dir,

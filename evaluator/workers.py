@@ -1,0 +1,234 @@
+"""Intake processes: more evaluator instances on the service's ack queue, run by the service.
+
+One interpreter runs an evaluator's consuming and storing threads under one interpreter
+lock, so on a machine with more cores than that one lock can use, the intake is bound by
+it (``docs/evaluator.md``). With ``intake_processes=N`` the service starts ``N - 1``
+worker processes (:func:`main`, in a new interpreter). Each is an intake-only evaluator
+instance on the same ack queue and database, with its own broker and database
+connections: several instances are what the design already allows (the broker shares
+the deliveries out; decisions are conditional updates, rows are locked in id order), so
+a worker needs nothing new to be correct.
+
+The service keeps everything else: the deadline sweeps, retention, the relay that
+publishes the workers' outcome rows (they commit them to the same outbox) and the
+metrics. A worker writes what each batch did as one JSON line on its stdout, and the
+service adds it to its own metrics (:meth:`EvaluatorMetrics.observe_report`).
+
+A worker's stdin is its leash: its configuration comes as the first line (the secret
+and the database password stay off the command line), and end of file, when the service
+stops or dies, makes it finish the batches in hand and exit. SIGTERM or SIGINT do the
+same. A worker that exits while the service runs is started again, after a pause that
+doubles up to :data:`MAX_RESTART_DELAY_S`; its unacknowledged deliveries went back to
+the queue when its connection closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+FIRST_RESTART_DELAY_S = 1.0
+MAX_RESTART_DELAY_S = 30.0
+#: A worker that ran this long before exiting is restarted after the first delay again.
+STEADY_S = 60.0
+
+
+#: A worker process (``-c`` rather than ``-m``: this module is imported with its package).
+WORKER_COMMAND = (
+    sys.executable,
+    "-c",
+    "import sys; from evaluator.workers import main; sys.exit(main())",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """What a worker needs to be an intake-only copy of its service (one JSON line)."""
+
+    amqp_url: str
+    db_url: str
+    sender: str
+    secret_hex: str
+    ack_grace_ms: float
+    batch_size: int
+    prefetch: int
+    store_threads: int
+    instance: str
+
+
+class IntakeWorkers:
+    """Starts ``count`` worker processes, restarts those that exit, stops them all."""
+
+    def __init__(
+        self,
+        count: int,
+        config: WorkerConfig,
+        on_report: Callable[[dict[str, Any]], None],
+        *,
+        command: tuple[str, ...] = WORKER_COMMAND,
+    ) -> None:
+        self.count = count
+        self.config = config
+        self.on_report = on_report
+        self.command = command
+        self.started = 0  # processes started, restarts included
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._procs: dict[int, subprocess.Popen[str]] = {}
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for index in range(self.count):
+            thread = threading.Thread(
+                target=self._supervise,
+                args=(index,),
+                name=f"evaluator-worker-{self.config.sender}-{index + 1}",
+                daemon=True,
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [proc.pid for proc in self._procs.values() if proc.poll() is None]
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Close every worker's stdin (each finishes its batches and exits); kill those
+        still running after ``timeout_s``."""
+        with self._lock:
+            self._stopping.set()
+            procs = list(self._procs.values())
+        for proc in procs:
+            _close(proc.stdin)
+        deadline = time.monotonic() + timeout_s
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("intake worker %d did not stop in time; killed", proc.pid)
+                proc.kill()
+                proc.wait()
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    def _supervise(self, index: int) -> None:
+        delay = FIRST_RESTART_DELAY_S
+        config = json.dumps(
+            asdict(self.config) | {"instance": f"{self.config.instance}/{index + 1}"}
+        )
+        while True:
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                proc = subprocess.Popen(
+                    self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+                )
+                self._procs[index] = proc
+                self.started += 1
+            began = time.monotonic()
+            assert proc.stdin is not None and proc.stdout is not None
+            with contextlib.suppress(OSError):  # it died at once: seen below
+                proc.stdin.write(config + "\n")
+                proc.stdin.flush()
+            for line in proc.stdout:
+                self._report(line)
+            code = proc.wait()
+            if self._stopping.is_set():
+                return
+            if time.monotonic() - began >= STEADY_S:
+                delay = FIRST_RESTART_DELAY_S
+            log.warning(
+                "intake worker %d exited (code %s); starting another in %.0f s",
+                proc.pid,
+                code,
+                delay,
+            )
+            _close(proc.stdin)
+            if self._stopping.wait(delay):
+                return
+            delay = min(delay * 2, MAX_RESTART_DELAY_S)
+
+    def _report(self, line: str) -> None:
+        try:
+            report = json.loads(line)
+        except ValueError:
+            log.warning("intake worker wrote a line that is not a report: %r", line[:200])
+            return
+        try:
+            self.on_report(report)
+        except Exception:
+            log.exception("could not apply an intake worker's report %r", line[:200])
+
+
+def _close(stream: IO[str] | None) -> None:
+    if stream is None:
+        return
+    with contextlib.suppress(OSError):  # the worker is gone already
+        stream.close()
+
+
+class _Reporter:
+    """Writes one report line per observation to the service (from any storing thread)."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+
+    def __call__(self, report: dict[str, Any]) -> None:
+        line = json.dumps(report, separators=(",", ":")) + "\n"
+        with self._lock:
+            self._out.write(line)
+            self._out.flush()
+
+
+def main() -> int:
+    """A worker process: an intake-only evaluator until stdin closes or a signal comes."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("pika").setLevel(logging.WARNING)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    line = sys.stdin.readline()
+    if not line:
+        return 0  # the service went away before saying anything
+    config = WorkerConfig(**json.loads(line))
+    from evaluator.service import Evaluator  # after the config: a bad line fails fast
+
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _s, _f: done.set())
+    signal.signal(signal.SIGINT, lambda _s, _f: done.set())
+
+    def leash() -> None:
+        sys.stdin.read()  # until the service closes it or dies
+        done.set()
+
+    service = Evaluator(
+        amqp_url=config.amqp_url,
+        db_url=config.db_url,
+        sender=config.sender,
+        secret=bytes.fromhex(config.secret_hex),
+        ack_grace=timedelta(milliseconds=config.ack_grace_ms),
+        batch_size=config.batch_size,
+        prefetch=config.prefetch,
+        store_threads=config.store_threads,
+        relay=False,
+        sweeps=False,
+        instance=config.instance,
+        freeze_gc=True,  # a process of its own
+        report=_Reporter(sys.stdout),
+    )
+    threading.Thread(target=leash, name="evaluator-worker-leash", daemon=True).start()
+    service.start()
+    done.wait()
+    service.stop()
+    return 0

@@ -1,0 +1,171 @@
+"""Intake processes (``Evaluator(intake_processes=N)``) on the real PostgreSQL and RabbitMQ:
+the workers take in acks beside the service, report into its metrics, come back when
+killed, and stop with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pika
+import pytest
+import sqlalchemy as sa
+
+from condmsg import Destination
+from condmsg import protocol as p
+from condmsg import sender_tables as t
+from condmsg.outcome import Outcome
+from condmsg.timeutil import utcnow
+from condmsg.topology import declare_service_queue
+from evaluator.service import Evaluator
+from outbox.table import outbox_table
+
+from .condmsg_helpers import SECRET, ack_body, wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
+
+
+def _consumers(channel: Any, queue: str) -> int:
+    return int(channel.queue_declare(queue, passive=True).method.consumer_count)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A child that has exited but is not reaped yet still answers: look at its state.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Run:
+    """A sender with ``n`` CMs to one queue, and a two-process service for its acks."""
+
+    def __init__(self, pg_url: str, unique_name: str, make_sender: Any, amqp_url: str, n: int):
+        self.name = unique_name.replace(".", "-")
+        self.sender = make_sender(pg_url, self.name, declare_queues=False)
+        self.queue = f"{unique_name}.q"
+        quick = Destination(self.queue, pickup_within=timedelta(minutes=1))
+        self.cms = [self.sender.send(b"x", quick) for _ in range(n)]
+        self.service = Evaluator(
+            amqp_url=amqp_url,
+            sender=self.name,
+            engine=self.sender.engine,
+            secret=SECRET,
+            relay=False,
+            batch_size=10,
+            prefetch=20,
+            sweep_interval_s=3600,
+            instance="ev-main",
+            intake_processes=2,
+        )
+        self.connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+        self.channel = self.connection.channel()
+        self.ack_queue = p.ack_queue(self.name)
+        declare_service_queue(self.channel, self.ack_queue)
+
+    def publish(self, cm_ids: list[str]) -> None:
+        now = utcnow()
+        for cm_id in cm_ids:
+            body = ack_body(cm_id, self.queue, now, receiver="rx-1")
+            self.channel.basic_publish("", self.ack_queue, body)
+
+    def wait_for_consumers(self, count: int) -> None:
+        wait_for(lambda: _consumers(self.channel, self.ack_queue) == count, timeout=60)
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.service.registry.get_sample_value(name, labels or None) or 0.0
+
+    def decided(self) -> bool:
+        satisfied = "condmsg_evaluator_decisions_total"
+        return self.metric(satisfied, verdict="satisfied") == len(self.cms)
+
+    def close(self) -> None:
+        self.service.stop()
+        self.connection.close()
+
+    def states(self) -> Counter[str]:
+        with self.sender.engine.connect() as conn:
+            return Counter(r.state for r in conn.execute(sa.select(t.cms.c.state)))
+
+    def deciders(self) -> Counter[str]:
+        with self.sender.engine.connect() as conn:
+            return Counter(r.decided_by for r in conn.execute(sa.select(t.cms.c.decided_by)))
+
+    def outcomes(self) -> Counter[str]:
+        outbox = outbox_table()
+        with self.sender.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(outbox.c.body).where(outbox.c.routing_key == p.outcome_queue(self.name))
+            )
+            return Counter(Outcome.from_json(r.body).cm_id for r in rows)
+
+
+@pytest.fixture
+def run(pg_url: str, unique_name: str, make_sender: Any, amqp_url: str) -> Any:
+    made: list[Run] = []
+
+    def factory(n: int) -> Run:
+        made.append(Run(pg_url, unique_name, make_sender, amqp_url, n))
+        return made[-1]
+
+    yield factory
+    for r in made:
+        r.close()
+
+
+def test_a_worker_process_takes_in_acks_beside_the_service(run: Any) -> None:
+    r = run(300)
+    r.service.start()
+    r.wait_for_consumers(2)  # the service's consumer and its worker's
+    r.publish(r.cms)
+    wait_for(r.decided, timeout=60)
+    r.service.stop()
+    # Every CM decided once, with one outcome; the worker decided some of them and its
+    # batches are in the service's metrics.
+    assert r.states() == {"satisfied": 300}
+    assert set(r.outcomes()) == set(r.cms) and set(r.outcomes().values()) == {1}
+    deciders = r.deciders()
+    assert set(deciders) == {"ev-main", "ev-main/1"}, deciders
+    assert r.metric("condmsg_evaluator_acks_total") == 300
+    assert r.metric("condmsg_evaluator_decision_seconds_count") == 300
+    assert r.metric("condmsg_evaluator_anomalies_total", kind="duplicate") == 0
+
+
+def test_a_killed_worker_is_replaced_and_nothing_is_lost(run: Any) -> None:
+    r = run(400)
+    r.service.start()
+    r.wait_for_consumers(2)
+    assert r.service.workers is not None
+    (pid,) = r.service.workers.pids()
+    r.publish(r.cms[:200])
+    wait_for(lambda: r.deciders().get("ev-main/1", 0) > 0, timeout=60)
+    os.kill(pid, signal.SIGKILL)
+    r.publish(r.cms[200:])
+    # Another worker comes; every CM is decided once (the killed worker's unacknowledged
+    # deliveries went back to the queue; those it had stored count as duplicates).
+    wait_for(lambda: r.service.workers is not None and r.service.workers.started == 2, timeout=60)
+    wait_for(r.decided, timeout=60)
+    r.wait_for_consumers(2)
+    (replacement,) = r.service.workers.pids()
+    assert replacement != pid
+    r.service.stop()
+    assert r.states() == {"satisfied": 400}
+    assert set(r.outcomes()) == set(r.cms) and set(r.outcomes().values()) == {1}
+    remaining = r.channel.queue_declare(r.ack_queue, passive=True).method.message_count
+    assert remaining == 0
+
+
+def test_workers_stop_with_the_service(run: Any) -> None:
+    r = run(1)
+    r.service.start()
+    r.wait_for_consumers(2)
+    assert r.service.workers is not None
+    (pid,) = r.service.workers.pids()
+    r.service.stop()
+    assert not _alive(pid)
+    assert _consumers(r.channel, r.ack_queue) == 0

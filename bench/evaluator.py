@@ -178,6 +178,7 @@ def intake(db_url: str, sender_name: str, queue: str, n: int, processes: int) ->
         amqp_url=AMQP_URL,
         sender=sender_name,
         engine=engine,
+        db_url=db_url,  # for the intake workers, which connect themselves
         secret=SECRET,
         relay=False,
         batch_size=BATCH,

@@ -81,8 +81,9 @@ class EvaluatorMetrics:
             self.anomalies.labels(kind=str(kind)).inc(int(count))
         for verdict, count in dict(report.get("decisions", {})).items():
             self.decisions.labels(verdict=str(verdict)).inc(int(count))
-        for seconds in report.get("lateness_s", ()):
-            self.lateness.observe(float(seconds))
+        for seconds, count in report.get("lateness_s", ()):
+            for _ in range(int(count)):
+                self.lateness.observe(float(seconds))
 
     def observe_archived(self, archived: Archived) -> None:
         self.archives.inc()
@@ -94,14 +95,14 @@ def batch_report(intake: Intake, outcomes: Iterable[Outcome]) -> dict[str, Any]:
     """What one batch did, as the JSON document an intake worker sends its service
     (:mod:`evaluator.workers`; applied there by :meth:`EvaluatorMetrics.observe_report`)."""
     verdicts: CountOf[str] = CountOf()
-    lateness = []
+    lateness: CountOf[float] = CountOf()  # a batch's decisions share their instants
     for outcome in outcomes:
         verdicts[outcome.verdict.value] += 1
-        lateness.append((outcome.decided_at - outcome.effective_at).total_seconds())
+        lateness[(outcome.decided_at - outcome.effective_at).total_seconds()] += 1
     return {
         "acks": intake.stored,
         "dead": intake.dead,
         "anomalies": dict(intake.anomalies),
         "decisions": dict(verdicts),
-        "lateness_s": lateness,
+        "lateness_s": sorted(lateness.items()),  # [seconds, decisions] pairs
     }

@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import pika.exceptions
+import sqlalchemy as sa
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from condmsg import protocol as p
+from condmsg import sender_tables as t
 from condmsg.amqp import connect
 from condmsg.db import make_engine
 from condmsg.errors import BrokerError, CondmsgError, ConfigError
@@ -53,6 +55,9 @@ log = logging.getLogger(__name__)
 #: The first retention pass runs this long after start (or one interval, if shorter): a
 #: long interval must not be starved by restarts, and start-up is not slowed down.
 RETENTION_FIRST_RUN_S = 60.0
+#: How long stopping waits for intake workers to finish their batches before killing them
+#: (within :meth:`Evaluator.stop`'s own default of 10 s).
+WORKER_STOP_S = 5.0
 
 
 class Evaluator:
@@ -103,6 +108,7 @@ class Evaluator:
         intake_processes: int = 1,
         sweeps: bool = True,
         report: Callable[[dict[str, Any]], None] | None = None,
+        create: bool = True,
     ) -> None:
         if engine is None and db_url is None:
             raise CondmsgError("Evaluator needs db_url (CONDMSG_DB_URL) or an engine")
@@ -122,7 +128,13 @@ class Evaluator:
         self.amqp_url = amqp_url
         self.sender = sender
         self.engine = engine if engine is not None else make_engine(str(db_url))
-        create_tables(self.engine)
+        if create:
+            create_tables(self.engine)
+        elif not sa.inspect(self.engine).has_table(t.cms.name):
+            raise ConfigError(
+                f"no sender store at {self.engine.url.render_as_string(hide_password=True)} "
+                "(its tables are missing)"
+            )
         self.secret = secret or store_secret(self.engine)
         self.ack_grace = ack_grace
         if store_threads < 1:
@@ -133,6 +145,10 @@ class Evaluator:
             raise ConfigError(
                 "several intake processes need PostgreSQL (SQLite takes one writer at a time)"
             )
+        if intake_processes > 1 and db_url is None:
+            # The workers connect themselves: an engine's options beyond its URL (connect
+            # arguments, events, a creator) cannot follow them, so the URL must be given.
+            raise ConfigError("several intake processes need db_url (the workers connect to it)")
         self.batch_size = batch_size
         self.prefetch = prefetch
         self.store_threads = store_threads
@@ -160,7 +176,7 @@ class Evaluator:
                 intake_processes - 1,
                 WorkerConfig(
                     amqp_url=amqp_url,
-                    db_url=self.engine.url.render_as_string(hide_password=False),
+                    db_url=str(db_url),
                     sender=sender,
                     secret_hex=self.secret.hex(),
                     ack_grace_ms=ack_grace.total_seconds() * 1000,
@@ -195,6 +211,11 @@ class Evaluator:
         self._thread.start()
         return self
 
+    @property
+    def running(self) -> bool:
+        """Whether the service thread started by :meth:`start` is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -211,14 +232,15 @@ class Evaluator:
         if self.freeze_gc:
             gc.collect()
             gc.freeze()
-        if self.workers is not None:
-            self.workers.start()
-        if self._relay is not None:
-            self._relay.start()
         self._schedule_retention()
-        self._scheduler.start()
         backoff = 0.2
         try:
+            if self.workers is not None:
+                self.workers.start()
+            if self._relay is not None:
+                self._relay.start()
+            if self._scheduler.get_jobs():  # an intake worker has none
+                self._scheduler.start()
             while not self._stop.is_set():
                 try:
                     self._consume()
@@ -229,8 +251,9 @@ class Evaluator:
                     backoff = min(backoff * 2, 10.0)
         finally:
             if self.workers is not None:
-                self.workers.stop()
-            self._scheduler.shutdown(wait=True)
+                self.workers.stop(timeout_s=WORKER_STOP_S)
+            if self._scheduler.running:
+                self._scheduler.shutdown(wait=True)
             if self._relay is not None:
                 self._relay.stop()
 
@@ -297,7 +320,10 @@ class Evaluator:
         self.metrics.observe_intake(intake)
         self.metrics.observe_decisions(result.outcomes)
         if self._report is not None:
-            self._report(batch_report(intake, result.outcomes))
+            try:  # the batch is committed: a lost report must not send it back
+                self._report(batch_report(intake, result.outcomes))
+            except Exception:
+                log.exception("could not report a stored batch")
         return len(result.outcomes)
 
     # -- deadline sweeps ------------------------------------------------------------------

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import IO, Any
 
@@ -57,10 +57,10 @@ WORKER_COMMAND = (
 class WorkerConfig:
     """What a worker needs to be an intake-only copy of its service (one JSON line)."""
 
-    amqp_url: str
-    db_url: str
+    amqp_url: str = field(repr=False)
+    db_url: str = field(repr=False)
     sender: str
-    secret_hex: str
+    secret_hex: str = field(repr=False)
     ack_grace_ms: float
     batch_size: int
     prefetch: int
@@ -132,16 +132,22 @@ class IntakeWorkers:
             with self._lock:
                 if self._stopping.is_set():
                     return
+                # A session of its own: a terminal's Ctrl-C reaches the service, which
+                # then stops its workers through their stdin, not the workers directly.
                 proc = subprocess.Popen(
-                    self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+                    self.command,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
                 )
                 self._procs[index] = proc
                 self.started += 1
+                assert proc.stdin is not None and proc.stdout is not None
+                with contextlib.suppress(OSError, ValueError):  # it died at once: seen below
+                    proc.stdin.write(config + "\n")
+                    proc.stdin.flush()
             began = time.monotonic()
-            assert proc.stdin is not None and proc.stdout is not None
-            with contextlib.suppress(OSError):  # it died at once: seen below
-                proc.stdin.write(config + "\n")
-                proc.stdin.flush()
             for line in proc.stdout:
                 self._report(line)
             code = proc.wait()
@@ -180,17 +186,25 @@ def _close(stream: IO[str] | None) -> None:
 
 
 class _Reporter:
-    """Writes one report line per observation to the service (from any storing thread)."""
+    """Writes one report line per stored batch to the service (from any storing thread).
+    Once the service has gone (a broken pipe) it writes nothing more: the worker's leash
+    sees the end of its stdin and stops it."""
 
     def __init__(self, out: IO[str]) -> None:
         self._out = out
         self._lock = threading.Lock()
+        self._broken = False
 
     def __call__(self, report: dict[str, Any]) -> None:
         line = json.dumps(report, separators=(",", ":")) + "\n"
         with self._lock:
-            self._out.write(line)
-            self._out.flush()
+            if self._broken:
+                return
+            try:
+                self._out.write(line)
+                self._out.flush()
+            except (OSError, ValueError):
+                self._broken = True
 
 
 def main() -> int:
@@ -226,9 +240,13 @@ def main() -> int:
         instance=config.instance,
         freeze_gc=True,  # a process of its own
         report=_Reporter(sys.stdout),
+        create=False,  # the service made the store; a wrong URL must not make another
     )
     threading.Thread(target=leash, name="evaluator-worker-leash", daemon=True).start()
     service.start()
-    done.wait()
+    while not done.wait(1.0):
+        if not service.running:  # its thread died: exit, and the service starts another
+            log.error("the intake worker's service thread ended; exiting")
+            return 1
     service.stop()
     return 0

@@ -4,6 +4,8 @@ and stopping ends the workers."""
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -69,12 +71,10 @@ def test_reports_reach_the_service_and_an_exited_worker_is_started_again(
 
 
 def test_stop_closes_the_leash_and_kills_what_does_not_listen() -> None:
-    # The first worker exits when its stdin closes; the second ignores it and is killed.
+    # The first worker exits when its stdin closes; the second never reads it again and
+    # is killed once the stop's timeout has passed.
     obedient = _program("import sys; sys.stdin.readline(); sys.stdin.read()")
-    deaf = _program(
-        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "sys.stdin.readline(); print('{}', flush=True); time.sleep(60)"
-    )
+    deaf = _program("import sys, time; sys.stdin.readline(); time.sleep(60)")
     for program, within in ((obedient, 5.0), (deaf, 8.0)):
         pool = IntakeWorkers(2, CONFIG, lambda _r: None, command=program)
         pool.start()
@@ -114,12 +114,31 @@ def test_a_batch_report_counts_as_the_batch_itself() -> None:
     assert samples[("condmsg_evaluator_decisions_total", (("verdict", "satisfied"),))] == 2
     assert samples[("condmsg_evaluator_decisions_total", (("verdict", "violated"),))] == 1
     assert samples[("condmsg_evaluator_decision_seconds_count", ())] == 3
+    assert batch_report(intake, outcomes)["lateness_s"] == [(0.25, 1), (0.251, 1), (0.252, 1)]
     assert samples[("condmsg_evaluator_decision_seconds_sum", ())] == pytest.approx(0.753)
 
 
-def test_several_intake_processes_need_postgresql(tmp_path: Any) -> None:
+def test_several_intake_processes_need_postgresql_and_a_url(tmp_path: Any) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
     with pytest.raises(ConfigError, match="PostgreSQL"):
         Evaluator(amqp_url="amqp://unused", sender="s", db_url=url, intake_processes=2)
     with pytest.raises(ConfigError, match="at least 1"):
         Evaluator(amqp_url="amqp://unused", sender="s", db_url=url, intake_processes=0)
+
+
+def test_a_worker_with_a_bad_configuration_line_exits_at_once() -> None:
+    done = subprocess.run(
+        workers.WORKER_COMMAND, input="not json\n", capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert "JSONDecodeError" in done.stderr
+    # No line at all: the service went away before configuring it; a clean exit.
+    done = subprocess.run(
+        workers.WORKER_COMMAND, input="", capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0
+
+
+def test_the_configuration_keeps_its_secrets_out_of_its_repr() -> None:
+    text = repr(dataclasses.replace(CONFIG, secret_hex="5ec2e75ec2e7"))
+    assert "unused" not in text and "5ec2e7" not in text and "host:1" in text

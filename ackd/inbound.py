@@ -53,6 +53,8 @@ def _text(headers: dict[str, Any], name: str, *, required: bool = True) -> str |
         return None
     if not isinstance(value, str) or not value:
         raise InvalidMessage(f"header {name} must be a non-empty string")
+    if "\x00" in value:  # no PostgreSQL text can hold it: the RLOG and ack rows would fail
+        raise InvalidMessage(f"header {name} contains a NUL character")
     return value
 
 
@@ -85,6 +87,8 @@ def parse(headers: dict[str, Any] | None, reply_to: str | None) -> Inbound:
         raise InvalidMessage(f"header {p.H_TOKEN} is not a 64-digit hex HMAC")
     if kind is p.MessageKind.ORIGINAL and not reply_to:
         raise InvalidMessage("an original copy needs reply_to (the sender's ack queue)")
+    if reply_to is not None and "\x00" in reply_to:
+        raise InvalidMessage("reply_to contains a NUL character")
     inbound = Inbound(
         kind=kind,
         cm_id=_text(headers, p.H_CM_ID),

@@ -225,6 +225,13 @@ def _condmsg_headers(**overrides: Any) -> dict[str, Any]:
         (_condmsg_headers(**{p.H_SENT_AT: "yesterday"}), None, b"x", "not an ISO-8601"),
         (_condmsg_headers(**{p.H_TOKEN: "forged"}), None, b"x", "64-digit hex"),
         (_condmsg_headers(**{p.H_VERSION: 99}), None, b"x", "unsupported condmsg-version"),
+        (_condmsg_headers(**{p.H_CM_ID: "cm\x00"}), None, b"x", "condmsg-cm-id contains a NUL"),
+        (
+            _condmsg_headers(**{p.H_SEQ_ID: "s\x00", p.H_SEQ_POS: 0, p.H_SEQ_SIZE: 2}),
+            None,
+            b"x",
+            "contains a NUL",
+        ),
         (_condmsg_headers(), "application/json", b"{not json", "does not decode"),
         (
             _condmsg_headers(**{p.H_SEQ_ID: "s1", p.H_SEQ_POS: 5, p.H_SEQ_SIZE: 3}),
@@ -375,3 +382,29 @@ def test_a_cm_is_one_outbox_row_and_each_copy_keeps_its_id_token_and_headers(
             assert h[p.H_TOKEN] == p.copy_token(SECRET, props.correlation_id, queue, recipient)
             assert h[p.H_REQUIRES] == ("process" if queue == queues[1] else "pickup")
             assert props.priority == (4 if queue == queues[2] else 0)
+
+
+@pytest.mark.postgres
+def test_a_nul_in_a_header_is_invalid_on_postgresql_too(
+    pg_url: str, unique_name: str, make_receiver: Any, channel: Any
+) -> None:
+    """PostgreSQL text cannot hold a NUL: the copy goes to the invalid queue with the
+    reason, instead of failing the receiver's store each time it is read."""
+    receiver = make_receiver(pg_url)
+    queue = f"{unique_name}.q"
+    receiver._broker.ensure_queue(queue)
+    for headers, reply_to in (
+        (_condmsg_headers(**{p.H_CM_ID: "cm\x00", p.H_DESTINATION: queue}), "acks"),
+        (_condmsg_headers(**{p.H_DESTINATION: queue}), "acks\x00"),
+    ):
+        channel.basic_publish(
+            "", queue, b"x", pika.BasicProperties(headers=headers, reply_to=reply_to)
+        )
+    channel.basic_publish("", queue, b"fine")
+    message = wait_for(lambda: receiver.read(queue, timeout=0.5))
+    assert message.payload == b"fine"
+    moved = get_all(channel, receiver.invalid_queue)
+    assert sorted(props.headers[p.H_REASON] for props, _ in moved) == [
+        "header condmsg-cm-id contains a NUL character",
+        "reply_to contains a NUL character",
+    ]

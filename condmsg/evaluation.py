@@ -63,7 +63,7 @@ class ConstraintResult:
 
     def describe(self) -> str:
         return (
-            f"{self.path} {self.node}: {self.kind} by {_iso(self.deadline)} "
+            f"{self.path} {self.node}: {self.kind} by {iso(self.deadline)} "
             f"{self.value._value_.upper()}: {self.detail}"
         )
 
@@ -149,13 +149,6 @@ def _aware(name: str, value: object) -> datetime:
     if not is_aware(value):
         raise ConditionError(f"evaluate: {name} is a naive datetime (timezone-aware UTC required)")
     return as_utc(value)
-
-
-def _iso(value: datetime) -> str:
-    """``timeutil.iso`` (every instant here is UTC already: skip the conversion)."""
-    if value.tzinfo is UTC:
-        return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return iso(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,19 +346,19 @@ def _single(
     if kind is Kind.PICKUP:
         in_time = [a.read_at for a in acks if a.read_at <= deadline]
         if in_time:
-            return Truth.TRUE, f"read at {_iso(min(in_time))}"
+            return Truth.TRUE, f"read at {iso(min(in_time))}"
         if acks:
             # The copy is consumed once: this ack was its only consumption, and late.
-            return Truth.FALSE, f"read late at {_iso(min(a.read_at for a in acks))}"
+            return Truth.FALSE, f"read late at {iso(min(a.read_at for a in acks))}"
         if final:
             return Truth.FALSE, "no read ack by the evaluation deadline"
         return Truth.UNKNOWN, "no read ack yet"
     commits = [a.committed_at for a in acks if a.kind is AckKind.COMMIT and a.committed_at]
     in_time = [c for c in commits if c <= deadline]
     if in_time:
-        return Truth.TRUE, f"processed, committed at {_iso(min(in_time))}"
+        return Truth.TRUE, f"processed, committed at {iso(min(in_time))}"
     if commits:
-        return Truth.FALSE, f"committed late at {_iso(min(commits))}"
+        return Truth.FALSE, f"committed late at {iso(min(commits))}"
     if acks:
         return Truth.FALSE, "read without a transaction (READ ack): never processed"
     if now > deadline or final:
@@ -432,7 +425,7 @@ def _reasons(
     if verdict is Verdict.VIOLATED and any(
         c.by_timeout for c in constraints if c.value is Truth.FALSE
     ):
-        reasons.insert(0, f"evaluation timeout at {_iso(deadline)}: acks still missing")
+        reasons.insert(0, f"evaluation timeout at {iso(deadline)}: acks still missing")
     if verdict is Verdict.PENDING:
         reasons = [f"waiting: {r}" for r in reasons]
     return tuple(reasons)

@@ -111,7 +111,12 @@ def _selects(since: datetime | None, until: datetime) -> dict[str, sa.Select[Any
     }
 
 
-def _batches(rows: Iterator[Sequence[Sequence[Any]]], table: Table) -> Iterator[pa.RecordBatch]:
+def arrow_batches(
+    rows: Iterator[Sequence[Sequence[Any]]], table: Table
+) -> Iterator[pa.RecordBatch]:
+    """Chunks of rows (tuples in ``table``'s column order) as Arrow record batches of its
+    archive schema, every instant as UTC (``condmsg export`` and the evaluator's
+    retention archives write the same files)."""
     schema = arrow_schema(table)
     for chunk in rows:
         columns = list(zip(*chunk, strict=True)) if chunk else [() for _ in table.columns]
@@ -145,7 +150,7 @@ def export_store(
                 result = conn.execution_options(yield_per=BATCH_ROWS).execute(selects[table.name])
                 written = 0
                 with pq.ParquetWriter(target / "part-00000.parquet", arrow_schema(table)) as w:
-                    for batch in _batches(result.partitions(), table):
+                    for batch in arrow_batches(result.partitions(), table):
                         w.write_batch(batch)
                         written += batch.num_rows
                 counts[table.name] = written

@@ -6,6 +6,7 @@ Python and integer milliseconds on the wire.
 
 from __future__ import annotations
 
+import argparse
 from datetime import UTC, datetime, timedelta
 
 #: The smallest step of a Python datetime. A processing deadline ``D`` counts as missed at
@@ -55,7 +56,19 @@ def from_epoch_us(value: int) -> datetime:
 
 def iso(value: datetime) -> str:
     """Compact ISO-8601 rendering in UTC with millisecond precision (for messages)."""
-    return as_utc(value).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if value.tzinfo is not UTC:  # most instants here are UTC already: no conversion
+        value = as_utc(value)
+    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_cli_instant(text: str) -> datetime:
+    """An instant given on a command line (``--since``, ``--until``): ISO 8601, UTC where
+    it has no offset. Raises ``argparse.ArgumentTypeError`` (argparse's usage error)."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 instant: {text!r}") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def describe_duration(value: timedelta) -> str:

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from condmsg.archive_layout import MANIFEST, TABLES, arrow_schema, write_manifest
 from condmsg.errors import CondmsgError
-from condmsg.export import _batches
+from condmsg.export import arrow_batches
 
 #: The one part file per table, as ``condmsg export`` names it.
 PART = "part-00000.parquet"
@@ -58,7 +58,7 @@ def write_archive(
             directory = temporary / table.name
             directory.mkdir()
             with pq.ParquetWriter(directory / PART, arrow_schema(table)) as writer:
-                for batch in _batches(iter([rows]), table):
+                for batch in arrow_batches(iter([rows]), table):
                     writer.write_batch(batch)
             _fsync(directory / PART)
             _fsync(directory)

@@ -10,20 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from condmsg.timeutil import parse_cli_instant
+
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
-
-
-def parse_instant(text: str) -> datetime:
-    """ISO 8601; a value without an offset is UTC."""
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 instant: {text!r}") from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _threshold(text: str) -> tuple[str, float]:
@@ -46,10 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--parquet", metavar="DIR", help="a directory written by condmsg export")
     parser.add_argument("--out", required=True, metavar="DIR", help="where to write the results")
     parser.add_argument("--master", help="Spark master URL (default: the environment's)")
-    parser.add_argument("--since", type=parse_instant, help="first sent_at included (UTC)")
+    parser.add_argument("--since", type=parse_cli_instant, help="first sent_at included (UTC)")
     parser.add_argument(
         "--until",
-        type=parse_instant,
+        type=parse_cli_instant,
         help="end of the cut (exclusive for sent_at; default: the export's, else now)",
     )
     parser.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar")
@@ -98,7 +91,7 @@ def _run(args: argparse.Namespace, say: Any) -> int:
     if until is None and args.parquet:
         manifest = read_manifest(args.parquet)
         if manifest and manifest.get("until"):
-            until = parse_instant(manifest["until"])
+            until = parse_cli_instant(manifest["until"])
     window = Window(until=until or utcnow(), since=args.since)
     if args.parquet and not Path(args.parquet, "cms").exists():
         raise FileNotFoundError(f"{args.parquet}: not a condmsg export (no cms/ directory)")

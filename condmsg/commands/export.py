@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from spark_audit.cli import parse_instant
+from condmsg.timeutil import parse_cli_instant
 
 
 def register(subparsers: Any) -> None:
@@ -16,8 +16,8 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--db-url", required=True, help="SQLAlchemy URL of the sender store")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    parser.add_argument("--since", type=parse_instant, help="first sent_at included (UTC)")
-    parser.add_argument("--until", type=parse_instant, help="end of the cut (default: now)")
+    parser.add_argument("--since", type=parse_cli_instant, help="first sent_at included (UTC)")
+    parser.add_argument("--until", type=parse_cli_instant, help="end of the cut (default: now)")
     parser.set_defaults(handler=run)
 
 

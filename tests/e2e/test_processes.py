@@ -27,7 +27,7 @@ from condmsg.outcome import Outcome
 from condmsg.timeutil import utcnow
 from evaluator import store
 
-from .conftest import SECRET, Procs, records, wait_for
+from .conftest import SECRET, Procs, ack_consumers, records, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -253,7 +253,12 @@ def test_two_evaluator_processes_decide_2000_cms_exactly_once(
     assert codes == {first.pid: 0, second.pid: 0}
 
 
-def test_evaluator_killed_mid_stream_and_restarted(procs: Procs, make_sender: Any) -> None:
+@pytest.mark.parametrize("processes", [1, 2])
+def test_evaluator_killed_mid_stream_and_restarted(
+    procs: Procs, make_sender: Any, processes: int
+) -> None:
+    """Also with ``--intake-processes 2``: the killed service's worker sees its leash
+    (stdin) end, finishes its batch and exits; the restarted service starts its own."""
     n = 1000
     queue = f"{procs.unique_name}.q"
     sender = make_sender(procs.pg_url, procs.sender)
@@ -266,16 +271,19 @@ def test_evaluator_killed_mid_stream_and_restarted(procs: Procs, make_sender: An
     # The outbox relay runs apart (`condmsg relay`): a relay killed with its claims in
     # flight would hold them for its lease (a minute) before they are published again.
     procs.relay()
-    victim = procs.evaluator("--batch-size", "10", "--no-relay")
-    procs.wait_ready([], consumers=1)
+    options = ("--batch-size", "10", "--no-relay", "--intake-processes", str(processes))
+    victim = procs.evaluator(*options)
+    procs.wait_ready([], consumers=processes)
     _publish_acks(procs.amqp_url, procs.sender, queue, acked[:half])
     wait_for(lambda: _states(sender.engine).get("satisfied", 0) >= 50, timeout=30)
     victim.send_signal(signal.SIGKILL)
     assert victim.wait(30) == -signal.SIGKILL
+    # Nothing of it goes on consuming (a worker left behind would).
+    wait_for(lambda: ack_consumers(procs.amqp_url, procs.sender) == 0, timeout=30)
     states = _states(sender.engine)
     assert states.get("pending", 0) >= len(acked) - half, states  # killed mid-stream
     _publish_acks(procs.amqp_url, procs.sender, queue, acked[half:])
-    restarted = procs.evaluator("--batch-size", "10", "--no-relay")
+    restarted = procs.evaluator(*options)
     wait_for(lambda: _states(sender.engine).get("pending", 0) == 0, timeout=60)
     assert _states(sender.engine) == {"satisfied": len(acked), "violated": len(unacked)}
     bodies = _drain_outcomes(procs.amqp_url, procs.sender, n, timeout=60)

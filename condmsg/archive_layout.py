@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-import pyarrow as pa
-
 from condmsg.timeutil import utcnow
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: Version of the Parquet layout written by ``condmsg export`` and ``spark_audit.generate``.
 LAYOUT_VERSION = 1
@@ -186,18 +187,20 @@ class AnomalyKind(StrEnum):
 
 # -- Arrow schemas and the manifest --------------------------------------------------------
 
-_ARROW_TYPES: dict[ColumnType, pa.DataType] = {
-    "string": pa.string(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-    "long": pa.int64(),
-    "int": pa.int32(),
-    "bool": pa.bool_(),
-}
-
-
 def arrow_schema(table: Table) -> pa.Schema:
-    """The Arrow schema of ``table`` as the layout's Parquet files hold it."""
-    return pa.schema([pa.field(c.name, _ARROW_TYPES[c.type], c.nullable) for c in table.columns])
+    """The Arrow schema of ``table`` as the layout's Parquet files hold it. (pyarrow is
+    imported here, on first use: the evaluator imports this module for its retention job,
+    and its processes need not pay for pyarrow and numpy at start.)"""
+    import pyarrow as pa
+
+    types: dict[ColumnType, pa.DataType] = {
+        "string": pa.string(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
+        "long": pa.int64(),
+        "int": pa.int32(),
+        "bool": pa.bool_(),
+    }
+    return pa.schema([pa.field(c.name, types[c.type], c.nullable) for c in table.columns])
 
 
 def _without_password(source: str) -> str:

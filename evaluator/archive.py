@@ -18,11 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from condmsg.archive_layout import MANIFEST, TABLES, arrow_schema, write_manifest
 from condmsg.errors import CondmsgError
-from condmsg.export import arrow_batches
 
 #: The one part file per table, as ``condmsg export`` names it.
 PART = "part-00000.parquet"
@@ -44,6 +41,12 @@ def write_archive(
     """Write ``tables`` (rows per layout table name, columns in layout order) as the
     directory ``parent/name``; returns it. Raises :class:`ArchiveError` and leaves nothing
     behind if any step fails."""
+    # pyarrow on first use: the evaluator imports this module for its retention job, and
+    # its processes need not pay for pyarrow and numpy at start.
+    import pyarrow.parquet as pq
+
+    from condmsg.export import arrow_batches
+
     final = parent / name
     temporary = parent / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
     written = temporary  # what to remove if a step fails

@@ -17,6 +17,17 @@ from condmsg.errors import CondmsgError, ProtocolError
 from condmsg.payloads import decode_payload
 
 _TOKEN = re.compile(r"^[0-9a-f]{64}$")
+#: The longest value of a header the receiver stores (its columns in ``ackd.tables``): a
+#: longer one could never be stored on PostgreSQL, so the copy is invalid.
+_LONGEST = {
+    p.H_CM_ID: 36,
+    p.H_DESTINATION: 255,
+    p.H_RECIPIENT: 255,
+    p.H_SENDER: 255,
+    p.H_SEQ_ID: 64,
+}
+#: The longest AMQP message id of an original copy (its RLOG row keeps it).
+LONGEST_COPY_MESSAGE_ID = 64
 
 
 class InvalidMessage(CondmsgError):
@@ -55,6 +66,9 @@ def _text(headers: dict[str, Any], name: str, *, required: bool = True) -> str |
         raise InvalidMessage(f"header {name} must be a non-empty string")
     if "\x00" in value:  # no PostgreSQL text can hold it: the RLOG and ack rows would fail
         raise InvalidMessage(f"header {name} contains a NUL character")
+    longest = _LONGEST.get(name)
+    if longest is not None and len(value) > longest:
+        raise InvalidMessage(f"header {name} is longer than {longest} characters")
     return value
 
 
@@ -118,6 +132,17 @@ def parse(headers: dict[str, Any] | None, reply_to: str | None) -> Inbound:
         seq_pos=pos,
         seq_size=size,
     )
+
+
+def check_message_id(message_id: str | None, inbound: Inbound) -> None:
+    """Reject an original copy whose AMQP message id its RLOG row could not hold (other
+    messages' ids are only keys of the redelivery counts, which take any id)."""
+    if message_id is None or inbound.kind is not p.MessageKind.ORIGINAL:
+        return
+    if "\x00" in message_id:
+        raise InvalidMessage("message_id contains a NUL character")
+    if len(message_id) > LONGEST_COPY_MESSAGE_ID:
+        raise InvalidMessage(f"message_id is longer than {LONGEST_COPY_MESSAGE_ID} characters")
 
 
 def check_token(inbound: Inbound, secret: bytes | None) -> None:

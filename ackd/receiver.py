@@ -15,6 +15,7 @@ queue with the reason in a header; the app never sees them.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -33,9 +34,16 @@ from sqlalchemy.orm import Session
 from ackd import fastpath, rlog, sequence
 from ackd.broker import Broker, Delivery
 from ackd.emit import commit_with_acks, enqueue_ack
-from ackd.inbound import Inbound, InvalidMessage, check_payload, check_token, parse
+from ackd.inbound import (
+    Inbound,
+    InvalidMessage,
+    check_message_id,
+    check_payload,
+    check_token,
+    parse,
+)
 from ackd.message import Message
-from ackd.tables import metadata, poison
+from ackd.tables import POISON_ID_LENGTH, metadata, poison
 from condmsg import protocol as p
 from condmsg.acks import AckKind
 from condmsg.db import make_engine
@@ -341,6 +349,7 @@ class Receiver(OwnsOutbox):
         props = delivery.properties
         try:
             inbound = parse(delivery.headers, props.reply_to)
+            check_message_id(props.message_id, inbound)
             check_token(inbound, self.secret)
         except InvalidMessage as exc:
             self._invalid(delivery, str(exc))
@@ -614,7 +623,13 @@ class Receiver(OwnsOutbox):
     def _rollback(self, tx: ReceiverTransaction, exc: BaseException) -> None:
         tx.session.rollback()
         self.stats.rolled_back += 1
-        failed = [t.incoming.message_id for t in tx.taken if t.delivered and t.incoming.message_id]
+        # The messages the app had: delivered originals and plain messages (a plain one is
+        # taken with ``delivered`` False, as it holds no RLOG row, but the app had it too).
+        failed = [
+            t.incoming.message_id
+            for t in tx.taken
+            if (t.delivered or t.inbound.kind is None) and t.incoming.message_id
+        ]
         if failed:
             self._count_attempts(failed, repr(exc)[:500])
         for taken in tx.taken:
@@ -626,7 +641,7 @@ class Receiver(OwnsOutbox):
     def _count_attempts(self, message_ids: list[str], error: str) -> None:
         now = self._clock()
         with Session(self.engine) as session, session.begin():
-            for message_id in message_ids:
+            for message_id in map(_poison_key, message_ids):
                 updated: Any = session.execute(
                     sa.update(poison)
                     .where(poison.c.message_id == message_id)
@@ -645,14 +660,13 @@ class Receiver(OwnsOutbox):
         Runs in the transaction's own session: on SQLite a second connection would wait for
         the write lock this transaction holds.
         """
+        key = _poison_key(message_id)
         row = tx.session.execute(
-            sa.select(poison.c.attempts, poison.c.last_error).where(
-                poison.c.message_id == message_id
-            )
+            sa.select(poison.c.attempts, poison.c.last_error).where(poison.c.message_id == key)
         ).first()
         if row is None or row.attempts < self.max_attempts:
             return False
-        tx.session.execute(sa.delete(poison).where(poison.c.message_id == message_id))
+        tx.session.execute(sa.delete(poison).where(poison.c.message_id == key))
         self._invalid(
             delivery, f"poison message: processing failed {row.attempts} times: {row.last_error}"
         )
@@ -762,3 +776,11 @@ class Receiver(OwnsOutbox):
                     self.invalid_queue,
                 )
                 self.stats.invalid += 1
+
+
+def _poison_key(message_id: str) -> str:
+    """The redelivery counts' key of an AMQP message id: the id itself, or a digest of an
+    id its column cannot hold (over 128 characters, or with a NUL): AMQP allows 255."""
+    if len(message_id) <= POISON_ID_LENGTH and "\x00" not in message_id:
+        return message_id
+    return "sha256:" + hashlib.sha256(message_id.encode("utf-8", "surrogatepass")).hexdigest()

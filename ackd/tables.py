@@ -39,12 +39,15 @@ rlog = sa.Table(
     sa.Column("updated_at", _TS, nullable=False),
 )
 
+#: The redelivery counts' key column (``ackd.receiver._poison_key`` digests longer ids).
+POISON_ID_LENGTH = 128
+
 poison = sa.Table(
     "condmsg_poison",
     metadata,
     # Failed processing attempts per AMQP message id; classic queues do not count
     # redeliveries, so the receiver does, outside the rolled-back transaction.
-    sa.Column("message_id", sa.String(128), primary_key=True),
+    sa.Column("message_id", sa.String(POISON_ID_LENGTH), primary_key=True),
     sa.Column("attempts", sa.Integer(), nullable=False),
     sa.Column("last_error", sa.Text()),
     sa.Column("updated_at", _TS, nullable=False),

@@ -187,6 +187,7 @@ class AnomalyKind(StrEnum):
 
 # -- Arrow schemas and the manifest --------------------------------------------------------
 
+
 def arrow_schema(table: Table) -> pa.Schema:
     """The Arrow schema of ``table`` as the layout's Parquet files hold it. (pyarrow is
     imported here, on first use: the evaluator imports this module for its retention job,

@@ -6,7 +6,6 @@ Python and integer milliseconds on the wire.
 
 from __future__ import annotations
 
-import argparse
 from datetime import UTC, datetime, timedelta
 
 #: The smallest step of a Python datetime. A processing deadline ``D`` counts as missed at
@@ -64,6 +63,8 @@ def iso(value: datetime) -> str:
 def parse_cli_instant(text: str) -> datetime:
     """An instant given on a command line (``--since``, ``--until``): ISO 8601, UTC where
     it has no offset. Raises ``argparse.ArgumentTypeError`` (argparse's usage error)."""
+    import argparse  # the command lines' helper; the rest of this module does not need it
+
     try:
         value = datetime.fromisoformat(text)
     except ValueError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pika
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -249,3 +250,27 @@ def test_a_poison_message_goes_to_the_invalid_queue_after_max_attempts(
     assert body == b"meeting at 10"
     assert "poison message: processing failed 5 times" in props.headers["condmsg-reason"]
     assert "cannot parse the meeting" in props.headers["condmsg-reason"]
+
+
+@pytest.mark.postgres
+def test_a_plain_poison_message_with_a_long_id_is_counted_too(
+    pg_url: str, unique_name: str, make_receiver: Any, channel: Any
+) -> None:
+    """AMQP allows message ids of 255 characters; the redelivery counts key a longer one
+    than their column holds by its digest, so it is counted and dead-lettered as any."""
+    receiver = make_receiver(pg_url)
+    queue = f"{unique_name}.q"
+    receiver._broker.ensure_queue(queue)
+    props = pika.BasicProperties(message_id="x" * 255)
+    channel.basic_publish("", queue, b"plain", props)
+    attempts: list[bytes] = []
+
+    def handler(message: Any, session: Session | None) -> None:
+        attempts.append(message.payload)
+        raise ValueError("cannot parse it")
+
+    assert receiver.consume(queue, handler, idle_timeout_s=1.0) == 0
+    assert attempts == [b"plain"] * receiver.max_attempts
+    moved = get_all(channel, receiver.invalid_queue)
+    assert [body for _, body in moved] == [b"plain"]
+    assert "poison message: processing failed 5 times" in moved[0][0].headers["condmsg-reason"]

@@ -385,26 +385,34 @@ def test_a_cm_is_one_outbox_row_and_each_copy_keeps_its_id_token_and_headers(
 
 
 @pytest.mark.postgres
-def test_a_nul_in_a_header_is_invalid_on_postgresql_too(
+def test_what_postgresql_could_not_store_is_invalid(
     pg_url: str, unique_name: str, make_receiver: Any, channel: Any
 ) -> None:
-    """PostgreSQL text cannot hold a NUL: the copy goes to the invalid queue with the
-    reason, instead of failing the receiver's store each time it is read."""
+    """A NUL (no PostgreSQL text holds one) or a value longer than its column, in a
+    condmsg header, ``reply_to`` or the message id: the copy goes to the invalid queue
+    with the reason, instead of failing the receiver's store each time it is read."""
     receiver = make_receiver(pg_url)
     queue = f"{unique_name}.q"
     receiver._broker.ensure_queue(queue)
-    for headers, reply_to in (
-        (_condmsg_headers(**{p.H_CM_ID: "cm\x00", p.H_DESTINATION: queue}), "acks"),
-        (_condmsg_headers(**{p.H_DESTINATION: queue}), "acks\x00"),
+    copy = _condmsg_headers(**{p.H_DESTINATION: queue})
+    for headers, reply_to, message_id in (
+        (_condmsg_headers(**{p.H_CM_ID: "cm\x00", p.H_DESTINATION: queue}), "acks", None),
+        (_condmsg_headers(**{p.H_CM_ID: "c" * 37, p.H_DESTINATION: queue}), "acks", None),
+        (copy, "acks\x00", None),
+        (copy, "acks", "m\x00"),
+        (copy, "acks", "m" * 65),
     ):
-        channel.basic_publish(
-            "", queue, b"x", pika.BasicProperties(headers=headers, reply_to=reply_to)
-        )
-    channel.basic_publish("", queue, b"fine")
+        props = pika.BasicProperties(headers=headers, reply_to=reply_to, message_id=message_id)
+        channel.basic_publish("", queue, b"x", props)
+    # A plain message's id is only a key of the redelivery counts: any id passes.
+    channel.basic_publish("", queue, b"fine", pika.BasicProperties(message_id="m\x00" * 100))
     message = wait_for(lambda: receiver.read(queue, timeout=0.5))
     assert message.payload == b"fine"
     moved = get_all(channel, receiver.invalid_queue)
     assert sorted(props.headers[p.H_REASON] for props, _ in moved) == [
         "header condmsg-cm-id contains a NUL character",
+        "header condmsg-cm-id is longer than 36 characters",
+        "message_id contains a NUL character",
+        "message_id is longer than 64 characters",
         "reply_to contains a NUL character",
     ]

@@ -94,6 +94,9 @@ def test_cancel_out_race_between_competing_consumers(
     seen_lock = threading.Lock()
     done = threading.Event()
     errors: list[BaseException] = []
+    # Set once a consumer has polled the queue: publishing waits for both, or a slow start
+    # finds every pair queued already and the race is not run.
+    polling = {id(r): threading.Event() for r in consumers}
 
     def consume(receiver: Any, seed: int) -> None:
         rnd = random.Random(seed)
@@ -101,6 +104,7 @@ def test_cancel_out_race_between_competing_consumers(
             while not done.is_set():
                 with receiver.transaction() as tx:
                     message = tx.read(queue, timeout=0.2)
+                    polling[id(receiver)].set()
                     if message is None:
                         continue
                     time.sleep(rnd.uniform(0, 0.004))  # the app works inside the transaction
@@ -118,6 +122,7 @@ def test_cancel_out_race_between_competing_consumers(
     ]
     for thread in threads:
         thread.start()
+    assert all(ready.wait(60) for ready in polling.values())
     params = pika.URLParameters(amqp_url)
     connection = pika.BlockingConnection(params)
     channel = connection.channel()

@@ -58,23 +58,13 @@ class EvaluatorMetrics:
             registry=registry,
         )
 
-    def observe_intake(self, intake: Intake) -> None:
-        self.acks.inc(intake.stored)
-        self.dead.inc(intake.dead)
-        for kind, count in intake.anomalies.items():
-            self.anomalies.labels(kind=kind).inc(count)
-
     def observe_decisions(self, outcomes: Iterable[Outcome]) -> None:
-        verdicts: CountOf[str] = CountOf()
-        observe = self.lateness.observe
-        for outcome in outcomes:
-            verdicts[outcome.verdict.value] += 1
-            observe((outcome.decided_at - outcome.effective_at).total_seconds())
-        for verdict, count in verdicts.items():
-            self.decisions.labels(verdict=verdict).inc(count)
+        """Decisions a sweep took."""
+        self.observe_report(decisions_report(outcomes))
 
     def observe_report(self, report: dict[str, Any]) -> None:
-        """What one batch of an intake worker did (:func:`batch_report`), counted here."""
+        """What one batch did (:func:`batch_report`): this process's own batches, and
+        those its intake workers report (:mod:`evaluator.workers`)."""
         self.acks.inc(int(report.get("acks", 0)))
         self.dead.inc(int(report.get("dead", 0)))
         for kind, count in dict(report.get("anomalies", {})).items():
@@ -92,17 +82,23 @@ class EvaluatorMetrics:
 
 
 def batch_report(intake: Intake, outcomes: Iterable[Outcome]) -> dict[str, Any]:
-    """What one batch did, as the JSON document an intake worker sends its service
-    (:mod:`evaluator.workers`; applied there by :meth:`EvaluatorMetrics.observe_report`)."""
-    verdicts: CountOf[str] = CountOf()
-    lateness: CountOf[float] = CountOf()  # a batch's decisions share their instants
-    for outcome in outcomes:
-        verdicts[outcome.verdict.value] += 1
-        lateness[(outcome.decided_at - outcome.effective_at).total_seconds()] += 1
+    """What one batch did, as a JSON document: counted by
+    :meth:`EvaluatorMetrics.observe_report`, in this process or, from an intake worker,
+    in its service's (:mod:`evaluator.workers`)."""
     return {
         "acks": intake.stored,
         "dead": intake.dead,
         "anomalies": dict(intake.anomalies),
-        "decisions": dict(verdicts),
-        "lateness_s": sorted(lateness.items()),  # [seconds, decisions] pairs
+        **decisions_report(outcomes),
     }
+
+
+def decisions_report(outcomes: Iterable[Outcome]) -> dict[str, Any]:
+    """The decisions part of :func:`batch_report`: counts by verdict, and each decision's
+    lateness as ``[seconds, decisions]`` pairs (a batch's decisions share their instants)."""
+    verdicts: CountOf[str] = CountOf()
+    lateness: CountOf[float] = CountOf()
+    for outcome in outcomes:
+        verdicts[outcome.verdict.value] += 1
+        lateness[(outcome.decided_at - outcome.effective_at).total_seconds()] += 1
+    return {"decisions": dict(verdicts), "lateness_s": sorted(lateness.items())}

@@ -317,11 +317,11 @@ class Evaluator:
                 acks=intake.acks,
                 copies=intake.copies,
             )
-        self.metrics.observe_intake(intake)
-        self.metrics.observe_decisions(result.outcomes)
+        report = batch_report(intake, result.outcomes)
+        self.metrics.observe_report(report)
         if self._report is not None:
             try:  # the batch is committed: a lost report must not send it back
-                self._report(batch_report(intake, result.outcomes))
+                self._report(report)
             except Exception:
                 log.exception("could not report a stored batch")
         return len(result.outcomes)

@@ -79,6 +79,21 @@ class Run:
             body = ack_body(cm_id, self.queue, now, receiver="rx-1")
             self.channel.basic_publish("", self.ack_queue, body)
 
+    def start(self) -> int:
+        """Start the service; once it and its worker consume, the worker's pid."""
+        self.service.start()
+        self.wait_for_consumers(2)  # the service's consumer and its worker's
+        return self.worker()
+
+    def worker(self) -> int:
+        assert self.service.workers is not None
+        (pid,) = self.service.workers.pids()
+        return pid
+
+    def wait_for_workers_started(self, count: int) -> None:
+        workers = self.service.workers
+        wait_for(lambda: workers is not None and workers.started == count, timeout=60)
+
     def wait_for_consumers(self, count: int) -> None:
         wait_for(lambda: _consumers(self.channel, self.ack_queue) == count, timeout=60)
 
@@ -125,8 +140,7 @@ def run(pg_url: str, unique_name: str, make_sender: Any, amqp_url: str) -> Any:
 
 def test_a_worker_process_takes_in_acks_beside_the_service(run: Any) -> None:
     r = run(300)
-    r.service.start()
-    r.wait_for_consumers(2)  # the service's consumer and its worker's
+    r.start()
     r.publish(r.cms)
     wait_for(r.decided, timeout=60)
     r.service.stop()
@@ -143,10 +157,7 @@ def test_a_worker_process_takes_in_acks_beside_the_service(run: Any) -> None:
 
 def test_a_killed_worker_is_replaced_and_nothing_is_lost(run: Any) -> None:
     r = run(400)
-    r.service.start()
-    r.wait_for_consumers(2)
-    assert r.service.workers is not None
-    (pid,) = r.service.workers.pids()
+    pid = r.start()
     r.publish(r.cms[:200])
     wait_for(lambda: r.deciders().get("ev-main/1", 0) > 0, timeout=60)
     os.kill(pid, signal.SIGKILL)
@@ -155,11 +166,10 @@ def test_a_killed_worker_is_replaced_and_nothing_is_lost(run: Any) -> None:
     # deliveries went back to the queue; those it had stored count as duplicates). The
     # store, not the metrics, is the judge: a batch committed just before the kill was
     # never reported.
-    wait_for(lambda: r.service.workers is not None and r.service.workers.started == 2, timeout=60)
+    r.wait_for_workers_started(2)
     wait_for(lambda: r.states() == {"satisfied": 400}, timeout=60)
     r.wait_for_consumers(2)
-    (replacement,) = r.service.workers.pids()
-    assert replacement != pid
+    assert r.worker() != pid
     r.service.stop()
     assert set(r.outcomes()) == set(r.cms) and set(r.outcomes().values()) == {1}
     remaining = r.channel.queue_declare(r.ack_queue, passive=True).method.message_count
@@ -168,10 +178,7 @@ def test_a_killed_worker_is_replaced_and_nothing_is_lost(run: Any) -> None:
 
 def test_workers_stop_with_the_service(run: Any) -> None:
     r = run(1)
-    r.service.start()
-    r.wait_for_consumers(2)
-    assert r.service.workers is not None
-    (pid,) = r.service.workers.pids()
+    pid = r.start()
     r.service.stop()
     assert not _alive(pid)
     assert _consumers(r.channel, r.ack_queue) == 0
@@ -179,12 +186,9 @@ def test_workers_stop_with_the_service(run: Any) -> None:
 
 def test_a_worker_told_to_stop_by_a_signal_finishes_and_is_replaced(run: Any) -> None:
     r = run(100)
-    r.service.start()
-    r.wait_for_consumers(2)
-    assert r.service.workers is not None
-    (pid,) = r.service.workers.pids()
+    pid = r.start()
     os.kill(pid, signal.SIGTERM)  # graceful: it stops consuming and exits
-    wait_for(lambda: r.service.workers is not None and r.service.workers.started == 2, timeout=60)
+    r.wait_for_workers_started(2)
     r.wait_for_consumers(2)
     r.publish(r.cms)
     wait_for(lambda: r.states() == {"satisfied": 100}, timeout=60)

@@ -151,6 +151,8 @@ class IntakeWorkers:
             for line in proc.stdout:
                 self._report(line)
             code = proc.wait()
+            _close(proc.stdout)  # its end of file came: one pipe fewer per restart
+            _close(proc.stdin)
             if self._stopping.is_set():
                 return
             if time.monotonic() - began >= STEADY_S:
@@ -161,7 +163,6 @@ class IntakeWorkers:
                 code,
                 delay,
             )
-            _close(proc.stdin)
             if self._stopping.wait(delay):
                 return
             delay = min(delay * 2, MAX_RESTART_DELAY_S)

@@ -11,15 +11,15 @@ itself, not Python loops), then times in the same session:
   decoded, nothing is kept); every column of ``acks`` is read and grouped by
   ``(cm_id, destination)`` with ``count(*)`` and ``count(column)`` of each other column,
   into ``noop`` too. ``copies`` is not read (the audit does not read it);
-* the full audit, once (``run_audit`` over ``read_parquet``: the cut, every table, the
-  re-evaluation of every decided CM, the checks, ``summary.json`` and ``report.html``).
+* the full audit (``run_audit`` over ``read_parquet``: the cut, every table, the
+  re-evaluation of every decided CM, the checks, ``summary.json`` and ``report.html``),
+  also best of three runs.
 
-Both are timed equally warm: the baseline's best of three runs in a JVM that has already
-scanned the data, compiled its code and loaded its classes (its first run did); so, unless
-``--cold``, the audit runs once untimed before the timed run (its time is reported as
-``audit_cold_s``), and the baseline once more before its three. A first audit in a fresh
-JVM pays for class loading, Janino compiling its generated classes and HotSpot compiling
-them (see docs/audit.md); ``--cold`` times that run instead.
+Both sides are timed the same way: one untimed run first (in a fresh JVM it pays for
+class loading, Janino compiling the generated classes and HotSpot compiling them; the
+audit's is reported as ``audit_cold_s``), then the best of three. Every run's time is in
+the JSON line. ``--cold`` times the audit's first run alone instead (the baseline is
+then still warm: its untimed run comes first).
 
 Prints one line per size, the ratios against their targets (audit / baseline <= 3; the
 largest size's audit / the smallest's <= 12 for 10x the acks), and ends with ONE JSON line
@@ -175,12 +175,16 @@ def measure(
     cold_s = None
     if warm:
         cold_s, _ = timed(audit)
-        baseline(spark, data_dir)
+    baseline(spark, data_dir)
     scans = [timed(lambda: baseline(spark, data_dir))[0] for _ in range(3)]
     scan_s = min(scans)
-    audit_s, result = timed(audit)
-    found = result.summary["metrics"]
-    exact = all(found[metric] == expected for metric, expected in expected_faults(spec).items())
+    audits = [timed(audit) for _ in range(3 if warm else 1)]
+    audit_s, result = min(audits, key=lambda run: run[0])
+    exact = all(
+        run.summary["metrics"][metric] == expected
+        for _, run in audits
+        for metric, expected in expected_faults(spec).items()
+    )
     say(
         f"{'':>10} scan+groupBy {scan_s:.2f}s  full audit {audit_s:.2f}s  "
         f"ratio {audit_s / scan_s:.2f} (target <= {TARGET_AUDIT_VS_SCAN})  "
@@ -195,6 +199,7 @@ def measure(
         "scan_groupby_s": round(scan_s, 3),
         "scan_groupby_runs_s": [round(s, 3) for s in scans],
         "audit_s": round(audit_s, 3),
+        "audit_runs_s": [round(s, 3) for s, _ in audits],
         "audit_warm": warm,
         "audit_cold_s": round(cold_s, 3) if cold_s is not None else None,
         "audit_vs_scan": round(audit_s / scan_s, 3),
@@ -219,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cold",
         action="store_true",
-        help="time the first audit of each size (default: one untimed run first, as the "
-        "baseline's best of three is warm)",
+        help="time the first audit of each size alone (default: like the baseline, one "
+        "untimed run, then the best of three)",
     )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]

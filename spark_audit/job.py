@@ -53,7 +53,13 @@ from spark_audit.schemas import local_frame
 from spark_audit.summary import build_summary, metrics_from
 from spark_audit.transforms import anomalies, enrich, rates
 from spark_audit.transforms.conditions import PlanSet, plan_set
-from spark_audit.transforms.enrich import cm_ranks, cut_cms, enrich_acks
+from spark_audit.transforms.enrich import (
+    cm_ranks,
+    cut_cms,
+    enrich_acks,
+    pack_flags,
+    unpack_flags,
+)
 from spark_audit.transforms.latency import Histograms, histogram_frame
 from spark_audit.transforms.skew import receiver_rows
 
@@ -363,9 +369,9 @@ def _run(
         (_ack_rows)."""
         cut_frame = keep(cut_cms(data.cms, plans, window, partitions, ranks))
         text = plans.python
-        return cut_frame, keep(
-            enrich_acks(data.acks, data.compensations, cut_frame, plans, window, text=text)
-        )
+        enriched = enrich_acks(data.acks, data.compensations, cut_frame, plans, window, text=text)
+        # The acks are cached with their flags packed into one int (pack_flags).
+        return cut_frame, unpack_flags(keep(pack_flags(enriched)))
 
     cms, acks = frames()
     histograms = Histograms(histogram_frame(acks).toArrow(), plans.destinations)

@@ -37,13 +37,11 @@ from spark_audit.transforms.enrich import acks_only, commit_us
 
 PERCENTILES = (0.5, 0.9, 0.99)
 METRICS = ("pickup", "process", "work", "relay")
-#: The metric name of relay lag keyed by receiver.
-RELAY_BY_RECEIVER = "relay@receiver"
 #: Buckets per power of two (above the exact range, which is [0, SUB_BUCKETS) µs).
 SUB_BUCKETS = 64
 HISTOGRAM_METRICS = ("pickup", "process")
 #: The metrics' codes in :func:`histogram_frame` (a small number hashes faster than a name).
-NAMES = (*METRICS, RELAY_BY_RECEIVER)
+NAMES = METRICS
 CODES = {name: code for code, name in enumerate(NAMES)}
 
 Bucket = tuple[int, int, int]  # (count, smallest µs, largest µs)
@@ -68,8 +66,8 @@ def _coarse(value: str) -> str:
 
 
 def histogram_frame(enriched: DataFrame) -> DataFrame:
-    """``metric, code1, key1, key2, bin, bucket, rows, n, lo, hi, lo2, <counters>`` over
-    the acks (``metric``: its code in :data:`CODES`; ``bin`` only for
+    """``metric, code1, key1, key2, key3, bin, bucket, rows, n, lo, hi, lo2, <counters>``
+    over the acks (``metric``: its code in :data:`CODES`; ``bin`` only for
     :data:`HISTOGRAM_METRICS`).
 
     Latencies (µs) of the well-formed acks of known CMs, per :data:`METRICS` keyed by
@@ -77,10 +75,10 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
     destinations (``dest_code``, see :func:`spark_audit.transforms.enrich.enrich_acks`),
     where the ack's plan names it, else its name ``key1`` (``other_destination``; a number
     hashes and compares faster than a string; :class:`Histograms` puts the names back and
-    merges the rows of one name). And one row per ack keyed by receiver
-    (:data:`RELAY_BY_RECEIVER`): its relay lag (``lo2``: the smallest pickup, for the clock
-    bounds) and the counts of :data:`COUNTERS` (``rows``: every ack), so no other pass
-    over the acks is needed for them.
+    merges the rows of one name). Every ack has a ``relay`` row, also keyed by its
+    receiver (``key3``): its relay lag, ``lo2`` (the smallest pickup, for the clock
+    bounds) and the counts of :data:`COUNTERS` (``rows``: every ack), so the per-receiver
+    figures need no other pass over the acks and no row of their own.
 
     Each ack is exploded over a constant array of metric codes (no per-row arrays or
     structs are built), and each entry picks its value and keys by its code.
@@ -103,19 +101,20 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
             for name, condition in counts.items()
         ),
     )
-    receiver = CODES[RELAY_BY_RECEIVER]
-    codes = ", ".join(f"CAST({CODES[name]} AS TINYINT)" for name in NAMES)
+    relay = CODES["relay"]
+    codes = ", ".join(f"CAST({CODES[name]} AS TINYINT)" for name in METRICS)
     by_code = " ".join(f"WHEN {CODES[m]} THEN _{m}" for m in METRICS)
     exploded = values.selectExpr("*", f"explode(array({codes})) AS metric").selectExpr(
         "metric",
-        f"CASE WHEN metric = {receiver} THEN receiver ELSE other_destination END AS key1",
-        f"CASE WHEN metric != {receiver} THEN dest_code END AS code1",
-        f"CASE WHEN metric = {receiver} THEN NULL ELSE recipient END AS key2",
-        f"CASE metric {by_code} ELSE _relay END AS v",
-        f"CASE WHEN metric = {receiver} THEN _pickup END AS v2",
-        *(f"CASE WHEN metric = {receiver} THEN _{n} END AS {n}" for n in COUNTERS),
+        "other_destination AS key1",
+        "dest_code AS code1",
+        "recipient AS key2",
+        f"CASE WHEN metric = {relay} THEN receiver END AS key3",
+        f"CASE metric {by_code} END AS v",
+        f"CASE WHEN metric = {relay} THEN _pickup END AS v2",
+        *(f"CASE WHEN metric = {relay} THEN _{n} END AS {n}" for n in COUNTERS),
     )
-    kept = exploded.where(f"v IS NOT NULL OR metric = {receiver}")
+    kept = exploded.where(f"v IS NOT NULL OR metric = {relay}")
     # The report's bins only for the metrics it draws (fewer groups for the others).
     drawn = ", ".join(str(CODES[m]) for m in HISTOGRAM_METRICS)
     return kept.groupBy(
@@ -123,6 +122,7 @@ def histogram_frame(enriched: DataFrame) -> DataFrame:
         "code1",
         "key1",
         "key2",
+        "key3",
         F.expr(f"CASE WHEN metric IN ({drawn}) THEN {_coarse('v')} END").alias("bin"),
         F.expr(_fine("v")).alias("bucket"),
     ).agg(
@@ -232,10 +232,8 @@ class Histograms:
         self.bins: dict[tuple[str, int], int] = defaultdict(int)
         #: receiver -> counter (and ``facts``, ``min_pickup_us``, ``min_relay_us``) -> value
         self.per_receiver: dict[str, dict[str, int]] = defaultdict(dict)
-        relay = CODES[RELAY_BY_RECEIVER]
         table = _named(table, destinations)
-        is_relay = pc.equal(table.column("metric"), relay)
-        latencies = table.filter(pc.and_(pc.invert(is_relay), pc.greater(table.column("n"), 0)))
+        latencies = table.filter(pc.greater(table.column("n"), 0))
         for level, keys in LEVELS:
             for names, arrays in _level_groups(latencies, keys).items():
                 metric, destination, recipient = (*names, None, None)[:3]
@@ -246,17 +244,28 @@ class Histograms:
         per_bin = latencies.filter(drawn).group_by(["metric", "bin"]).aggregate([("n", "sum")])
         for row in per_bin.to_pylist():
             self.bins[(NAMES[row["metric"]], row["bin"])] += row["n_sum"]
-        for row in table.filter(is_relay).to_pylist():
-            n, lo, hi, bucket = row["n"], row["lo"], row["hi"], row["bucket"]
-            counts = self.per_receiver[row["key1"]]
+        relay = table.filter(pc.equal(table.column("metric"), CODES["relay"]))
+        by_receiver = relay.group_by(["key3", "bucket"]).aggregate(
+            [
+                ("rows", "sum"),
+                ("n", "sum"),
+                ("lo", "min"),
+                ("hi", "max"),
+                ("lo2", "min"),
+                *((name, "sum") for name in COUNTERS),
+            ]
+        )
+        for row in by_receiver.to_pylist():
+            n, lo, hi, bucket = row["n_sum"], row["lo_min"], row["hi_max"], row["bucket"]
+            counts = self.per_receiver[row["key3"]]
             for name in COUNTERS:
-                counts[name] = counts.get(name, 0) + int(row[name] or 0)
-            counts["other_rows"] = counts.get("other_rows", 0) + row["rows"] - n
+                counts[name] = counts.get(name, 0) + int(row[f"{name}_sum"] or 0)
+            counts["other_rows"] = counts.get("other_rows", 0) + row["rows_sum"] - n
             if not n:
                 continue
-            _merge(self.receivers[row["key1"]], bucket, n, lo, hi)
+            _merge(self.receivers[row["key3"]], bucket, n, lo, hi)
             counts["facts"] = counts.get("facts", 0) + n
-            for name, value in (("min_pickup_us", row["lo2"]), ("min_relay_us", lo)):
+            for name, value in (("min_pickup_us", row["lo2_min"]), ("min_relay_us", lo)):
                 counts[name] = value if name not in counts else min(counts[name], value)
 
     def latency_rows(self) -> list[dict[str, Any]]:

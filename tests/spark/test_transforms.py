@@ -31,6 +31,7 @@ from spark_audit.job import AuditOptions, run_audit
 from spark_audit.readers import AuditInput, Window, apply_window
 from spark_audit.transforms.anomalies import COUNTERS
 from spark_audit.transforms.conditions import plan_set
+from spark_audit.transforms.enrich import FLAG_COLUMNS, pack_flags, unpack_flags
 from spark_audit.transforms.latency import CODES, Histograms, percentile
 from tests.spark.builders import T0, ack_row, at, cm_row, frame
 from tests.spark.conftest import SPARK_MARKS
@@ -222,6 +223,23 @@ def test_percentiles_interpolate_within_a_bucket() -> None:
     assert percentile([], 0.5) is None
 
 
+def test_packed_flags_round_trip_with_nulls(spark: Any) -> None:
+    # Each flag column true, false and null in turn (the others varying too): packing
+    # them into one int and unpacking gives every value back, nulls included.
+    values = (True, False, None)
+    rows = [
+        {"id": i, **{name: values[(i + k) % 3] for k, name in enumerate(FLAG_COLUMNS)}}
+        for i in range(9)
+    ]
+    schema = "id int, " + ", ".join(f"{name} boolean" for name in FLAG_COLUMNS)
+    original = spark.createDataFrame([tuple(r.values()) for r in rows], schema)
+    packed = pack_flags(original)
+    assert packed.columns == ["id", "flags"]
+    back = unpack_flags(packed)
+    assert back.columns == original.columns
+    assert sorted((r.asDict() for r in back.collect()), key=lambda r: r["id"]) == rows
+
+
 def test_histogram_merges_a_destination_by_code_and_by_name() -> None:
     # "qa" by its code (acks whose plan names it) and by its name (an ack whose plan does
     # not): one latency row per level, its buckets merged.
@@ -234,7 +252,8 @@ def test_histogram_merges_a_destination_by_code_and_by_name() -> None:
     ]
     table = pa.Table.from_pylist(
         [
-            {"metric": pickup, "key2": None, "bin": 0, "rows": r["n"], "lo2": None, **r}
+            {"metric": pickup, "key2": None, "key3": None, "bin": 0, "rows": r["n"], "lo2": None}
+            | r
             for r in rows
         ],
         schema=pa.schema(
@@ -243,6 +262,7 @@ def test_histogram_merges_a_destination_by_code_and_by_name() -> None:
                 ("code1", pa.int32()),
                 ("key1", pa.string()),
                 ("key2", pa.string()),
+                ("key3", pa.string()),
                 ("bin", pa.int32()),
                 ("bucket", pa.int64()),
                 ("rows", pa.int64()),

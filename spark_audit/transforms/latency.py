@@ -41,8 +41,7 @@ METRICS = ("pickup", "process", "work", "relay")
 SUB_BUCKETS = 64
 HISTOGRAM_METRICS = ("pickup", "process")
 #: The metrics' codes in :func:`histogram_frame` (a small number hashes faster than a name).
-NAMES = METRICS
-CODES = {name: code for code, name in enumerate(NAMES)}
+CODES = {name: code for code, name in enumerate(METRICS)}
 
 Bucket = tuple[int, int, int]  # (count, smallest µs, largest µs)
 
@@ -221,8 +220,8 @@ class Histograms:
     """The collected histogram, merged per level (see :func:`histogram_frame`).
 
     The latency buckets are merged per level with pyarrow and read with numpy (hundreds
-    of thousands of buckets at 1M acks); the per-receiver rows, a few per bucket of relay
-    lag, are folded in Python.
+    of thousands of buckets at 1M acks); the relay rows are merged per receiver and bucket
+    with pyarrow too, and their rows (one per receiver and bucket) folded in Python.
     """
 
     def __init__(self, table: pa.Table, destinations: Sequence[str] = ()) -> None:
@@ -237,13 +236,13 @@ class Histograms:
         for level, keys in LEVELS:
             for names, arrays in _level_groups(latencies, keys).items():
                 metric, destination, recipient = (*names, None, None)[:3]
-                self.groups[(level, destination, recipient)][NAMES[metric]] = arrays
+                self.groups[(level, destination, recipient)][METRICS[metric]] = arrays
         drawn = pc.is_in(
             latencies.column("metric"), pa.array([CODES[m] for m in HISTOGRAM_METRICS], pa.int8())
         )
         per_bin = latencies.filter(drawn).group_by(["metric", "bin"]).aggregate([("n", "sum")])
         for row in per_bin.to_pylist():
-            self.bins[(NAMES[row["metric"]], row["bin"])] += row["n_sum"]
+            self.bins[(METRICS[row["metric"]], row["bin"])] += row["n_sum"]
         relay = table.filter(pc.equal(table.column("metric"), CODES["relay"]))
         by_receiver = relay.group_by(["key3", "bucket"]).aggregate(
             [

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -43,6 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.util import inheritable_thread_target
 
 from spark_audit.checks import DEFAULT_CHECKS, CheckSpec, run_checks, status
 from spark_audit.readers import AuditInput, Window, seen_in, sent_in
@@ -374,17 +376,25 @@ def _run(
         return cut_frame, unpack_flags(keep(pack_flags(enriched)))
 
     cms, acks = frames()
-    histograms = Histograms(histogram_frame(acks).toArrow(), plans.destinations)
-    ack_counts = histograms.totals()
-    output.rows("latency", histograms.latency_rows(), SMALL_SCHEMAS["latency"])
-    output.rows(
-        "latency_histogram", histograms.histogram_rows(), SMALL_SCHEMAS["latency_histogram"]
-    )
-    receivers = receiver_rows(histograms.receiver_metrics(), histograms.relay_by_receiver())
-    output.rows("receivers", receivers, SMALL_SCHEMAS["receivers"])
-    clock.step("read the cut; latencies and clocks")
-
-    folded = _judged(plans, cms, acks, options, _bucket(options, cut))
+    bucket = _bucket(options, cut)
+    # The per-CM job and the histogram's both read the two caches and need nothing from
+    # each other: the per-CM one is planned and submitted from a second thread, so its
+    # planning and the driver's work on the histogram overlap the running jobs, and its
+    # tasks take the cores the histogram's last tasks leave idle (each cached partition is
+    # built once: a task that reaches one being built waits for it).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="condmsg-audit") as pool:
+        judge_in_thread = inheritable_thread_target(spark)(_judged)
+        judging = pool.submit(judge_in_thread, plans, cms, acks, options, bucket)
+        histograms = Histograms(histogram_frame(acks).toArrow(), plans.destinations)
+        ack_counts = histograms.totals()
+        output.rows("latency", histograms.latency_rows(), SMALL_SCHEMAS["latency"])
+        output.rows(
+            "latency_histogram", histograms.histogram_rows(), SMALL_SCHEMAS["latency_histogram"]
+        )
+        receivers = receiver_rows(histograms.receiver_metrics(), histograms.relay_by_receiver())
+        output.rows("receivers", receivers, SMALL_SCHEMAS["receivers"])
+        clock.step("read the cut; latencies and clocks")
+        folded = judging.result()
     if folded["collided"]:
         # Two CMs share a ``cm_key``: number them apart and build the CM frames again.
         ranks = cm_ranks(cms)
@@ -392,7 +402,7 @@ def _run(
             frame.unpersist()
         cached.clear()
         cms, acks = frames(ranks)
-        folded = _judged(plans, cms, acks, options, _bucket(options, cut))
+        folded = _judged(plans, cms, acks, options, bucket)
     candidates = _with_ids(cms, folded["candidates"])
     for name in ("rates_by_sender", "rates_by_shape", "outcomes_over_time", "destinations"):
         output.rows(name, folded[name], SMALL_SCHEMAS[name])

@@ -145,6 +145,21 @@ def audited(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     return _audit(spark, tmp_path_factory.mktemp("handmade"))
 
 
+def test_a_failure_of_the_per_cm_job_reaches_the_caller(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The per-CM job runs in a second driver thread (beside the histogram's); its error
+    is raised by ``run_audit`` itself, and the audit writes no summary."""
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("rollup failed")
+
+    monkeypatch.setattr("spark_audit.job.rates.rollup_frame", broken)
+    with pytest.raises(RuntimeError, match="rollup failed"):
+        _audit(spark, tmp_path)
+    assert not (tmp_path / "summary.json").exists()
+
+
 def _by(rows: list[dict[str, Any]], *keys: str) -> dict[Any, dict[str, Any]]:
     return {tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]: r for r in rows}
 

@@ -28,13 +28,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import reduce
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+from uuid import uuid4
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -77,6 +78,7 @@ SAMPLE_ROWS = 50
 UTC = "UTC"
 #: The column naming each row's table in :meth:`_Output.frames`' one query.
 _TABLE = "_table"
+_T = TypeVar("_T")
 _FLAGGED = T.StructType(
     [
         T.StructField("cm_id", T.StringType()),
@@ -329,6 +331,31 @@ def _small(spark: SparkSession) -> AbstractContextManager[None]:
     return _settings(spark, {"spark.sql.shuffle.partitions": "1"})
 
 
+@contextmanager
+def _beside(spark: SparkSession, work: Callable[[], _T]) -> Iterator[Future[_T]]:
+    """``work`` run in a second driver thread while the block runs (its result: the
+    future). The thread inherits the caller's Spark local properties and tags; its jobs
+    carry a tag of their own, so that if the block fails they are cancelled rather than
+    waited for."""
+    context = spark.sparkContext
+    tag = f"condmsg-audit-{uuid4().hex}"
+
+    def tagged() -> _T:
+        context.addJobTag(tag)
+        try:
+            return work()
+        finally:
+            context.removeJobTag(tag)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="condmsg-audit") as pool:
+        future = pool.submit(inheritable_thread_target(spark)(tagged))
+        try:
+            yield future
+        except BaseException:
+            context.cancelJobsWithTag(tag)
+            raise
+
+
 def run_audit(
     spark: SparkSession,
     data: AuditInput,
@@ -382,9 +409,7 @@ def _run(
     # planning and the driver's work on the histogram overlap the running jobs, and its
     # tasks take the cores the histogram's last tasks leave idle (each cached partition is
     # built once: a task that reaches one being built waits for it).
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="condmsg-audit") as pool:
-        judge_in_thread = inheritable_thread_target(spark)(_judged)
-        judging = pool.submit(judge_in_thread, plans, cms, acks, options, bucket)
+    with _beside(spark, lambda: _judged(plans, cms, acks, options, bucket)) as judging:
         histograms = Histograms(histogram_frame(acks).toArrow(), plans.destinations)
         ack_counts = histograms.totals()
         output.rows("latency", histograms.latency_rows(), SMALL_SCHEMAS["latency"])

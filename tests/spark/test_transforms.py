@@ -145,17 +145,26 @@ def audited(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
     return _audit(spark, tmp_path_factory.mktemp("handmade"))
 
 
-def test_a_failure_of_the_per_cm_job_reaches_the_caller(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "broken",
+    [
+        # The per-CM job, in its second driver thread.
+        "spark_audit.job.rates.rollup_frame",
+        # The histogram's side, while the per-CM job runs beside it (it is cancelled).
+        "spark_audit.job.Histograms",
+    ],
+)
+def test_a_failure_on_either_side_of_the_two_threads_reaches_the_caller(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str
 ) -> None:
-    """The per-CM job runs in a second driver thread (beside the histogram's); its error
-    is raised by ``run_audit`` itself, and the audit writes no summary."""
+    """The per-CM job runs in a second driver thread beside the histogram's; an error on
+    either side is raised by ``run_audit`` itself, and the audit writes no summary."""
 
-    def broken(*_args: Any, **_kwargs: Any) -> Any:
-        raise RuntimeError("rollup failed")
+    def fail(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError(f"{broken} failed")
 
-    monkeypatch.setattr("spark_audit.job.rates.rollup_frame", broken)
-    with pytest.raises(RuntimeError, match="rollup failed"):
+    monkeypatch.setattr(broken, fail)
+    with pytest.raises(RuntimeError, match=f"{broken} failed"):
         _audit(spark, tmp_path)
     assert not (tmp_path / "summary.json").exists()
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -79,6 +79,8 @@ UTC = "UTC"
 #: The column naming each row's table in :meth:`_Output.frames`' one query.
 _TABLE = "_table"
 _T = TypeVar("_T")
+#: How often :func:`_beside` cancels its thread's jobs again while it waits for the thread.
+_CANCEL_EVERY_S = 0.2
 _FLAGGED = T.StructType(
     [
         T.StructField("cm_id", T.StringType()),
@@ -336,7 +338,8 @@ def _beside(spark: SparkSession, work: Callable[[], _T]) -> Iterator[Future[_T]]
     """``work`` run in a second driver thread while the block runs (its result: the
     future). The thread inherits the caller's Spark local properties and tags; its jobs
     carry a tag of their own, so that if the block fails they are cancelled rather than
-    waited for."""
+    waited for, including one the thread submits after the failure (Spark cancels only
+    the jobs already submitted: the tag is cancelled again until the thread is done)."""
     context = spark.sparkContext
     tag = f"condmsg-audit-{uuid4().hex}"
 
@@ -352,7 +355,9 @@ def _beside(spark: SparkSession, work: Callable[[], _T]) -> Iterator[Future[_T]]
         try:
             yield future
         except BaseException:
-            context.cancelJobsWithTag(tag)
+            while not future.done():
+                context.cancelJobsWithTag(tag)
+                wait([future], timeout=_CANCEL_EVERY_S)
             raise
 
 

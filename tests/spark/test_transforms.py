@@ -18,6 +18,8 @@ The store (T0 = 2024-01-01 UTC; times in ms after T0):
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from condmsg.conditions import Destination, DestinationSet
-from spark_audit.job import AuditOptions, run_audit
+from spark_audit.job import AuditOptions, _beside, run_audit
 from spark_audit.readers import AuditInput, Window, apply_window
 from spark_audit.transforms.anomalies import COUNTERS
 from spark_audit.transforms.conditions import plan_set
@@ -167,6 +169,37 @@ def test_a_failure_on_either_side_of_the_two_threads_reaches_the_caller(
     with pytest.raises(RuntimeError, match=f"{broken} failed"):
         _audit(spark, tmp_path)
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_job_submitted_beside_a_failed_block_is_cancelled_not_waited_for(
+    spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second thread submits its job only after the block has failed and its tag was
+    cancelled once (as when the histogram fails while the per-CM job is still being
+    planned): that job is cancelled too (it would scan 10^12 rows, many minutes on two
+    cores) and the block's error is raised."""
+    context = spark.sparkContext
+    cancel = context.cancelJobsWithTag
+    cancelled = threading.Event()
+
+    def cancel_and_tell(tag: str) -> None:
+        cancel(tag)
+        cancelled.set()
+
+    monkeypatch.setattr(context, "cancelJobsWithTag", cancel_and_tell)
+
+    def work() -> Any:
+        cancelled.wait(timeout=60)
+        return spark.range(0, 10**12, numPartitions=2).selectExpr("sum(id * 7 % 13)").collect()
+
+    def block() -> None:
+        with _beside(spark, work):
+            raise RuntimeError("the block failed")
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="the block failed"):
+        block()
+    assert time.monotonic() - start < 30
 
 
 def _by(rows: list[dict[str, Any]], *keys: str) -> dict[Any, dict[str, Any]]:

@@ -217,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default="/tmp/condmsg-audit-bench", help="scratch directory")
     parser.add_argument("--master", help="Spark master (default: the environment's)")
     parser.add_argument("--driver-memory", default="12g", help="spark.driver.memory")
-    parser.add_argument("--shuffle-partitions", type=int, default=8)
+    parser.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        default=8,
+        help="the session's spark.sql.shuffle.partitions (the baseline's groupBy; the audit "
+        "sets its own, see spark_audit.job._partitions)",
+    )
     parser.add_argument(
         "--reuse", action="store_true", help="reuse generated data from an earlier run"
     )

@@ -45,8 +45,7 @@ def export_and_audit(db_url: str, out: Path, story: Story, checks: Checks) -> No
     started = time.monotonic()
     log = out / "audit.log"
     with log.open("wb") as sink:
-        # Two shuffle partitions (the cores): the default 200 would be 200 tiny tasks per stage.
-        args = ["--parquet", str(store), "--out", str(audit), "--shuffle-partitions", "2"]
+        args = ["--parquet", str(store), "--out", str(audit)]
         code = subprocess.run(
             [sys.executable, "-m", "spark_audit", *args], stdout=sink, stderr=sink
         ).returncode

@@ -62,7 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=60_000,
         help="a CM pending this long after its evaluation deadline is stale",
     )
-    parser.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions")
+    parser.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        help="partitions of the audit's shuffles (default: one per core Spark runs tasks on, "
+        "more for many CMs)",
+    )
     parser.add_argument("--driver-memory", help="spark.driver.memory (local mode), e.g. 4g")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -117,6 +122,7 @@ def _run(args: argparse.Namespace, say: Any) -> int:
         source=source,
         checks=checks,
         stale_grace=timedelta(milliseconds=args.stale_grace_ms),
+        partitions=args.shuffle_partitions,
     )
     result = run_audit(spark, data, options, progress=say)
     failed = [c for c in result.summary["checks"] if not c["passed"]]

@@ -29,6 +29,16 @@ def _threshold(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"expected CHECK=NUMBER, got {text!r}") from None
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
@@ -64,9 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--shuffle-partitions",
-        type=int,
-        help="partitions of the audit's shuffles (default: one per core Spark runs tasks on, "
-        "more for many CMs)",
+        type=_positive,
+        metavar="N",
+        help="at least N partitions for the audit's frames and shuffles (default: one per "
+        "core in local mode, else spark.sql.shuffle.partitions; more for many CMs)",
     )
     parser.add_argument("--driver-memory", help="spark.driver.memory (local mode), e.g. 4g")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -105,7 +116,6 @@ def _run(args: argparse.Namespace, say: Any) -> int:
         SessionOptions(
             master=args.master,
             jdbc_jar=args.jdbc_jar,
-            shuffle_partitions=args.shuffle_partitions,
             driver_memory=args.driver_memory,
         )
     )

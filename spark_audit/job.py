@@ -101,9 +101,13 @@ class AuditOptions:
     checks: tuple[CheckSpec, ...] = DEFAULT_CHECKS
     stale_grace: timedelta = timedelta(minutes=1)
     bucket_seconds: int | None = None
-    #: Partitions of the shared frames and of every shuffle of the audit (default: one
-    #: per core Spark runs tasks on, more for many CMs: see ``_partitions``).
+    #: At least this many partitions for the shared frames and the audit's shuffles
+    #: (default: one per core Spark runs tasks on); more for many CMs (``_partitions``).
     partitions: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.partitions is not None and self.partitions < 1:
+            raise ValueError(f"partitions must be at least 1, not {self.partitions}")
 
 
 @dataclass(slots=True)
@@ -299,10 +303,11 @@ def _tuned(spark: SparkSession, partitions: int) -> Iterator[None]:
       shuffle and every cache as a job of its own and plan each query again after it
       (about a third more jobs, and a cache written in one pass and read back in the
       next where a plain plan fills it while the first query runs);
-    * so nothing coalesces small shuffles: every shuffle gets ``partitions`` (the audit's,
-      see ``_partitions``; :func:`_run` raises it once it knows the number of CMs), not
-      ``spark.sql.shuffle.partitions``, whose default of 200 would run 200 tiny tasks
-      per stage on a laptop (a 20,000-ack audit took 22-23 s; 3.6-4.0 s with this).
+    * so nothing merges small shuffle partitions: the audit's shuffles get ``partitions``
+      (``_partitions``; :func:`_run` raises it once it knows the number of CMs), except
+      the few small queries, which run on one (:func:`_small`). With Spark's default of
+      200, every stage after a shuffle ran 200 tiny tasks: on two cores a warm 20 000-ack
+      audit took 22.3-23.5 s, against 3.6-4.0 s with two partitions.
     """
     with _settings(
         spark,
@@ -317,11 +322,12 @@ def _tuned(spark: SparkSession, partitions: int) -> Iterator[None]:
 
 @contextmanager
 def _settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
-    """``settings`` on the session while the block runs, restored afterwards."""
+    """``settings`` on the session while the block runs, restored afterwards (also when
+    setting one of them fails)."""
     previous: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
     try:
+        for key, value in settings.items():
+            spark.conf.set(key, value)
         yield
     finally:
         for key, before in previous.items():
@@ -377,12 +383,13 @@ def run_audit(
     ``data`` is the source as read (``read_parquet``, ``read_jdbc``) or already cut
     (``apply_window``): the audit cuts it at ``options.window`` itself.
     """
-    with _tuned(spark, options.partitions or _partitions(spark, 0)):
-        return _run(spark, data, options, _Clock(progress))
+    least = options.partitions or _cores(spark)
+    with _tuned(spark, least):
+        return _run(spark, data, options, _Clock(progress), least)
 
 
 def _run(
-    spark: SparkSession, data: AuditInput, options: AuditOptions, clock: _Clock
+    spark: SparkSession, data: AuditInput, options: AuditOptions, clock: _Clock, least: int
 ) -> AuditResult:
     window = options.window
     out = options.out
@@ -400,7 +407,7 @@ def _run(
     cut = plans.chosen
     assert cut is not None
     clock.step("decoded the conditions")
-    partitions = options.partitions or _partitions(spark, int(cut["cms"]))
+    partitions = _partitions(int(cut["cms"]), least)
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))  # _tuned restores it
 
     def frames(ranks: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
@@ -554,16 +561,30 @@ def _ack_rows(
     return anomalies.ack_candidates(text, flagged)
 
 
-def _partitions(spark: SparkSession, cms: int) -> int:
-    """The audit's partitions (of the shared frames and of its shuffles): one per core
-    Spark runs tasks on (``defaultParallelism``: the local cores, or the executors' on a
-    cluster, or ``spark.default.parallelism`` where set), or more where the CMs would
-    give a partition more than :data:`CMS_PER_PARTITION` (the per-CM hash tables of a
-    task, the join's and the aggregation's, then stay small).
+def _partitions(cms: int, least: int) -> int:
+    """The audit's partitions, of the shared frames and of its shuffles: ``least`` (the
+    options' or :func:`_cores`), or more where the CMs would give a partition more than
+    :data:`CMS_PER_PARTITION` on average (the per-CM hash tables of a task, the join's and
+    the aggregation's, then stay small).
 
-    On two cores: 0.97 M acks ran in 6.8-7.0 s on 2 partitions against 7.3-7.7 on 8;
-    9.7 M acks in 40.5 s on 16 (this rule), 41.0 on 8 and 42.5-46 on 4."""
-    return max(spark.sparkContext.defaultParallelism, -(-cms // CMS_PER_PARTITION))
+    On two cores: 0.97 M acks ran in 6.8-7.0 s on 2 partitions against 7.3-7.7 s on 8;
+    9.7 M acks in 40.5-40.6 s on 16 (the CMs' rule), 41.0-41.1 s on 8 and 42.5-46.2 s
+    on 4."""
+    return max(least, -(-cms // CMS_PER_PARTITION))
+
+
+def _cores(spark: SparkSession) -> int:
+    """One partition per core Spark runs tasks on: ``defaultParallelism`` in local mode,
+    or wherever ``spark.default.parallelism`` is set. On a cluster without it, executors
+    may still be starting (or, with dynamic allocation, come only as tasks wait), and
+    Spark counts the cores registered so far: there the session's
+    ``spark.sql.shuffle.partitions`` stands, as for any Spark job."""
+    context = spark.sparkContext
+    if (context.master or "").startswith("local") or context.getConf().contains(
+        "spark.default.parallelism"
+    ):
+        return context.defaultParallelism
+    return int(spark.conf.get("spark.sql.shuffle.partitions") or context.defaultParallelism)
 
 
 def _bucket(options: AuditOptions, cut: Any) -> int:

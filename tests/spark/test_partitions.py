@@ -1,14 +1,17 @@
-"""The audit's partitions: one per core Spark runs tasks on, more for many CMs, used by
-every shuffle of the run whatever ``spark.sql.shuffle.partitions`` says."""
+"""The audit's partitions: one per core in local mode (at least the options' number), more
+for many CMs, used by the audit's shuffles whatever ``spark.sql.shuffle.partitions`` says,
+and the session's setting restored afterwards."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from spark_audit import job
+from spark_audit.cli import main
 from spark_audit.generate import GenerateSpec, generate
 from spark_audit.readers import Window, read_parquet
 from tests.spark.conftest import SPARK_MARKS
@@ -16,41 +19,72 @@ from tests.spark.conftest import SPARK_MARKS
 pytestmark = list(SPARK_MARKS)
 
 SHUFFLE = "spark.sql.shuffle.partitions"
+SPEC = GenerateSpec(cms=60, seed=5)
 
 
-def test_one_partition_per_core_and_more_for_many_cms(spark: Any) -> None:
-    cores = spark.sparkContext.defaultParallelism
-    assert job._partitions(spark, 0) == cores
-    assert job._partitions(spark, cores * job.CMS_PER_PARTITION) == cores
-    assert job._partitions(spark, 5 * job.CMS_PER_PARTITION + 1) == max(cores, 6)
+@pytest.fixture
+def session_at_7(spark: Any) -> Iterator[Any]:
+    """The session with ``spark.sql.shuffle.partitions`` at 7 (restored afterwards)."""
+    # The test session runs local[2] with spark.default.parallelism=2 (conftest).
+    assert spark.sparkContext.defaultParallelism == 2
+    before = spark.conf.get(SHUFFLE)
+    spark.conf.set(SHUFFLE, "7")
+    try:
+        yield spark
+    finally:
+        spark.conf.set(SHUFFLE, before)
+
+
+@pytest.fixture(scope="module")
+def store(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("partitions") / "store"
+    generate(spark, SPEC, root)
+    return root
+
+
+def _audit(spark: Any, store: Path, out: Path, partitions: int | None, progress: Any) -> Any:
+    options = job.AuditOptions(
+        out=out, window=Window(until=SPEC.until), source="test", partitions=partitions
+    )
+    return job.run_audit(spark, read_parquet(spark, store), options, progress=progress)
+
+
+def test_one_partition_per_core_in_local_mode_and_more_for_many_cms(session_at_7: Any) -> None:
+    assert job._cores(session_at_7) == 2  # not the session's 7
+    assert job._partitions(0, 2) == 2
+    assert job._partitions(2 * job.CMS_PER_PARTITION, 2) == 2
+    assert job._partitions(5 * job.CMS_PER_PARTITION + 1, 2) == 6
+    assert job._partitions(5 * job.CMS_PER_PARTITION + 1, 8) == 8
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, "2"), (3, "3")])
 def test_the_run_uses_its_partitions_and_restores_the_session(
-    spark: Any, tmp_path: Path, given: int | None, expected: str
+    session_at_7: Any, store: Path, tmp_path: Path, given: int | None, expected: str
 ) -> None:
-    spec = GenerateSpec(cms=60, seed=5)
-    generate(spark, spec, tmp_path / "store")
     seen: list[str] = []
-    before = spark.conf.get(SHUFFLE)
-    spark.conf.set(SHUFFLE, "7")
-    try:
-        options = job.AuditOptions(
-            out=tmp_path / "audit",
-            window=Window(until=spec.until),
-            source="test",
-            partitions=given,
-        )
-        result = job.run_audit(
-            spark,
-            read_parquet(spark, tmp_path / "store"),
-            options,
-            progress=lambda _message: seen.append(spark.conf.get(SHUFFLE)),
-        )
-        after = spark.conf.get(SHUFFLE)
-    finally:
-        spark.conf.set(SHUFFLE, before)
-    assert spark.sparkContext.defaultParallelism == 2  # the test session's local[2]
-    assert result.summary["totals"]["cms"] == spec.cms
+    result = _audit(
+        session_at_7, store, tmp_path, given, lambda _m: seen.append(session_at_7.conf.get(SHUFFLE))
+    )
+    assert result.summary["totals"]["cms"] == SPEC.cms
     assert seen and set(seen) == {expected}
-    assert after == "7"
+    assert session_at_7.conf.get(SHUFFLE) == "7"
+
+
+def test_a_failed_run_restores_the_session_too(
+    session_at_7: Any, store: Path, tmp_path: Path
+) -> None:
+    def fail(_message: str) -> None:
+        raise RuntimeError("stopped by the test")
+
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        _audit(session_at_7, store, tmp_path, None, fail)
+    assert session_at_7.conf.get(SHUFFLE) == "7"
+    assert session_at_7.conf.get("spark.sql.adaptive.enabled") == "true"
+
+
+def test_partitions_below_one_are_refused(store: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        job.AuditOptions(out=tmp_path, window=Window(until=SPEC.until), source="x", partitions=0)
+    with pytest.raises(SystemExit) as exited:
+        main(["--parquet", str(store), "--out", str(tmp_path), "--shuffle-partitions", "0"])
+    assert exited.value.code == 2

@@ -30,13 +30,9 @@ def _threshold(text: str) -> tuple[str, float]:
 
 
 def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
+    if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return value
+    return int(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

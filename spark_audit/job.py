@@ -383,7 +383,7 @@ def run_audit(
     ``data`` is the source as read (``read_parquet``, ``read_jdbc``) or already cut
     (``apply_window``): the audit cuts it at ``options.window`` itself.
     """
-    least = options.partitions or _cores(spark)
+    least = options.partitions or _least_partitions(spark)
     with _tuned(spark, least):
         return _run(spark, data, options, _Clock(progress), least)
 
@@ -563,9 +563,9 @@ def _ack_rows(
 
 def _partitions(cms: int, least: int) -> int:
     """The audit's partitions, of the shared frames and of its shuffles: ``least`` (the
-    options' or :func:`_cores`), or more where the CMs would give a partition more than
-    :data:`CMS_PER_PARTITION` on average (the per-CM hash tables of a task, the join's and
-    the aggregation's, then stay small).
+    options' or :func:`_least_partitions`), or more where the CMs would give a partition
+    more than :data:`CMS_PER_PARTITION` on average (the per-CM hash tables of a task, the
+    join's and the aggregation's, then stay small).
 
     On two cores: 0.97 M acks ran in 6.8-7.0 s on 2 partitions against 7.3-7.7 s on 8;
     9.7 M acks in 40.5-40.6 s on 16 (the CMs' rule), 41.0-41.1 s on 8 and 42.5-46.2 s
@@ -573,12 +573,13 @@ def _partitions(cms: int, least: int) -> int:
     return max(least, -(-cms // CMS_PER_PARTITION))
 
 
-def _cores(spark: SparkSession) -> int:
-    """One partition per core Spark runs tasks on: ``defaultParallelism`` in local mode,
-    or wherever ``spark.default.parallelism`` is set. On a cluster without it, executors
-    may still be starting (or, with dynamic allocation, come only as tasks wait), and
-    Spark counts the cores registered so far: there the session's
-    ``spark.sql.shuffle.partitions`` stands, as for any Spark job."""
+def _least_partitions(spark: SparkSession) -> int:
+    """The audit's partitions before it counts the CMs, where the options give none: one
+    per core Spark runs tasks on (``defaultParallelism``) in local mode, or wherever
+    ``spark.default.parallelism`` is set. On a cluster without it, executors may still
+    be starting (or, with dynamic allocation, come only as tasks wait), and Spark counts
+    the cores registered so far: there the session's ``spark.sql.shuffle.partitions``
+    stands, as for any Spark job."""
     context = spark.sparkContext
     if (context.master or "").startswith("local") or context.getConf().contains(
         "spark.default.parallelism"

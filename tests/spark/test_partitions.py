@@ -50,7 +50,7 @@ def _audit(spark: Any, store: Path, out: Path, partitions: int | None, progress:
 
 
 def test_one_partition_per_core_in_local_mode_and_more_for_many_cms(session_at_7: Any) -> None:
-    assert job._cores(session_at_7) == 2  # not the session's 7
+    assert job._least_partitions(session_at_7) == 2  # not the session's 7
     assert job._partitions(0, 2) == 2
     assert job._partitions(2 * job.CMS_PER_PARTITION, 2) == 2
     assert job._partitions(5 * job.CMS_PER_PARTITION + 1, 2) == 6
@@ -82,9 +82,9 @@ def test_a_failed_run_restores_the_session_too(
     assert session_at_7.conf.get("spark.sql.adaptive.enabled") == "true"
 
 
-def test_partitions_below_one_are_refused(store: Path, tmp_path: Path) -> None:
+def test_partitions_below_one_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         job.AuditOptions(out=tmp_path, window=Window(until=SPEC.until), source="x", partitions=0)
     with pytest.raises(SystemExit) as exited:
-        main(["--parquet", str(store), "--out", str(tmp_path), "--shuffle-partitions", "0"])
+        main(["--parquet", str(tmp_path), "--out", str(tmp_path), "--shuffle-partitions", "0"])
     assert exited.value.code == 2

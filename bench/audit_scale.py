@@ -13,7 +13,10 @@ itself, not Python loops), then times in the same session:
   into ``noop`` too. ``copies`` is not read (the audit does not read it);
 * the full audit (``run_audit`` over ``read_parquet``: the cut, every table, the
   re-evaluation of every decided CM, the checks, ``summary.json`` and ``report.html``),
-  also best of three runs.
+  also best of three runs;
+* the floor (:func:`floor`, best of three runs): the least Spark work that any audit
+  re-evaluating each CM from its acks must do, to show how much of the audit's time is
+  that work and how much is the audit's own design. Reported next to both.
 
 Both sides are timed the same way: one untimed run first (in a fresh JVM it pays for
 class loading, Janino compiling the generated classes and HotSpot compiling them; the
@@ -46,7 +49,7 @@ from pyspark.sql import functions as F
 from bench._common import emit_result, log
 from condmsg.archive_layout import ACKS, ANOMALIES
 from spark_audit.generate import GenerateSpec, Injected, generate
-from spark_audit.job import AuditOptions, run_audit
+from spark_audit.job import AuditOptions, partitions_for, run_audit, session_settings
 from spark_audit.readers import Window, read_parquet
 from spark_audit.session import SessionOptions, build_session
 from spark_audit.templates import default_templates
@@ -108,6 +111,56 @@ def baseline(spark: SparkSession, directory: Path) -> None:
     keys = ("cm_id", "destination")
     others = [c for c in AUDIT_READS["acks"] if c not in keys]
     _run(data.acks.groupBy(*keys).agg(F.count(F.lit(1)), *(F.count(c) for c in others)))
+
+
+def floor(spark: SparkSession, directory: Path, partitions: int) -> None:
+    """The least work of any audit that judges each CM from its acks, as two queries.
+
+    Both read the CMs (a 64-bit hash of ``cm_id``, ``sent_at`` and a hash of the
+    condition) and the acks (the hash of ``cm_id``, destination, recipient, kind, the
+    read and commit instants, status) with the audit's reader, shuffle both by the hash
+    and join them (every CM with its acks; the CMs on the build side, as in the audit's
+    join). The first query groups the join by CM (a verdict's inputs: counts, first
+    instants, counted acks); the second groups it into a pickup-latency histogram per
+    destination and recipient. Two queries, as a Spark plan is a tree: the join is
+    computed once for each consumer, with no cache. No window, no plans, no detail
+    tables. As in the audit, adaptive execution is off and the shuffles have
+    ``partitions`` (the audit's rule, :func:`spark_audit.job.partitions_for`).
+    """
+    data = read_parquet(spark, directory)
+    key = F.xxhash64("cm_id").alias("key")
+    cms = data.cms.select(
+        key, F.unix_micros("sent_at").alias("sent"), F.xxhash64("condition_json").alias("plan")
+    ).repartition(partitions, "key")
+    acks = data.acks.select(
+        key,
+        "destination",
+        "recipient",
+        "kind",
+        F.unix_micros("read_at").alias("read"),
+        F.unix_micros("committed_at").alias("commit"),
+        "status",
+    ).repartition(partitions, "key")
+    joined = cms.hint("shuffle_hash").join(acks, "key", "left")
+    per_cm = joined.groupBy("key").agg(
+        F.count("read"),
+        F.min("read"),
+        F.min("commit"),
+        F.max("sent"),
+        F.max("plan"),
+        F.count(F.when(F.col("status") == "counted", 1)),
+    )
+    pickup = F.greatest(F.col("read") - F.col("sent"), F.lit(1))
+    histogram = joined.groupBy(
+        "destination", "recipient", F.floor(F.log2(pickup)).alias("bin")
+    ).count()
+    settings = {
+        "spark.sql.adaptive.enabled": "false",
+        "spark.sql.shuffle.partitions": str(partitions),
+    }
+    with session_settings(spark, settings):
+        _run(per_cm)
+        _run(histogram)
 
 
 def spec_for(target_acks: int) -> GenerateSpec:
@@ -178,6 +231,10 @@ def measure(
     baseline(spark, data_dir)
     scans = [timed(lambda: baseline(spark, data_dir))[0] for _ in range(3)]
     scan_s = min(scans)
+    partitions = partitions_for(spec.cms, spark.sparkContext.defaultParallelism)
+    floor(spark, data_dir, partitions)
+    floors = [timed(lambda: floor(spark, data_dir, partitions))[0] for _ in range(3)]
+    floor_s = min(floors)
     audits = [timed(audit) for _ in range(3 if warm else 1)]
     audit_s, result = min(audits, key=lambda run: run[0])
     exact = all(
@@ -191,6 +248,10 @@ def measure(
         f"injected faults found exactly: {exact}"
         + (f"  (first audit, untimed: {cold_s:.2f}s)" if cold_s is not None else "")
     )
+    say(
+        f"{'':>10} floor {floor_s:.2f}s: {floor_s / scan_s:.2f} x scan+groupBy; "
+        f"the audit is {audit_s / floor_s:.2f} x the floor"
+    )
     return {
         "target_acks": target,
         "acks": injected.acks,
@@ -198,6 +259,10 @@ def measure(
         "generate_s": round(gen_s, 3),
         "scan_groupby_s": round(scan_s, 3),
         "scan_groupby_runs_s": [round(s, 3) for s in scans],
+        "floor_s": round(floor_s, 3),
+        "floor_runs_s": [round(s, 3) for s in floors],
+        "floor_vs_scan": round(floor_s / scan_s, 3),
+        "audit_vs_floor": round(audit_s / floor_s, 3),
         "audit_s": round(audit_s, 3),
         "audit_runs_s": [round(s, 3) for s, _ in audits],
         "audit_warm": warm,
@@ -222,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=8,
         help="the session's spark.sql.shuffle.partitions (the baseline's groupBy; the audit "
-        "sets its own, see spark_audit.job._partitions)",
+        "sets its own, see spark_audit.job.partitions_for)",
     )
     parser.add_argument(
         "--reuse", action="store_true", help="reuse generated data from an earlier run"

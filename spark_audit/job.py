@@ -68,7 +68,7 @@ from spark_audit.transforms.skew import receiver_rows
 
 #: A detail table with at most this many rows is collected and written by the driver.
 DRIVER_ROWS = 200_000
-#: CMs per partition of the shared frames, at most (see ``_partitions``).
+#: CMs per partition of the shared frames, at most (see ``partitions_for``).
 CMS_PER_PARTITION = 320_000
 #: At most this many discrepancies are explained with ``evaluate`` on the driver.
 DRIVER_EXPLAIN = 10_000
@@ -102,7 +102,7 @@ class AuditOptions:
     stale_grace: timedelta = timedelta(minutes=1)
     bucket_seconds: int | None = None
     #: At least this many partitions for the shared frames and the audit's shuffles
-    #: (default: one per core Spark runs tasks on); more for many CMs (``_partitions``).
+    #: (default: one per core Spark runs tasks on); more for many CMs (``partitions_for``).
     partitions: int | None = None
 
     def __post_init__(self) -> None:
@@ -304,12 +304,12 @@ def _tuned(spark: SparkSession, partitions: int) -> Iterator[None]:
       (about a third more jobs, and a cache written in one pass and read back in the
       next where a plain plan fills it while the first query runs);
     * so nothing merges small shuffle partitions: the audit's shuffles get ``partitions``
-      (``_partitions``; :func:`_run` raises it once it knows the number of CMs), except
+      (``partitions_for``; :func:`_run` raises it once it knows the number of CMs), except
       the few small queries, which run on one (:func:`_small`). With Spark's default of
       200, every stage after a shuffle ran 200 tiny tasks: on two cores a warm 20 000-ack
       audit took 22.3-23.5 s, against 3.6-4.0 s with two partitions.
     """
-    with _settings(
+    with session_settings(
         spark,
         {
             "spark.sql.inMemoryColumnarStorage.compressed": "false",
@@ -321,7 +321,7 @@ def _tuned(spark: SparkSession, partitions: int) -> Iterator[None]:
 
 
 @contextmanager
-def _settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+def session_settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
     """``settings`` on the session while the block runs, restored afterwards (also when
     setting one of them fails)."""
     previous: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
@@ -341,7 +341,7 @@ def _small(spark: SparkSession) -> AbstractContextManager[None]:
     """For a query whose shuffles carry a few rows (at most :data:`DRIVER_ROWS`, or a few
     per task after a partial aggregation): its shuffles to one partition (one task per
     stage instead of ``spark.sql.shuffle.partitions``)."""
-    return _settings(spark, {"spark.sql.shuffle.partitions": "1"})
+    return session_settings(spark, {"spark.sql.shuffle.partitions": "1"})
 
 
 @contextmanager
@@ -407,7 +407,7 @@ def _run(
     cut = plans.chosen
     assert cut is not None
     clock.step("decoded the conditions")
-    partitions = _partitions(int(cut["cms"]), least)
+    partitions = partitions_for(int(cut["cms"]), least)
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))  # _tuned restores it
 
     def frames(ranks: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
@@ -561,7 +561,7 @@ def _ack_rows(
     return anomalies.ack_candidates(text, flagged)
 
 
-def _partitions(cms: int, least: int) -> int:
+def partitions_for(cms: int, least: int) -> int:
     """The audit's partitions, of the shared frames and of its shuffles: ``least`` (the
     options' or :func:`_least_partitions`), or more where the CMs would give a partition
     more than :data:`CMS_PER_PARTITION` on average (the per-CM hash tables of a task, the

@@ -18,15 +18,16 @@ itself, not Python loops), then times in the same session:
   re-evaluating each CM from its acks must do, to show how much of the audit's time is
   that work and how much is the audit's own design. Reported next to both.
 
-Both sides are timed the same way: one untimed run first (in a fresh JVM it pays for
+All three are timed the same way: one untimed run first (in a fresh JVM it pays for
 class loading, Janino compiling the generated classes and HotSpot compiling them; the
 audit's is reported as ``audit_cold_s``), then the best of three. Every run's time is in
 the JSON line. ``--cold`` times the audit's first run alone instead (the baseline is
 then still warm: its untimed run comes first).
 
-Prints one line per size, the ratios against their targets (audit / baseline <= 3; the
-largest size's audit / the smallest's <= 12 for 10x the acks), and ends with ONE JSON line
-holding every figure.
+Prints two lines per size (the audit and the baseline with their ratio against its
+target, audit / baseline <= 3; the floor against both), then the largest size's audit /
+the smallest's (target <= 12 for 10x the acks), and ends with ONE JSON line holding every
+figure.
 
     .venv/bin/python -m bench.audit_scale                      # 1M and 10M acks
     .venv/bin/python -m bench.audit_scale --sizes 100000       # a quick run

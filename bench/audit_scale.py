@@ -50,7 +50,13 @@ from pyspark.sql import functions as F
 from bench._common import emit_result, log
 from condmsg.archive_layout import ACKS, ANOMALIES
 from spark_audit.generate import GenerateSpec, Injected, generate
-from spark_audit.job import AuditOptions, partitions_for, run_audit, session_settings
+from spark_audit.job import (
+    AuditOptions,
+    audit_settings,
+    least_partitions,
+    partitions_for,
+    run_audit,
+)
 from spark_audit.readers import Window, read_parquet
 from spark_audit.session import SessionOptions, build_session
 from spark_audit.templates import default_templates
@@ -125,8 +131,9 @@ def floor(spark: SparkSession, directory: Path, partitions: int) -> None:
     instants, counted acks); the second groups it into a pickup-latency histogram per
     destination and recipient. Two queries, as a Spark plan is a tree: the join is
     computed once for each consumer, with no cache. No window, no plans, no detail
-    tables. As in the audit, adaptive execution is off and the shuffles have
-    ``partitions`` (the audit's rule, :func:`spark_audit.job.partitions_for`).
+    tables. It runs under the audit's settings
+    (:func:`spark_audit.job.audit_settings`: adaptive execution off, the shuffles on
+    ``partitions``, the audit's number for the store, see ``measure``).
     """
     data = read_parquet(spark, directory)
     key = F.xxhash64("cm_id").alias("key")
@@ -155,11 +162,7 @@ def floor(spark: SparkSession, directory: Path, partitions: int) -> None:
     histogram = joined.groupBy(
         "destination", "recipient", F.floor(F.log2(pickup)).alias("bin")
     ).count()
-    settings = {
-        "spark.sql.adaptive.enabled": "false",
-        "spark.sql.shuffle.partitions": str(partitions),
-    }
-    with session_settings(spark, settings):
+    with audit_settings(spark, partitions):
         _run(per_cm)
         _run(histogram)
 
@@ -232,7 +235,7 @@ def measure(
     baseline(spark, data_dir)
     scans = [timed(lambda: baseline(spark, data_dir))[0] for _ in range(3)]
     scan_s = min(scans)
-    partitions = partitions_for(spec.cms, spark.sparkContext.defaultParallelism)
+    partitions = partitions_for(spec.cms, least_partitions(spark))
     floor(spark, data_dir, partitions)
     floors = [timed(lambda: floor(spark, data_dir, partitions))[0] for _ in range(3)]
     floor_s = min(floors)

@@ -293,7 +293,7 @@ class _Output:
 
 
 @contextmanager
-def _tuned(spark: SparkSession, partitions: int) -> Iterator[None]:
+def audit_settings(spark: SparkSession, partitions: int) -> Iterator[None]:
     """Session settings for the audit's run, restored afterwards.
 
     * cached frames are stored uncompressed: building the compressed column batches
@@ -309,7 +309,7 @@ def _tuned(spark: SparkSession, partitions: int) -> Iterator[None]:
       200, every stage after a shuffle ran 200 tiny tasks: on two cores a warm 20 000-ack
       audit took 22.3-23.5 s, against 3.6-4.0 s with two partitions.
     """
-    with session_settings(
+    with _settings(
         spark,
         {
             "spark.sql.inMemoryColumnarStorage.compressed": "false",
@@ -321,7 +321,7 @@ def _tuned(spark: SparkSession, partitions: int) -> Iterator[None]:
 
 
 @contextmanager
-def session_settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+def _settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
     """``settings`` on the session while the block runs, restored afterwards (also when
     setting one of them fails)."""
     previous: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
@@ -341,7 +341,7 @@ def _small(spark: SparkSession) -> AbstractContextManager[None]:
     """For a query whose shuffles carry a few rows (at most :data:`DRIVER_ROWS`, or a few
     per task after a partial aggregation): its shuffles to one partition (one task per
     stage instead of ``spark.sql.shuffle.partitions``)."""
-    return session_settings(spark, {"spark.sql.shuffle.partitions": "1"})
+    return _settings(spark, {"spark.sql.shuffle.partitions": "1"})
 
 
 @contextmanager
@@ -383,8 +383,8 @@ def run_audit(
     ``data`` is the source as read (``read_parquet``, ``read_jdbc``) or already cut
     (``apply_window``): the audit cuts it at ``options.window`` itself.
     """
-    least = options.partitions or _least_partitions(spark)
-    with _tuned(spark, least):
+    least = options.partitions or least_partitions(spark)
+    with audit_settings(spark, least):
         return _run(spark, data, options, _Clock(progress), least)
 
 
@@ -408,7 +408,7 @@ def _run(
     assert cut is not None
     clock.step("decoded the conditions")
     partitions = partitions_for(int(cut["cms"]), least)
-    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))  # _tuned restores it
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))  # audit_settings restores it
 
     def frames(ranks: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
         """The cached CMs and acks. The acks' text columns only where ``evaluate`` judges
@@ -563,7 +563,7 @@ def _ack_rows(
 
 def partitions_for(cms: int, least: int) -> int:
     """The audit's partitions, of the shared frames and of its shuffles: ``least`` (the
-    options' or :func:`_least_partitions`), or more where the CMs would give a partition
+    options' or :func:`least_partitions`), or more where the CMs would give a partition
     more than :data:`CMS_PER_PARTITION` on average (the per-CM hash tables of a task, the
     join's and the aggregation's, then stay small).
 
@@ -573,7 +573,7 @@ def partitions_for(cms: int, least: int) -> int:
     return max(least, -(-cms // CMS_PER_PARTITION))
 
 
-def _least_partitions(spark: SparkSession) -> int:
+def least_partitions(spark: SparkSession) -> int:
     """The audit's partitions before it counts the CMs, where the options give none: one
     per core Spark runs tasks on (``defaultParallelism``) in local mode, or wherever
     ``spark.default.parallelism`` is set. On a cluster without it, executors may still

@@ -50,7 +50,7 @@ def _audit(spark: Any, store: Path, out: Path, partitions: int | None, progress:
 
 
 def test_one_partition_per_core_in_local_mode_and_more_for_many_cms(session_at_7: Any) -> None:
-    assert job._least_partitions(session_at_7) == 2  # not the session's 7
+    assert job.least_partitions(session_at_7) == 2  # not the session's 7
     assert job.partitions_for(0, 2) == 2
     assert job.partitions_for(2 * job.CMS_PER_PARTITION, 2) == 2
     assert job.partitions_for(5 * job.CMS_PER_PARTITION + 1, 2) == 6

@@ -70,6 +70,9 @@ from spark_audit.transforms.skew import receiver_rows
 DRIVER_ROWS = 200_000
 #: CMs per partition of the shared frames, at most (see ``partitions_for``).
 CMS_PER_PARTITION = 320_000
+#: File splits per partition the audit reads its inputs in, at least (``audit_settings``).
+READ_SPLITS = 4
+_MIN_SPLITS = "spark.sql.files.minPartitionNum"
 #: At most this many discrepancies are explained with ``evaluate`` on the driver.
 DRIVER_EXPLAIN = 10_000
 #: Detail tables whose first rows the report shows.
@@ -307,16 +310,21 @@ def audit_settings(spark: SparkSession, partitions: int) -> Iterator[None]:
       (``partitions_for``; :func:`_run` raises it once it knows the number of CMs), except
       the few small queries, which run on one (:func:`_small`). With Spark's default of
       200, every stage after a shuffle ran 200 tiny tasks: on two cores a warm 20 000-ack
-      audit took 22.3-23.5 s, against 3.6-4.0 s with two partitions.
+      audit took 22.3-23.5 s, against 3.6-4.0 s with two partitions;
+    * files are read in at least :data:`READ_SPLITS` splits per partition (unless the
+      session sets ``spark.sql.files.minPartitionNum`` itself): with Spark's default
+      (one per core) a file source is read in splits of up to 128 MB, so the 304 MB of
+      CMs at 10M acks were three tasks on two cores, the last one alone (eight now:
+      the best of five alternating runs 35.9 -> 34.9 s, the median 36.4 -> 36.0 s).
     """
-    with _settings(
-        spark,
-        {
-            "spark.sql.inMemoryColumnarStorage.compressed": "false",
-            "spark.sql.adaptive.enabled": "false",
-            "spark.sql.shuffle.partitions": str(partitions),
-        },
-    ):
+    settings = {
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        "spark.sql.adaptive.enabled": "false",
+        "spark.sql.shuffle.partitions": str(partitions),
+    }
+    if spark.conf.get(_MIN_SPLITS, None) is None:
+        settings[_MIN_SPLITS] = str(READ_SPLITS * partitions)
+    with _settings(spark, settings):
         yield
 
 
@@ -652,36 +660,40 @@ def _details(
     wrong = [c for c in candidates if c["decided"] and not c["agrees"]]
     late = [c for c in candidates if c["decided"] and c["late_acks"]]
     wrong_ids, late_ids = {c["cm_id"] for c in wrong}, {c["cm_id"] for c in late}
-    flagged = local_frame(
-        spark,
-        [
-            {
-                "cm_id": c["cm_id"],
-                "discrepant": c["cm_id"] in wrong_ids,
-                "multi": c["multi"] > 0,
-                "late": c["cm_id"] in late_ids,
-            }
-            for c in candidates
-            if c["cm_id"] in wrong_ids or c["multi"] > 0 or c["cm_id"] in late_ids
-        ],
-        _FLAGGED,
-    )
+    flags = [
+        {
+            "cm_id": c["cm_id"],
+            "discrepant": c["cm_id"] in wrong_ids,
+            "multi": c["multi"] > 0,
+            "late": c["cm_id"] in late_ids,
+        }
+        for c in candidates
+        if c["cm_id"] in wrong_ids or c["multi"] > 0 or c["cm_id"] in late_ids
+    ]
+    flagged, flagged_cms = local_frame(spark, flags, _FLAGGED), len(flags)
     expected = sum(
         ack_counts[k] for k in ("late_acks", "malformed_acks", "orphan_rows", *anomalies.PROBLEMS)
     )
-    rows = _ack_rows(data, options.window, shared, flagged, small=expected <= DRIVER_ROWS)
-    if expected <= DRIVER_ROWS:
-        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-    late_metrics = _late_effects(late, rows, output)
-    anomaly_frame = data.anomalies.where(seen_in(options.window, "recorded_at"))
-    with _small(spark):
-        kinds = dict(anomalies.anomaly_counts(anomaly_frame))
+    small = expected <= DRIVER_ROWS
+    # The stored reasons of the discrepancies are read from the source in a second
+    # thread: a scan of the CMs whose few tasks fill the cores the acks' scan leaves.
+    with _beside(spark, lambda: _stored_reasons(data, wrong)) as reading:
+        rows = _ack_rows(data, options.window, shared, flagged, small=small)
+        if small and flagged_cms <= DRIVER_EXPLAIN:
+            rows = _collected(rows)
+        elif small:
+            rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        late_metrics = _late_effects(late, rows, output)
+        anomaly_frame = data.anomalies.where(seen_in(options.window, "recorded_at"))
+        with _small(spark):  # the reasons' query has no shuffle for this to change
+            kinds = dict(anomalies.anomaly_counts(anomaly_frame))
+        reasons = reading.result()
     output.rows(
         "anomaly_counts",
         [{"kind": k, "count": v} for k, v in sorted(kinds.items())],
         SMALL_SCHEMAS["anomaly_counts"],
     )
-    _discrepancies(data, wrong, rows, output)
+    _discrepancies(wrong, reasons, rows, output)
     orphans = ack_counts["orphan_rows"] + kinds.get("unknown_cm", 0)
     mismatches = sum(ack_counts[p] for p in anomalies.PROBLEMS)
     output.frames(
@@ -702,6 +714,15 @@ def _details(
     )
     rows.unpersist()
     return late_metrics
+
+
+def _collected(frame: DataFrame) -> DataFrame:
+    """``frame`` computed once and held by the driver, as a frame of its rows.
+
+    For the candidate acks (few: see :func:`_details`): every detail table is then a
+    query of driver-side rows, planned without the cached frames' lineage (about a
+    second of planning at 1M acks) and run without touching the caches."""
+    return frame.sparkSession.createDataFrame(frame.toArrow(), frame.schema)
 
 
 def _late_effects(late: list[dict[str, Any]], rows: DataFrame, output: _Output) -> dict[str, int]:
@@ -733,19 +754,27 @@ def _late_effects(late: list[dict[str, Any]], rows: DataFrame, output: _Output) 
     }
 
 
+def _stored_reasons(data: AuditInput, wrong: list[dict[str, Any]]) -> dict[str, str | None]:
+    """``reasons_json`` of the ``wrong`` CMs, as the source stores it (by ``cm_id``)."""
+    if not wrong:
+        return {}
+    ids = local_frame(data.cms.sparkSession, [{"cm_id": c["cm_id"]} for c in wrong], _IDS)
+    stored = data.cms.join(F.broadcast(ids), "cm_id", "left_semi").select("cm_id", "reasons_json")
+    return {r["cm_id"]: r["reasons_json"] for r in stored.toArrow().to_pylist()}
+
+
 def _discrepancies(
-    data: AuditInput, wrong: list[dict[str, Any]], rows: DataFrame, output: _Output
+    wrong: list[dict[str, Any]],
+    reasons: Mapping[str, str | None],
+    rows: DataFrame,
+    output: _Output,
 ) -> None:
     """The disagreeing CMs with evidence: ``evaluate``'s verdict and reasons over their
-    counted acks, and the evaluator's stored reasons."""
+    counted acks, and the evaluator's stored reasons (``reasons``: by ``cm_id``)."""
     if not wrong:
         output.arrow("discrepancies", DISCREPANCY_SCHEMA.empty_table())
         return
-    spark = rows.sparkSession
     evidence = anomalies.flagged_acks(rows, "discrepant").where("counted")
-    ids = local_frame(spark, [{"cm_id": c["cm_id"]} for c in wrong], _IDS)
-    stored = data.cms.join(F.broadcast(ids), "cm_id", "left_semi").select("cm_id", "reasons_json")
-    reasons = {r["cm_id"]: r["reasons_json"] for r in stored.toArrow().to_pylist()}
     cases = [{**c, "at": c["effective_at"]} for c in wrong]
     counted: dict[str, int] = {}
     explained = _judged_with_acks(cases, evidence, counted=counted)

@@ -88,3 +88,46 @@ def test_partitions_below_one_are_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--parquet", str(tmp_path), "--out", str(tmp_path), "--shuffle-partitions", "0"])
     assert exited.value.code == 2
+
+
+SPLITS = "spark.sql.files.minPartitionNum"
+
+
+@pytest.mark.parametrize(("session", "expected"), [(None, str(job.READ_SPLITS * 2)), ("5", "5")])
+def test_the_run_reads_in_read_splits_per_partition_unless_the_session_says(
+    session_at_7: Any, store: Path, tmp_path: Path, session: str | None, expected: str
+) -> None:
+    if session is not None:
+        session_at_7.conf.set(SPLITS, session)
+    try:
+        seen: list[str | None] = []
+        _audit(
+            session_at_7,
+            store,
+            tmp_path,
+            None,
+            lambda _m: seen.append(session_at_7.conf.get(SPLITS, None)),
+        )
+        assert seen and set(seen) == {expected}
+        assert session_at_7.conf.get(SPLITS, None) == session
+    finally:
+        session_at_7.conf.unset(SPLITS)
+
+
+def test_more_read_splits_make_more_scan_tasks(spark: Any, store: Path) -> None:
+    """What the setting is for: the CMs' files read in more, smaller tasks."""
+
+    def tasks() -> int:  # a new frame each time: a frame keeps its first plan
+        return int(read_parquet(spark, store).cms.rdd.getNumPartitions())
+
+    # Spark never splits below spark.sql.files.openCostInBytes (4 MB): the test's files
+    # are a few kB.
+    spark.conf.set("spark.sql.files.openCostInBytes", "1")
+    try:
+        with job.audit_settings(spark, 1):
+            few = tasks()
+        with job.audit_settings(spark, 4):
+            more = tasks()
+    finally:
+        spark.conf.unset("spark.sql.files.openCostInBytes")
+    assert more > few

@@ -16,8 +16,9 @@ only here, at the edge. The work is a fixed, small number of Spark jobs:
    table, the totals and the rows of the CMs a per-CM detail table lists (by the CM's
    numbers; one lookup gives their ids);
 6. the acks of the ack-level detail tables: read again for the few CMs they belong to
-   (found by ``cm_key`` in the cached acks), then one query that collects every such
-   table small enough for the driver.
+   (found by ``cm_key`` in the cached acks) and collected once (beside them, in a second
+   thread, the discrepancies' stored reasons), then one query over those rows that
+   collects every such table small enough for the driver.
 
 Small tables are collected and written from the driver with pyarrow; a detail table with
 more than :data:`DRIVER_ROWS` rows is written by Spark.

@@ -16,9 +16,9 @@ only here, at the edge. The work is a fixed, small number of Spark jobs:
    table, the totals and the rows of the CMs a per-CM detail table lists (by the CM's
    numbers; one lookup gives their ids);
 6. the acks of the ack-level detail tables: read again for the few CMs they belong to
-   (found by ``cm_key`` in the cached acks) and collected once (beside them, in a second
-   thread, the discrepancies' stored reasons), then one query over those rows that
-   collects every such table small enough for the driver.
+   (found by ``cm_key`` in the cached acks) and, when they are few, collected once
+   (beside them, in a second thread, the discrepancies' stored reasons), then one query
+   over those rows that collects every such table small enough for the driver.
 
 Small tables are collected and written from the driver with pyarrow; a detail table with
 more than :data:`DRIVER_ROWS` rows is written by Spark.
@@ -71,7 +71,7 @@ from spark_audit.transforms.skew import receiver_rows
 DRIVER_ROWS = 200_000
 #: CMs per partition of the shared frames, at most (see ``partitions_for``).
 CMS_PER_PARTITION = 320_000
-#: File splits per partition the audit reads its inputs in, at least (``audit_settings``).
+#: File splits per partition the audit's inputs are sized for (``audit_settings``).
 READ_SPLITS = 4
 _MIN_SPLITS = "spark.sql.files.minPartitionNum"
 #: At most this many discrepancies are explained with ``evaluate`` on the driver.
@@ -312,10 +312,12 @@ def audit_settings(spark: SparkSession, partitions: int) -> Iterator[None]:
       the few small queries, which run on one (:func:`_small`). With Spark's default of
       200, every stage after a shuffle ran 200 tiny tasks: on two cores a warm 20 000-ack
       audit took 22.3-23.5 s, against 3.6-4.0 s with two partitions;
-    * files are read in at least :data:`READ_SPLITS` splits per partition (unless the
-      session sets ``spark.sql.files.minPartitionNum`` itself): with Spark's default
-      (one per core) a file source is read in splits of up to 128 MB, so the 304 MB of
-      CMs at 10M acks were three tasks on two cores, the last one alone (eight now:
+    * files are read in splits sized for :data:`READ_SPLITS` per partition the run
+      starts with, ``partitions`` (``spark.sql.files.minPartitionNum``, unless the
+      session sets it; a split never gets smaller than a Parquet row group or
+      ``spark.sql.files.openCostInBytes``): with Spark's default (one per core) a file
+      source is read in splits of up to 128 MB, so the 304 MB of CMs at 10M acks were
+      three tasks on two cores, the last one alone (eight now:
       the best of five alternating runs 35.9 -> 34.9 s, the median 36.4 -> 36.0 s).
     """
     settings = {
@@ -676,44 +678,52 @@ def _details(
         ack_counts[k] for k in ("late_acks", "malformed_acks", "orphan_rows", *anomalies.PROBLEMS)
     )
     small = expected <= DRIVER_ROWS
-    # The stored reasons of the discrepancies are read from the source in a second
-    # thread: a scan of the CMs whose few tasks fill the cores the acks' scan leaves.
-    with _beside(spark, lambda: _stored_reasons(data, wrong)) as reading:
-        rows = _ack_rows(data, options.window, shared, flagged, small=small)
-        if small and flagged_cms <= DRIVER_EXPLAIN:
-            rows = _collected(rows)
-        elif small:
-            rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-        late_metrics = _late_effects(late, rows, output)
-        anomaly_frame = data.anomalies.where(seen_in(options.window, "recorded_at"))
-        with _small(spark):  # the reasons' query has no shuffle for this to change
-            kinds = dict(anomalies.anomaly_counts(anomaly_frame))
-        reasons = reading.result()
-    output.rows(
-        "anomaly_counts",
-        [{"kind": k, "count": v} for k, v in sorted(kinds.items())],
-        SMALL_SCHEMAS["anomaly_counts"],
-    )
-    _discrepancies(wrong, reasons, rows, output)
-    orphans = ack_counts["orphan_rows"] + kinds.get("unknown_cm", 0)
-    mismatches = sum(ack_counts[p] for p in anomalies.PROBLEMS)
-    output.frames(
-        {
-            "late_acks": (anomalies.late_acks(rows), ack_counts["late_acks"]),
-            "orphan_acks": (anomalies.orphan_acks(rows, anomaly_frame), orphans),
-            "duplicate_acks": (
-                anomalies.duplicate_acks(anomaly_frame),
-                kinds.get("duplicate", 0),
-            ),
-            "multiple_consumptions": (
-                anomalies.multiple_consumptions(rows),
-                overall.get("multiple_consumptions", 0),
-            ),
-            "status_mismatches": (anomalies.status_mismatches(rows), mismatches),
-            "malformed_acks": (anomalies.malformed_acks(rows), ack_counts["malformed_acks"]),
-        }
-    )
-    rows.unpersist()
+    # The candidate acks (the listed ones and those of the flagged CMs): collected when
+    # few (DRIVER_ROWS listed ones, the acks of at most DRIVER_EXPLAIN flagged CMs);
+    # cached when only the listed ones are few; else read again by each query.
+    persisted: list[DataFrame] = []
+    try:
+        # The stored reasons of the discrepancies are read from the source in a second
+        # thread: a scan of the CMs whose few tasks fill the cores the acks' scan leaves.
+        with _beside(spark, lambda: _stored_reasons(data, wrong)) as reading:
+            rows = _ack_rows(data, options.window, shared, flagged, small=small)
+            if small and flagged_cms <= DRIVER_EXPLAIN:
+                rows = _collected(rows)
+            elif small:
+                rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+                persisted.append(rows)
+            late_metrics = _late_effects(late, rows, output)
+            anomaly_frame = data.anomalies.where(seen_in(options.window, "recorded_at"))
+            with _small(spark):  # the reasons' query has no shuffle for this to change
+                kinds = dict(anomalies.anomaly_counts(anomaly_frame))
+            reasons = reading.result()
+        output.rows(
+            "anomaly_counts",
+            [{"kind": k, "count": v} for k, v in sorted(kinds.items())],
+            SMALL_SCHEMAS["anomaly_counts"],
+        )
+        _discrepancies(wrong, reasons, rows, output)
+        orphans = ack_counts["orphan_rows"] + kinds.get("unknown_cm", 0)
+        mismatches = sum(ack_counts[p] for p in anomalies.PROBLEMS)
+        output.frames(
+            {
+                "late_acks": (anomalies.late_acks(rows), ack_counts["late_acks"]),
+                "orphan_acks": (anomalies.orphan_acks(rows, anomaly_frame), orphans),
+                "duplicate_acks": (
+                    anomalies.duplicate_acks(anomaly_frame),
+                    kinds.get("duplicate", 0),
+                ),
+                "multiple_consumptions": (
+                    anomalies.multiple_consumptions(rows),
+                    overall.get("multiple_consumptions", 0),
+                ),
+                "status_mismatches": (anomalies.status_mismatches(rows), mismatches),
+                "malformed_acks": (anomalies.malformed_acks(rows), ack_counts["malformed_acks"]),
+            }
+        )
+    finally:
+        for frame in persisted:
+            frame.unpersist()
     return late_metrics
 
 

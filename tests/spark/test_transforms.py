@@ -154,6 +154,10 @@ def audited(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
         "spark_audit.job.rates.rollup_frame",
         # The histogram's side, while the per-CM job runs beside it (it is cancelled).
         "spark_audit.job.Histograms",
+        # The detail step: the stored reasons in their second thread, and the main side
+        # while they are read.
+        "spark_audit.job._stored_reasons",
+        "spark_audit.job._late_effects",
     ],
 )
 def test_a_failure_on_either_side_of_the_two_threads_reaches_the_caller(
@@ -200,6 +204,34 @@ def test_a_job_submitted_beside_a_failed_block_is_cancelled_not_waited_for(
     with pytest.raises(RuntimeError, match="the block failed"):
         block()
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("DRIVER_EXPLAIN", 0),  # too many flagged CMs to collect their acks: cached
+        ("DRIVER_ROWS", 0),  # too many listed acks: neither collected nor cached
+    ],
+)
+def test_the_detail_tables_are_the_same_whichever_way_the_candidate_acks_are_held(
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    audited: dict[str, Any],
+    setting: str,
+    value: int,
+) -> None:
+    """The candidate acks are collected to the driver when they are few (the default
+    here); past either bound they stay in Spark, and every table is the same."""
+    monkeypatch.setattr(f"spark_audit.job.{setting}", value)
+    again = _audit(spark, tmp_path)
+    assert again["summary"]["metrics"] == audited["summary"]["metrics"]
+    for name, rows in audited["tables"].items():
+        assert _sorted(again["tables"][name]) == _sorted(rows), name
+
+
+def _sorted(rows: list[dict[str, Any]]) -> list[str]:
+    return sorted(repr(sorted(r.items())) for r in rows)
 
 
 def _by(rows: list[dict[str, Any]], *keys: str) -> dict[Any, dict[str, Any]]:

@@ -681,7 +681,7 @@ def _details(
     # The candidate acks (the listed ones and those of the flagged CMs): collected when
     # few (DRIVER_ROWS listed ones, the acks of at most DRIVER_EXPLAIN flagged CMs);
     # cached when only the listed ones are few; else read again by each query.
-    persisted: list[DataFrame] = []
+    cached: DataFrame | None = None
     try:
         # The stored reasons of the discrepancies are read from the source in a second
         # thread: a scan of the CMs whose few tasks fill the cores the acks' scan leaves.
@@ -690,8 +690,7 @@ def _details(
             if small and flagged_cms <= DRIVER_EXPLAIN:
                 rows = _collected(rows)
             elif small:
-                rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
-                persisted.append(rows)
+                rows = cached = rows.persist(StorageLevel.MEMORY_AND_DISK)
             late_metrics = _late_effects(late, rows, output)
             anomaly_frame = data.anomalies.where(seen_in(options.window, "recorded_at"))
             with _small(spark):  # the reasons' query has no shuffle for this to change
@@ -722,8 +721,8 @@ def _details(
             }
         )
     finally:
-        for frame in persisted:
-            frame.unpersist()
+        if cached is not None:
+            cached.unpersist()
     return late_metrics
 
 

@@ -209,8 +209,12 @@ def test_a_job_submitted_beside_a_failed_block_is_cancelled_not_waited_for(
 @pytest.mark.parametrize(
     ("setting", "value"),
     [
-        ("DRIVER_EXPLAIN", 0),  # too many flagged CMs to collect their acks: cached
-        ("DRIVER_ROWS", 0),  # too many listed acks: neither collected nor cached
+        # Too many flagged CMs to collect their acks: cached, and the CMs that
+        # ``evaluate`` explains are judged on the executors.
+        ("DRIVER_EXPLAIN", 0),
+        # Too many listed acks: neither collected nor cached, and every detail table
+        # written by Spark.
+        ("DRIVER_ROWS", 0),
     ],
 )
 def test_the_detail_tables_are_the_same_whichever_way_the_candidate_acks_are_held(

@@ -14,20 +14,28 @@ from typing import Any
 
 from condmsg import protocol as p
 from condmsg.errors import CondmsgError, ProtocolError
+from condmsg.limits import forbidden_character
 from condmsg.payloads import decode_payload
 
-_TOKEN = re.compile(r"^[0-9a-f]{64}$")
 #: The longest value of a header the receiver stores (its columns in ``ackd.tables``): a
 #: longer one could never be stored on PostgreSQL, so the copy is invalid.
 _LONGEST = {
-    p.H_CM_ID: 36,
-    p.H_DESTINATION: 255,
-    p.H_RECIPIENT: 255,
-    p.H_SENDER: 255,
-    p.H_SEQ_ID: 64,
+    p.H_CM_ID: p.MAX_CM_ID_CHARS,
+    p.H_DESTINATION: p.MAX_NAME_CHARS,
+    p.H_RECIPIENT: p.MAX_NAME_CHARS,
+    p.H_SENDER: p.MAX_NAME_CHARS,
+    p.H_SEQ_ID: p.MAX_SEQ_ID_CHARS,
+    p.H_TOKEN: 64,
+    p.H_KIND: 16,
+    p.H_REQUIRES: 16,
+    p.H_SENT_AT: p.MAX_INSTANT_CHARS,
 }
 #: The longest AMQP message id of an original copy (its RLOG row keeps it).
 LONGEST_COPY_MESSAGE_ID = 64
+#: The largest number of parts of a Message Sequence (the store's integer columns).
+MAX_SEQ_SIZE = 2**31 - 1
+_TOKEN = re.compile(p.TOKEN_PATTERN)
+_REQUIREMENTS = frozenset(r.value for r in p.Requirement)
 
 
 class InvalidMessage(CondmsgError):
@@ -52,40 +60,60 @@ class Inbound:
 
 
 def _text(headers: dict[str, Any], name: str, *, required: bool = True) -> str | None:
-    value = headers.get(name)
+    if name not in headers:
+        if required:
+            raise InvalidMessage(f"missing header {name}")
+        return None
+    value = headers[name]
     if isinstance(value, bytes):  # pika hands AMQP long strings over as bytes at times
         try:
             value = value.decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidMessage(f"header {name} is not UTF-8") from None
-    if value is None:
-        if required:
-            raise InvalidMessage(f"missing header {name}")
-        return None
     if not isinstance(value, str) or not value:
         raise InvalidMessage(f"header {name} must be a non-empty string")
-    if "\x00" in value:  # no PostgreSQL text can hold it: the RLOG and ack rows would fail
-        raise InvalidMessage(f"header {name} contains a NUL character")
     longest = _LONGEST.get(name)
     if longest is not None and len(value) > longest:
         raise InvalidMessage(f"header {name} is longer than {longest} characters")
+    bad = forbidden_character(value)
+    if bad is not None:  # no PostgreSQL text holds a NUL: the RLOG and ack rows would fail
+        raise InvalidMessage(f"header {name} contains {bad}")
     return value
 
 
 def _int(headers: dict[str, Any], name: str) -> int:
     value = headers.get(name)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidMessage(f"header {name} must be an integer, got {value!r}")
+        raise InvalidMessage(f"header {name} must be an integer, got {_show(value)}")
     return value
 
 
+def _show(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "a large integer"
+    return repr(value)[:40] if isinstance(value, str | int | float | None) else type(value).__name__
+
+
 def parse(headers: dict[str, Any] | None, reply_to: str | None) -> Inbound:
-    """The condmsg facts in ``headers``; raises :class:`InvalidMessage` if malformed."""
-    headers = headers or {}
+    """The condmsg facts in ``headers``; raises :class:`InvalidMessage` if malformed, and
+    nothing else for any header values (``condmsg/schema/headers.schema.json`` is the spec)."""
+    try:
+        return _parse(headers or {}, reply_to)
+    except InvalidMessage:
+        raise
+    except Exception as exc:
+        # A bug in the checks must cost one message (to the invalid queue), not the receiver.
+        raise InvalidMessage(f"headers could not be read ({type(exc).__name__})") from exc
+
+
+def _parse(headers: dict[str, Any], reply_to: str | None) -> Inbound:
+    if not isinstance(headers, dict):
+        raise InvalidMessage("headers must be a table")
     if p.H_VERSION not in headers:
         return Inbound(kind=None)
-    if headers[p.H_VERSION] != p.PROTOCOL_VERSION:
-        raise InvalidMessage(f"unsupported {p.H_VERSION} {headers[p.H_VERSION]!r}")
+    version = headers[p.H_VERSION]
+    if type(version) is not int or version != p.PROTOCOL_VERSION:  # not True, not 1.0
+        raise InvalidMessage(f"unsupported {p.H_VERSION} {_show(version)}")
     raw_kind = _text(headers, p.H_KIND)
     try:
         kind = p.MessageKind(str(raw_kind))
@@ -97,8 +125,11 @@ def parse(headers: dict[str, Any] | None, reply_to: str | None) -> Inbound:
     except ProtocolError as exc:
         raise InvalidMessage(str(exc)) from None
     token = _text(headers, p.H_TOKEN, required=kind is p.MessageKind.ORIGINAL)
-    if token is not None and not _TOKEN.match(token):
-        raise InvalidMessage(f"header {p.H_TOKEN} is not a 64-digit hex HMAC")
+    if token is not None and not _TOKEN.fullmatch(token):
+        raise InvalidMessage(f"header {p.H_TOKEN} is not a 64-digit hex HMAC (lowercase)")
+    requires = _text(headers, p.H_REQUIRES, required=False)
+    if requires is not None and requires not in _REQUIREMENTS:
+        raise InvalidMessage(f"unknown {p.H_REQUIRES} {requires!r}")
     if kind is p.MessageKind.ORIGINAL and not reply_to:
         raise InvalidMessage("an original copy needs reply_to (the sender's ack queue)")
     if reply_to is not None and "\x00" in reply_to:
@@ -115,10 +146,14 @@ def parse(headers: dict[str, Any] | None, reply_to: str | None) -> Inbound:
     )
     if p.H_SEQ_ID not in headers:
         return inbound
+    if kind is not p.MessageKind.ORIGINAL:
+        raise InvalidMessage(f"a {kind.value} is never split into a sequence ({p.H_SEQ_ID})")
     seq_id = _text(headers, p.H_SEQ_ID)
     pos, size = _int(headers, p.H_SEQ_POS), _int(headers, p.H_SEQ_SIZE)
-    if size < 2 or not 0 <= pos < size:
-        raise InvalidMessage(f"sequence position {pos} of size {size} is out of range")
+    if not 2 <= size <= MAX_SEQ_SIZE or not 0 <= pos < size:
+        raise InvalidMessage(
+            f"sequence position {_show(pos)} of size {_show(size)} is out of range"
+        )
     return Inbound(
         kind=inbound.kind,
         cm_id=inbound.cm_id,
@@ -145,15 +180,32 @@ def check_message_id(message_id: str | None, inbound: Inbound) -> None:
         raise InvalidMessage(f"message_id is longer than {LONGEST_COPY_MESSAGE_ID} characters")
 
 
-def check_token(inbound: Inbound, secret: bytes | None) -> None:
-    """With the deployment secret at hand, reject a copy whose token does not verify."""
-    if secret is None or inbound.kind is not p.MessageKind.ORIGINAL:
+def check_token(inbound: Inbound, secret: bytes | None, body: bytes) -> None:
+    """With the deployment secret at hand, reject a message whose token is missing or does
+    not verify: an original or a sequence part carries its copy's token (over CM id,
+    destination and recipient), a compensation or success notice a control token that also
+    covers ``body``. Without a secret nothing is checked (``docs/security.md``)."""
+    if secret is None or inbound.kind is None:
         return
-    assert inbound.cm_id and inbound.destination and inbound.token
-    if not p.verify_token(
-        secret, inbound.token, inbound.cm_id, inbound.destination, inbound.recipient
+    assert inbound.cm_id and inbound.destination
+    if inbound.token is None:
+        raise InvalidMessage(f"missing header {p.H_TOKEN}: a {inbound.kind.value} must be signed")
+    if inbound.kind is p.MessageKind.ORIGINAL:
+        if not p.verify_token(
+            secret, inbound.token, inbound.cm_id, inbound.destination, inbound.recipient
+        ):
+            raise InvalidMessage("bad token: the copy's HMAC does not verify")
+        return
+    if not p.verify_control_token(
+        secret,
+        inbound.token,
+        inbound.kind.value,
+        inbound.cm_id,
+        inbound.destination,
+        inbound.recipient,
+        body,
     ):
-        raise InvalidMessage("bad token: the copy's HMAC does not verify")
+        raise InvalidMessage(f"bad token: the {inbound.kind.value}'s HMAC does not verify")
 
 
 def check_payload(body: bytes, content_type: str | None) -> None:

@@ -350,7 +350,7 @@ class Receiver(OwnsOutbox):
         try:
             inbound = parse(delivery.headers, props.reply_to)
             check_message_id(props.message_id, inbound)
-            check_token(inbound, self.secret)
+            check_token(inbound, self.secret, delivery.body)
         except InvalidMessage as exc:
             self._invalid(delivery, str(exc))
             return None

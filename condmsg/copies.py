@@ -231,8 +231,10 @@ def notice_message(
     routing_key: str,
     body: bytes,
     content_type: str | None,
+    secret: bytes,
 ) -> OutboxMessage:
-    """A compensation or success notice for one destination of a decided CM.
+    """A compensation or success notice for one destination of a decided CM, signed with
+    :func:`condmsg.protocol.control_token` (keyed by ``secret``, the deployment secret).
 
     Compensations travel at :data:`COMPENSATION_PRIORITY`, above any application priority,
     so that they usually overtake an unread original (the receiver's RLOG then drops both).
@@ -246,6 +248,7 @@ def notice_message(
         p.H_DESTINATION: destination,
         p.H_SENDER: sender,
         p.H_SENT_AT: p.format_instant(sent_at),
+        p.H_TOKEN: p.control_token(secret, kind.value, cm_id, destination, recipient, body),
     }
     if recipient is not None:
         headers[p.H_RECIPIENT] = recipient

@@ -34,13 +34,19 @@ def encode_payload(payload: object, content_type: str | None = None) -> tuple[by
 
 
 def decode_payload(body: bytes, content_type: str | None) -> Any:
-    """The object the sender passed, judged by content type (unknown types stay bytes)."""
+    """The object the sender passed, judged by content type (unknown types stay bytes).
+
+    Raises :class:`ProtocolError` and nothing else for a body that does not decode: JSON
+    nested deeper than the interpreter's recursion limit included.
+    """
     kind = (content_type or "").split(";", 1)[0].strip().lower()
     try:
         if kind == "application/json" or kind.endswith("+json"):
             return json.loads(body)
         if kind.startswith("text/"):
             return body.decode("utf-8")
-    except (ValueError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        raise ProtocolError(f"payload nests too deeply to decode as {kind}") from None
+    except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
         raise ProtocolError(f"payload does not decode as {kind} ({exc})") from None
     return body

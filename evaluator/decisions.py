@@ -43,10 +43,12 @@ def judge(
     now: datetime,
     ack_grace: timedelta,
     instance: str,
+    secret: bytes,
     acks: Mapping[str, Sequence[Ack]] | None = None,
     copies: Mapping[str, Mapping[str, store.CopyRow]] | None = None,
 ) -> Decided:
-    """Evaluate the pending CMs among ``cms`` and decide those whose verdict is final.
+    """Evaluate the pending CMs among ``cms`` and decide those whose verdict is final
+    (``secret`` signs the compensations and success notices).
 
     ``acks`` (the counted acks per CM) and ``copies`` (per CM, by destination) spare the
     queries when the caller has them already (the ack intake does); else they are read.
@@ -85,7 +87,7 @@ def judge(
         session, rows, instance=instance, decided_at=now, effective_at=effective
     )
     decided = [pending[cm_id] for cm_id in verdicts if cm_id in won]
-    _write_actions(session, decided, verdicts, now, copies)
+    _write_actions(session, decided, verdicts, now, copies, secret=secret)
     done.outcomes = [verdicts[cm.cm_id][0] for cm in decided]
     return done
 
@@ -114,6 +116,8 @@ def _write_actions(
     outcomes: dict[str, tuple[Outcome, bytes]],
     now: datetime,
     copies: Mapping[str, Mapping[str, store.CopyRow]] | None,
+    *,
+    secret: bytes,
 ) -> None:
     if not cms:
         return
@@ -137,7 +141,7 @@ def _write_actions(
             cm_copies = copies.get(cm.cm_id, {})
             notice = json.dumps({"cm_id": cm.cm_id, "verdict": "satisfied"}).encode()
             messages += [
-                _notice(p.MessageKind.SUCCESS, cm, copy, notice, JSON)
+                _notice(p.MessageKind.SUCCESS, cm, copy, notice, JSON, secret=secret)
                 for copy in cm_copies.values()
             ]
         elif outcome.verdict is Verdict.VIOLATED:
@@ -148,7 +152,14 @@ def _write_actions(
                 copy = cm_copies.get(row.destination)
                 if copy is not None:
                     messages.append(
-                        _notice(p.MessageKind.COMPENSATION, cm, copy, row.body, row.content_type)
+                        _notice(
+                            p.MessageKind.COMPENSATION,
+                            cm,
+                            copy,
+                            row.body,
+                            row.content_type,
+                            secret=secret,
+                        )
                     )
     if failed:
         store.release_compensations(session, failed, now)
@@ -175,6 +186,8 @@ def _notice(
     copy: store.CopyRow,
     body: bytes,
     content_type: str | None,
+    *,
+    secret: bytes,
 ) -> OutboxMessage:
     return notice_message(
         kind=kind,
@@ -187,4 +200,5 @@ def _notice(
         routing_key=copy.routing_key,
         body=body,
         content_type=content_type,
+        secret=secret,
     )

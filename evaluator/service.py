@@ -314,6 +314,7 @@ class Evaluator:
                 now=now,
                 ack_grace=self.ack_grace,
                 instance=self.instance,
+                secret=self.secret,
                 acks=intake.acks,
                 copies=intake.copies,
             )
@@ -345,7 +346,12 @@ class Evaluator:
                     break
                 cms = store.load_cms(session, ids)
                 result = decisions.judge(
-                    session, cms, now=now, ack_grace=self.ack_grace, instance=self.instance
+                    session,
+                    cms,
+                    now=now,
+                    ack_grace=self.ack_grace,
+                    instance=self.instance,
+                    secret=self.secret,
                 )
             self.metrics.observe_decisions(result.outcomes)
             decided += len(result.outcomes)

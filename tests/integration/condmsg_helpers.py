@@ -143,5 +143,6 @@ def publish_compensation(
             routing_key=queue,
             body=body,
             content_type="application/octet-stream",
+            secret=SECRET,
         ),
     )

@@ -10,6 +10,12 @@ Document shape (``schema`` is required and must be a supported version)::
 Durations are integer milliseconds in keys ending ``_ms``; unset attributes are omitted.
 Unknown fields, wrong types and a missing or unsupported schema raise
 :class:`ConditionError` naming the node's path (``root[1][0]``) and the field.
+
+Limits (``docs/conditions.md``): a document of at most :data:`MAX_DOCUMENT_BYTES`, a tree
+of at most ``MAX_DEPTH`` levels and ``MAX_NODES`` nodes, durations of at most
+``MAX_DURATION``, names within the store's columns and free of control characters
+(:mod:`condmsg.conditions`, :mod:`condmsg.limits`). Decoding raises
+:class:`ConditionError` and nothing else, whatever the input.
 """
 
 from __future__ import annotations
@@ -18,7 +24,14 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from condmsg.conditions import Condition, Destination, DestinationSet
+from condmsg.conditions import (
+    MAX_DEPTH,
+    MAX_DURATION,
+    MAX_NODES,
+    Condition,
+    Destination,
+    DestinationSet,
+)
 from condmsg.errors import ConditionError
 from condmsg.timeutil import from_ms, to_ms
 
@@ -35,6 +48,10 @@ _INTS = ("min_pickup", "max_pickup", "min_process", "max_process", "priority")
 _COMMON = {"type", *_DURATIONS, *_INTS, "persistent"}
 _DESTINATION = _COMMON | {"name", "recipient", "exchange", "routing_key"}
 _SET = _COMMON | {"members"}
+#: Longest condition document read (bytes, before parsing): MAX_NODES nodes with long
+#: names fit in well under it.
+MAX_DOCUMENT_BYTES = 1_048_576
+_MAX_DURATION_MS = to_ms(MAX_DURATION)
 
 
 def condition_to_dict(condition: Condition) -> dict[str, Any]:
@@ -48,14 +65,38 @@ def condition_to_json(condition: Condition) -> str:
 
 
 def condition_from_json(document: str | bytes) -> Condition:
+    """Decode and validate a condition document; raises :class:`ConditionError` only."""
+    if not isinstance(document, str | bytes | bytearray):
+        raise ConditionError(f"condition JSON: a str or bytes, not {type(document).__name__}")
+    if len(document) > MAX_DOCUMENT_BYTES:
+        raise ConditionError(
+            f"condition JSON: the document is longer than {MAX_DOCUMENT_BYTES} bytes"
+        )
     try:
         data = json.loads(document)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        raise ConditionError(
+            f"condition JSON: nested too deeply (a tree has at most {MAX_DEPTH} levels)"
+        ) from None
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError
         raise ConditionError(f"condition JSON: not valid JSON ({exc})") from None
     return condition_from_dict(data)
 
 
 def condition_from_dict(data: object) -> Condition:
+    """Validate a decoded condition document; raises :class:`ConditionError` only."""
+    try:
+        return _document_from_dict(data)
+    except ConditionError:
+        raise
+    except Exception as exc:
+        # A bug in the checks must cost one document, never the service reading it.
+        raise ConditionError(
+            f"condition JSON: could not be read ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def _document_from_dict(data: object) -> Condition:
     if not isinstance(data, dict):
         raise ConditionError("condition JSON: the document must be an object")
     unknown = set(data) - {"schema", "condition"}
@@ -73,7 +114,7 @@ def condition_from_dict(data: object) -> Condition:
         )
     if "condition" not in data:
         raise ConditionError("condition JSON: missing 'condition'")
-    condition = _node_from_dict(data["condition"], "root")
+    condition = _node_from_dict(data["condition"], "root", 1, _Count())
     try:
         condition.validate()
     except ConditionError as exc:
@@ -104,7 +145,22 @@ def _node_to_dict(node: Condition) -> dict[str, Any]:
     return out
 
 
-def _node_from_dict(data: object, path: str) -> Condition:
+class _Count:
+    """Nodes decoded so far in one document."""
+
+    __slots__ = ("nodes",)
+
+    def __init__(self) -> None:
+        self.nodes = 0
+
+
+def _node_from_dict(data: object, path: str, level: int, count: _Count) -> Condition:
+    # Checked while descending, before a deeper call: recursion stays within MAX_DEPTH.
+    if level > MAX_DEPTH:
+        raise ConditionError(f"{path}: the tree is deeper than {MAX_DEPTH} levels")
+    count.nodes += 1
+    if count.nodes > MAX_NODES:
+        raise ConditionError(f"{path}: the tree has more than {MAX_NODES} nodes")
     if not isinstance(data, dict):
         raise ConditionError(f"{path}: a node must be an object, got {type(data).__name__}")
     kind = data.get("type")
@@ -119,7 +175,7 @@ def _node_from_dict(data: object, path: str) -> Condition:
     options: dict[str, Any] = {}
     for key, attr in _DURATIONS.items():
         if key in data:
-            options[attr] = from_ms(_int(data[key], path, key))
+            options[attr] = from_ms(_duration_ms(data[key], path, key))
     for attr in _INTS:
         if attr in data:
             options[attr] = _int(data[attr], path, attr)
@@ -144,7 +200,11 @@ def _node_from_dict(data: object, path: str) -> Condition:
         members_raw = data.get("members")
         if not isinstance(members_raw, list):
             raise ConditionError(f"{path}: members must be a list")
-        members = [_node_from_dict(m, f"{path}[{i}]") for i, m in enumerate(members_raw)]
+        if len(members_raw) > MAX_NODES:
+            raise ConditionError(f"{path}: members has more than {MAX_NODES} entries")
+        members = [
+            _node_from_dict(m, f"{path}[{i}]", level + 1, count) for i, m in enumerate(members_raw)
+        ]
         return DestinationSet(*members, **options)
     except ConditionError as exc:
         text = str(exc)
@@ -155,5 +215,27 @@ def _node_from_dict(data: object, path: str) -> Condition:
 
 def _int(value: object, path: str, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConditionError(f"{path}: {key} must be an integer, got {value!r}")
+        raise ConditionError(f"{path}: {key} must be an integer, got {_shown(value)}")
     return value
+
+
+def _duration_ms(value: object, path: str, key: str) -> int:
+    """Milliseconds within MAX_DURATION (10**30 would overflow a timedelta)."""
+    ms = _int(value, path, key)
+    if ms < -_MAX_DURATION_MS:  # the model says why a small one is wrong (not positive)
+        raise ConditionError(f"{path}: {key} must be positive, got {_shown(ms)}")
+    if ms > _MAX_DURATION_MS:
+        raise ConditionError(
+            f"{path}: {key} must be at most {_MAX_DURATION_MS} ms "
+            f"({MAX_DURATION.days} days), got {_shown(ms)}"
+        )
+    return ms
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "a very large integer"  # repr() refuses ints of more than 4300 digits
+    text = repr(value) if isinstance(value, str | int | float | bool | None) else None
+    if text is None:
+        return type(value).__name__
+    return text if len(text) <= 60 else f"{text[:57]}..."

@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from condmsg.errors import ConditionError
+from condmsg.limits import forbidden_character
 from condmsg.timeutil import describe_duration, is_whole_ms
 
 #: Highest priority an application may give a copy. Compensations travel above it.
@@ -44,6 +45,16 @@ COMPENSATION_PRIORITY = 10
 QUEUE_MAX_PRIORITY = COMPENSATION_PRIORITY
 #: AMQP short strings (queue and exchange names) are at most 255 bytes.
 MAX_NAME_BYTES = 255
+#: Longest duration of any attribute (100 years of 365.25 days): longer ones are no
+#: deadline anyone waits for, and past it dates overflow (Python stops at year 9999).
+MAX_DURATION = timedelta(days=36525)
+#: Largest count (``min_*``/``max_*``): a signed 32-bit integer, as every store and
+#: language that reads the condition JSON holds it.
+MAX_COUNT = 2**31 - 1
+#: Deepest tree (levels, the root is 1) and most nodes (sets and destinations): bounds
+#: on what a sender stores and every decoder then walks.
+MAX_DEPTH = 32
+MAX_NODES = 1000
 
 
 class Kind(StrEnum):
@@ -245,6 +256,8 @@ class Condition:
                 raise self._fail(name, f"must be positive, got {value}")
             if not is_whole_ms(value):
                 raise self._fail(name, f"must be a whole number of milliseconds, got {value}")
+            if value > MAX_DURATION:
+                raise self._fail(name, f"must be at most {MAX_DURATION.days} days, got {value}")
         for name in _COUNT_FIELDS:
             value = getattr(self, name)
             if value is None:
@@ -253,6 +266,8 @@ class Condition:
                 raise self._fail(name, f"must be an int, got {type(value).__name__}")
             if value < 0:
                 raise self._fail(name, f"must not be negative, got {value}")
+            if value > MAX_COUNT:
+                raise self._fail(name, f"must be at most {MAX_COUNT}")
         for kind in Kind:
             low, high = self.min_count(kind), self.max_count(kind)
             if low is not None and high is not None and low > high:
@@ -276,13 +291,20 @@ class Condition:
                 )
 
 
-def _check_name(owner: str, attribute: str, value: object, *, optional: bool) -> None:
+def _check_name(
+    owner: str, attribute: str, value: object, *, optional: bool, empty: bool = False
+) -> None:
+    """A queue, exchange, routing key or recipient name: an AMQP short string that the
+    store's columns and the tokens' recipe can hold (see :mod:`condmsg.limits`)."""
     if value is None and optional:
         return
     if not isinstance(value, str):
         raise ConditionError(f"{owner}: {attribute} must be a str, got {type(value).__name__}")
-    if not value.strip():
+    if not empty and not value.strip():
         raise ConditionError(f"{owner}: {attribute} must not be empty")
+    bad = forbidden_character(value)  # before encode(): a lone surrogate does not encode
+    if bad is not None:
+        raise ConditionError(f"{owner}: {attribute} contains {bad}")
     if len(value.encode()) > MAX_NAME_BYTES:
         raise ConditionError(f"{owner}: {attribute} is longer than {MAX_NAME_BYTES} bytes")
 
@@ -303,14 +325,13 @@ class Destination(Condition):
     routing_key: str | None = None
 
     def __post_init__(self) -> None:
-        _check_name(f"destination {self.name!r}", "name", self.name, optional=False)
+        _check_name(f"destination {_shown(self.name)}", "name", self.name, optional=False)
         _check_name(self.label, "recipient", self.recipient, optional=True)
         _check_name(self.label, "exchange", self.exchange, optional=True)
         if self.routing_key is not None:
             if self.exchange is None:
                 raise self._fail("routing_key", "needs an exchange (a topic destination)")
-            if not isinstance(self.routing_key, str):
-                raise self._fail("routing_key", "must be a str")
+            _check_name(self.label, "routing_key", self.routing_key, optional=True, empty=True)
         Condition.__post_init__(self)
         for kind in Kind:
             if not self.has_counts(kind):
@@ -386,6 +407,7 @@ class DestinationSet(Condition):
                 )
         if not self.members:
             raise ConditionError("set{}: members must not be empty (an empty DestinationSet)")
+        _check_size(self)
         Condition.__post_init__(self)
         size = len(self.members)
         for name in _COUNT_FIELDS:
@@ -411,6 +433,28 @@ class DestinationSet(Condition):
     @property
     def label(self) -> str:
         return "set{" + ",".join(_short(m) for m in self.members) + "}"
+
+
+def _check_size(root: DestinationSet) -> None:
+    """Hold the tree within :data:`MAX_DEPTH` and :data:`MAX_NODES`, without recursion (a
+    deeper tree would overflow the recursive walks before their checks)."""
+    nodes, stack = 1, [(member, 2) for member in root.members]
+    while stack:
+        node, level = stack.pop()
+        nodes += 1
+        if level > MAX_DEPTH:
+            raise ConditionError(
+                f"{root.label}: the tree is deeper than {MAX_DEPTH} levels (MAX_DEPTH)"
+            )
+        if nodes > MAX_NODES:
+            raise ConditionError(f"{root.label}: the tree has more than {MAX_NODES} nodes")
+        stack.extend((member, level + 1) for member in node.members)
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, shortened for an error message."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _short(node: Condition) -> str:

@@ -72,12 +72,12 @@ def _text(headers: dict[str, Any], name: str, *, required: bool = True) -> str |
             raise InvalidMessage(f"header {name} is not UTF-8") from None
     if not isinstance(value, str) or not value:
         raise InvalidMessage(f"header {name} must be a non-empty string")
-    longest = _LONGEST.get(name)
-    if longest is not None and len(value) > longest:
-        raise InvalidMessage(f"header {name} is longer than {longest} characters")
     bad = forbidden_character(value)
     if bad is not None:  # no PostgreSQL text holds a NUL: the RLOG and ack rows would fail
         raise InvalidMessage(f"header {name} contains {bad}")
+    longest = _LONGEST.get(name)
+    if longest is not None and len(value) > longest:
+        raise InvalidMessage(f"header {name} is longer than {longest} characters")
     return value
 
 

@@ -27,14 +27,15 @@ _FORBIDDEN = re.compile("[\x00-\x1f\ud800-\udfff]")
 
 
 def forbidden_character(value: str) -> str | None:
-    """What ``value`` holds that no name may (``'a NUL character (U+0000)'``), or None."""
+    """What ``value`` holds that no name may (``'a NUL character'``, ``'a control character
+    (U+001F)'``, ``'an unpaired surrogate (U+D800)'``), or None."""
     if value.isprintable():  # the usual case, in C: no control character, no surrogate
         return None
     found = _FORBIDDEN.search(value)
     if found is None:
         return None
     code = ord(found.group())
-    what = "a NUL character" if code == 0 else "a control character"
-    if code > 0x1F:
-        what = "an unpaired surrogate"
+    if code == 0:
+        return "a NUL character"
+    what = "a control character" if code < 0x20 else "an unpaired surrogate"
     return f"{what} (U+{code:04X})"

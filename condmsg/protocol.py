@@ -387,12 +387,12 @@ def _text(value: object, field: str) -> str:
     (a NUL would fail every batch the ack is in: no PostgreSQL text holds one)."""
     if type(value) is not str or not value:
         raise ProtocolError(f"ack field {field!r} must be a non-empty string, got {_show(value)}")
-    longest = ACK_FIELD_CHARS[field]
-    if len(value) > longest:
-        raise ProtocolError(f"ack field {field!r} is longer than {longest} characters")
     bad = forbidden_character(value)
     if bad is not None:
         raise ProtocolError(f"ack field {field!r} contains {bad}")
+    longest = ACK_FIELD_CHARS[field]
+    if len(value) > longest:
+        raise ProtocolError(f"ack field {field!r} is longer than {longest} characters")
     return value
 
 

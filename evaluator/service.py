@@ -229,6 +229,8 @@ class Evaluator:
     def prepare(self) -> None:
         """Make the store ready once (its tables, the secret); raises if the database
         cannot be reached (:meth:`run` retries)."""
+        if self._prepared:  # every batch asks: no lock once it is done
+            return
         with self._preparing:
             if self._prepared:
                 return

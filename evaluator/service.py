@@ -144,7 +144,7 @@ class Evaluator:
         self.engine = engine if engine is not None else make_engine(str(db_url))
         self._create = create
         self._secret = secret or None
-        self._prepared = False
+        self._prepared = threading.Event()
         self._preparing = threading.Lock()
         self.ack_grace = ack_grace
         if clock_skew < timedelta(0):
@@ -229,10 +229,10 @@ class Evaluator:
     def prepare(self) -> None:
         """Make the store ready once (its tables, the secret); raises if the database
         cannot be reached (:meth:`run` retries)."""
-        if self._prepared:  # every batch asks: no lock once it is done
+        if self._prepared.is_set():  # every batch asks: no lock once it is done
             return
         with self._preparing:
-            if self._prepared:
+            if self._prepared.is_set():
                 return
             if self._create:
                 create_tables(self.engine)
@@ -244,7 +244,7 @@ class Evaluator:
                 self.workers.config = dataclasses.replace(
                     self.workers.config, secret_hex=self._secret.hex()
                 )
-            self._prepared = True
+            self._prepared.set()
 
     def wait_until_prepared(self, stop: threading.Event | None = None) -> bool:
         """:meth:`prepare`, retried with backoff while the database is unreachable (each

@@ -183,6 +183,7 @@ class AnomalyKind(StrEnum):
     AFTER_DECISION = "after_decision"
     LATE_CHANGES_VERDICT = "late_changes_verdict"
     MALFORMED = "malformed"
+    CLOCK_SKEW = "clock_skew"
 
 
 # -- Arrow schemas and the manifest --------------------------------------------------------

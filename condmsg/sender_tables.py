@@ -141,3 +141,4 @@ class AnomalyKind(StrEnum):
     AFTER_DECISION = "after_decision"
     LATE_CHANGES_VERDICT = "late_changes_verdict"
     MALFORMED = "malformed"
+    CLOCK_SKEW = "clock_skew"

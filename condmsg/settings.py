@@ -25,12 +25,16 @@ ENV_TEST_PG_URL = "CONDMSG_TEST_PG_URL"
 ENV_RETENTION = "CONDMSG_RETENTION"
 ENV_ARCHIVE_DIR = "CONDMSG_ARCHIVE_DIR"
 ENV_RETENTION_INTERVAL_S = "CONDMSG_RETENTION_INTERVAL_S"
+ENV_CLOCK_SKEW_MS = "CONDMSG_CLOCK_SKEW_MS"
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_DB_URL = "sqlite:///condmsg.db"
 DEFAULT_TEST_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_ACK_GRACE = timedelta(milliseconds=250)
 DEFAULT_RETENTION_INTERVAL_S = 3600.0
+#: How far a receiver's clock may be from the evaluator's before its acks' times are
+#: implausible (read before the CM was sent, or after the ack was received).
+DEFAULT_CLOCK_SKEW = timedelta(milliseconds=1000)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +44,10 @@ class Settings:
     ``retention`` (None: keep everything) is how long the evaluator keeps a decided CM
     before archiving it to Parquet under ``archive_dir`` and deleting it; its job runs
     every ``retention_interval_s`` seconds.
+
+    ``clock_skew`` is the evaluator's tolerance for receivers' clocks: an ack read before
+    its CM's ``sent_at - clock_skew``, or read or committed after its receipt ``+
+    clock_skew``, is a ``clock_skew`` anomaly and does not count.
     """
 
     amqp_url: str = DEFAULT_AMQP_URL
@@ -50,6 +58,7 @@ class Settings:
     retention: timedelta | None = None
     archive_dir: Path | None = None
     retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_S
+    clock_skew: timedelta = DEFAULT_CLOCK_SKEW
 
     def __repr__(self) -> str:  # never print the secret
         return (
@@ -65,17 +74,11 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
         grace_raw = env.get(ENV_ACK_GRACE_MS)
-        ack_grace = DEFAULT_ACK_GRACE
-        if grace_raw is not None:
-            try:
-                grace_ms = int(grace_raw)
-            except ValueError:
-                raise ConfigError(
-                    f"{ENV_ACK_GRACE_MS} must be a whole number of milliseconds"
-                ) from None
-            if grace_ms < 0:
-                raise ConfigError(f"{ENV_ACK_GRACE_MS} must not be negative")
-            ack_grace = timedelta(milliseconds=grace_ms)
+        ack_grace = DEFAULT_ACK_GRACE if grace_raw is None else _millis(grace_raw, ENV_ACK_GRACE_MS)
+        skew_raw = env.get(ENV_CLOCK_SKEW_MS)
+        clock_skew = (
+            DEFAULT_CLOCK_SKEW if skew_raw is None else _millis(skew_raw, ENV_CLOCK_SKEW_MS)
+        )
         secret = env.get(ENV_SECRET)
         retention = env.get(ENV_RETENTION)
         archive_dir = env.get(ENV_ARCHIVE_DIR)
@@ -85,6 +88,7 @@ class Settings:
             db_url=env.get(ENV_DB_URL, DEFAULT_DB_URL),
             secret=secret.encode() if secret else None,
             ack_grace=ack_grace,
+            clock_skew=clock_skew,
             test_pg_url=env.get(ENV_TEST_PG_URL, DEFAULT_TEST_PG_URL),
             retention=parse_duration(retention, ENV_RETENTION) if retention else None,
             archive_dir=Path(archive_dir) if archive_dir else None,
@@ -110,6 +114,17 @@ def parse_duration(text: str, key: str = "duration") -> timedelta:
             f"such as 7d or 12h; got {text!r}"
         )
     return timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
+
+
+def _millis(text: str, key: str) -> timedelta:
+    """A non-negative whole number of milliseconds; :class:`ConfigError` naming ``key``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{key} must be a whole number of milliseconds, got {text!r}") from None
+    if value < 0:
+        raise ConfigError(f"{key} must not be negative, got {text!r}")
+    return timedelta(milliseconds=value)
 
 
 def _positive_seconds(text: str, key: str) -> float:

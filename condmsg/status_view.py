@@ -48,3 +48,18 @@ def render(condition: Condition, result: EvaluationResult, acks: Sequence[Ack]) 
     lines.append(f"verdict: {result.verdict.value}")
     lines.extend(f"  {reason}" for reason in result.reasons)
     return "\n".join(lines)
+
+
+def contradiction(stored_state: str, with_late: EvaluationResult, late_acks: int) -> str | None:
+    """The line saying that a decided CM's late acks, judged with the counted ones at the
+    decision's effective instant, give another verdict; None if they do not (or if the
+    CM is pending)."""
+    if stored_state == "pending" or late_acks == 0:
+        return None
+    if with_late.verdict.value == stored_state:
+        return None
+    return (
+        f"contradicted by late acks: with the {late_acks} ack(s) received after the decision "
+        f"the verdict would be {with_late.verdict.value}, not {stored_state} "
+        "(the ack grace was too short for them)"
+    )

@@ -1,7 +1,9 @@
 """Deciding CMs and writing their outcome actions, in the caller's transaction.
 
-A CM is judged with the pure ``evaluate`` at the *effective* instant ``now - ack_grace``:
-an ack made in time but still in a receiver's relay is not misjudged at a deadline. The
+A CM is judged with the pure ``evaluate`` at the *effective* instant ``now - ack_grace``
+(never before the CM's ``sent_at``: no deadline lies before it, so the verdict is the
+same, but a decision never claims to take effect before its CM existed): an ack made in
+time but still in a receiver's relay is not misjudged at a deadline. The
 verdict is recorded exactly once (a conditional UPDATE), and in the same transaction the
 outbox receives the outcome notification, the success notices (if asked for) or the
 compensations. A CM still pending gets its next check time, shifted by the grace.
@@ -61,21 +63,25 @@ def judge(
     reschedule: list[tuple[str, datetime | None]] = []
     verdicts: dict[str, tuple[Outcome, bytes]] = {}
     rows: list[dict[str, Any]] = []
-    instants = _instants_json(now, effective)  # shared by every outcome of the call
+    instants = _instants_json(now, effective)  # shared by the outcomes of the call
     for cm_id, cm in pending.items():
-        result = evaluate(cm.condition, cm.sent_at, acks.get(cm_id, ()), effective)
+        at, at_json = (effective, instants)
+        if cm.sent_at > effective:  # sent less than a grace ago
+            at, at_json = cm.sent_at, _instants_json(now, cm.sent_at)
+        result = evaluate(cm.condition, cm.sent_at, acks.get(cm_id, ()), at)
         if not result.decided:
-            at = result.next_check_at + ack_grace if result.next_check_at else None
-            reschedule.append((cm_id, at))
+            next_at = result.next_check_at + ack_grace if result.next_check_at else None
+            reschedule.append((cm_id, next_at))
             continue
-        outcome = Outcome.from_result(cm_id, result, decided_at=now, effective_at=effective)
+        outcome = Outcome.from_result(cm_id, result, decided_at=now, effective_at=at)
         reasons_json = json.dumps(list(outcome.reasons))
         facts_json = json.dumps(list(outcome.facts))
-        verdicts[cm_id] = (outcome, _outcome_body(outcome, reasons_json, facts_json, instants))
+        verdicts[cm_id] = (outcome, _outcome_body(outcome, reasons_json, facts_json, at_json))
         rows.append(
             {
                 "cm_id": cm_id,
                 "state": result.verdict.value,
+                "effective_at": at,
                 "reasons_json": reasons_json,
                 "facts_json": facts_json,
             }
@@ -83,9 +89,7 @@ def judge(
     store.set_next_checks(session, reschedule)
     done.rescheduled = len(reschedule)
     # One statement per kind for the whole batch, not per CM (round trips dominate).
-    won = store.decide_many(
-        session, rows, instance=instance, decided_at=now, effective_at=effective
-    )
+    won = store.decide_many(session, rows, instance=instance, decided_at=now)
     decided = [pending[cm_id] for cm_id in verdicts if cm_id in won]
     _write_actions(session, decided, verdicts, now, copies, secret=secret)
     done.outcomes = [verdicts[cm.cm_id][0] for cm in decided]

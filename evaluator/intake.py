@@ -1,19 +1,21 @@
 """Ack intake: decode, verify, store idempotently, and classify what cannot count.
 
-Nothing here raises on bad input. A body that is not a valid ack document goes to the
+Nothing here raises on bad input. A body that is not a valid ack document (or whose
+decoding raises anything at all, or with a field longer than its column) goes to the
 sender's dead-letter queue (through the outbox, in the same transaction) with the reason
 in a header. A valid document that cannot count (unknown CM, bad token, wrong destination
-or recipient, duplicate) is recorded as an anomaly. An ack after its CM's decision is
-stored and reported, and flagged if it would have changed the verdict.
+or recipient, implausible times, duplicate) is recorded as an anomaly. An ack after its
+CM's decision is stored and reported, and flagged if, with every late ack of the CM
+before it, it would have changed the verdict.
 """
 
 from __future__ import annotations
 
 import hmac
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
@@ -29,6 +31,17 @@ from outbox.message import OutboxMessage
 
 Kind = t.AnomalyKind
 
+#: The longest value of each text field of an ack that the store can hold: the columns
+#: of ``condmsg_ack`` are the one source of truth (an over-long value would fail the
+#: batch's INSERT, and with it every good ack of the batch).
+FIELD_LIMITS: tuple[tuple[str, int], ...] = tuple(
+    (name, int(t.acks.c[name].type.length))  # type: ignore[attr-defined]
+    for name in ("ack_id", "cm_id", "destination", "recipient", "receiver")
+)
+_NEVER = datetime.min.replace(tzinfo=UTC)
+#: Dead-letter reasons are cut to this many characters (``condmsg-reason``).
+MAX_REASON = 1000
+
 
 @dataclass(slots=True)
 class Intake:
@@ -42,6 +55,10 @@ class Intake:
     stored: int = 0
     dead: int = 0
     anomalies: Counter[str] = field(default_factory=Counter)
+    #: Decided CMs that this batch's late acks contradicted for the first time.
+    contradicted: int = 0
+    #: The batch's receipt and decision instant, read once its CM rows are locked.
+    now: datetime = _NEVER
 
 
 class Received(NamedTuple):
@@ -68,25 +85,46 @@ def decode(bodies: Sequence[bytes], *, sender: str, secret: bytes) -> Decoded:
     for body in bodies:
         try:
             message, ack = p.decode_ack(body)
+            too_long = _too_long(message)
+            if too_long is not None:
+                decoded.dead.append(dead_letter(body, sender, too_long))
+                continue
+            token = p.copy_token(secret, message.cm_id, message.destination, message.recipient)
         except ProtocolError as exc:
-            decoded.dead.append(
-                OutboxMessage(
-                    exchange="",
-                    routing_key=p.dead_letter_queue(sender),
-                    body=body,
-                    message_type="condmsg.malformed-ack",
-                    headers={p.H_REASON: str(exc)[:1000]},
-                )
-            )
+            decoded.dead.append(dead_letter(body, sender, str(exc)))
             continue
-        decoded.received.append(
-            Received(
-                message,
-                ack,
-                p.copy_token(secret, message.cm_id, message.destination, message.recipient),
-            )
-        )
+        except Exception as exc:  # a codec bug must cost one message, never the batch
+            decoded.dead.append(dead_letter(body, sender, f"undecodable: {describe(exc)}"))
+            continue
+        decoded.received.append(Received(message, ack, token))
     return decoded
+
+
+def _too_long(message: p.AckMessage) -> str | None:
+    """Why ``message`` cannot be stored as it is (a field longer than its column)."""
+    for name, limit in FIELD_LIMITS:
+        value = getattr(message, name)
+        if value is not None and len(value) > limit:
+            return f"ack field {name!r} is longer than {limit} characters ({len(value)})"
+    return None
+
+
+def describe(exc: BaseException) -> str:
+    """``ExcType: message`` for a dead-letter reason."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def dead_letter(body: bytes, sender: str, reason: str) -> OutboxMessage:
+    """``body`` for the sender's dead-letter queue, untouched, with ``reason`` in its
+    ``condmsg-reason`` header (cut to :data:`MAX_REASON`; a NUL, which no store's text
+    holds, spelled out)."""
+    return OutboxMessage(
+        exchange="",
+        routing_key=p.dead_letter_queue(sender),
+        body=body,
+        message_type="condmsg.malformed-ack",
+        headers={p.H_REASON: reason.replace("\x00", "\\x00")[:MAX_REASON]},
+    )
 
 
 def ingest(
@@ -95,9 +133,16 @@ def ingest(
     *,
     sender: str,
     secret: bytes,
-    now: datetime,
+    clock: Callable[[], datetime],
+    clock_skew: timedelta,
 ) -> Intake:
-    """Take one batch of ack bodies (in delivery order) into the store."""
+    """Take one batch of ack bodies (in delivery order) into the store.
+
+    The batch's instant (``Intake.now``: every ack's ``received_at``, and the decision
+    instant of what it decides) is read from ``clock`` only once the batch's CM rows are
+    locked: a batch that waited behind another one for them must not stamp its acks, or
+    decide, earlier than the other one's commit (whose acks it then counts).
+    """
     batch = decode(bodies, sender=sender, secret=secret)
     intake = Intake()
     if batch.dead:
@@ -105,10 +150,16 @@ def ingest(
         intake.dead = len(batch.dead)
     decoded = batch.received
     cms = store.load_cms(session, (r.message.cm_id for r in decoded), lock=True)
+    now = intake.now = clock()
     copies = intake.copies = store.copies_of(session, cms)
     # What counted before this batch: for a decided CM to judge a late ack, for a pending
     # one to be judged below with this batch's acks added (no second query).
     prior = store.counted_acks(session, cms)
+    # Late evidence is judged cumulatively: every late ack of a decided CM stored before,
+    # then this batch's, in order (one query, only when the batch has a decided CM).
+    late = _LateEvidence(store.late_acks(session, [c for c, cm in cms.items() if _decided(cm)]))
+    earliest = {cm_id: cm.sent_at - clock_skew for cm_id, cm in cms.items()}
+    latest = now + clock_skew
     rows: list[dict[str, Any]] = []
     accepted: list[Received] = []  # the ack of each row
     anomalies: list[dict[str, Any]] = []
@@ -144,11 +195,13 @@ def ingest(
                 ack,
                 f"acked by {ack.recipient!r}, addressed to {copy.recipient!r}",
             )
+        elif (skew := _implausible(ack, earliest[ack.cm_id], latest, clock_skew)) is not None:
+            anomaly(Kind.CLOCK_SKEW, ack, skew)
         elif ack.ack_id in seen:
             anomaly(Kind.DUPLICATE, ack, "the same ack twice in one batch")
         else:
             seen.add(ack.ack_id)
-            rows.append(_row(received, cm, prior.get(ack.cm_id, []), now))
+            rows.append(_row(received, cm, prior.get(ack.cm_id, []), late, now))
             accepted.append(received)
     inserted = store.insert_acks(session, rows)
     for row, received in zip(rows, accepted, strict=True):
@@ -165,16 +218,68 @@ def ingest(
                 counted = intake.acks[cm.cm_id] = list(prior.get(cm.cm_id, []))
             counted.append(received.ack)
         elif row["status"] == t.AckStatus.CHANGES_VERDICT.value:
+            if late.first_contradiction(cm.cm_id):
+                intake.contradicted += 1
             anomaly(
                 Kind.LATE_CHANGES_VERDICT,
                 ack,
-                "arrived after the decision and would have "
-                "changed the verdict: the ack grace was too short",
+                "arrived after the decision and, with the acks that counted and the late "
+                "ones before it, would have changed the verdict: the ack grace was too short",
             )
         else:
             anomaly(Kind.AFTER_DECISION, ack, f"arrived after the CM was decided ({cm.state})")
     store.record_anomalies(session, anomalies)
     return intake
+
+
+def _decided(cm: store.CmRow) -> bool:
+    return cm.state != "pending" and cm.effective_at is not None
+
+
+def _implausible(
+    ack: p.AckMessage, earliest: datetime, latest: datetime, skew: timedelta
+) -> str | None:
+    """Why the ack's times cannot be true within the clock-skew tolerance ``skew``: read
+    before its CM was sent, or read or committed after the evaluator received it."""
+    if ack.read_at < earliest:
+        return f"read_at {_iso(ack.read_at)} is before the CM was sent (tolerance {skew})"
+    if ack.read_at > latest:
+        return f"read_at {_iso(ack.read_at)} is after the ack was received (tolerance {skew})"
+    if ack.committed_at is not None and ack.committed_at > latest:
+        return (
+            f"committed_at {_iso(ack.committed_at)} is after the ack was received "
+            f"(tolerance {skew})"
+        )
+    return None
+
+
+_iso = p.format_instant
+
+
+class _LateEvidence:
+    """The late acks of the batch's decided CMs: those stored before (status
+    ``after_decision`` or ``changes_verdict``), then this batch's as they are judged."""
+
+    def __init__(self, stored: dict[str, list[tuple[Ack, str]]]) -> None:
+        self._acks = {cm_id: [ack for ack, _ in rows] for cm_id, rows in stored.items()}
+        self._contradicted = {
+            cm_id
+            for cm_id, rows in stored.items()
+            if any(status == t.AckStatus.CHANGES_VERDICT.value for _, status in rows)
+        }
+
+    def before(self, cm_id: str) -> list[Ack]:
+        return self._acks.get(cm_id, [])
+
+    def add(self, cm_id: str, ack: Ack) -> None:
+        self._acks.setdefault(cm_id, []).append(ack)
+
+    def first_contradiction(self, cm_id: str) -> bool:
+        """Is this the first late ack to contradict ``cm_id``'s decision (for the metric)?"""
+        if cm_id in self._contradicted:
+            return False
+        self._contradicted.add(cm_id)
+        return True
 
 
 def _token_ok(received: Received, recipient: str | None, secret: bytes) -> bool:
@@ -187,16 +292,28 @@ def _token_ok(received: Received, recipient: str | None, secret: bytes) -> bool:
     return hmac.compare_digest(expected, ack.token)
 
 
-def _row(received: Received, cm: store.CmRow, counted: list[Ack], now: datetime) -> dict[str, Any]:
+def _row(
+    received: Received,
+    cm: store.CmRow,
+    counted: list[Ack],
+    late: _LateEvidence,
+    now: datetime,
+) -> dict[str, Any]:
     ack = received.message
     status = t.AckStatus.COUNTED
-    if cm.state != "pending" and cm.effective_at is not None:
+    if _decided(cm):
+        assert cm.effective_at is not None
         status = t.AckStatus.AFTER_DECISION
         # The stored verdict is exactly evaluate() over the acks that counted, at the
-        # decision's effective instant: would this ack have changed it?
-        late = evaluate(cm.condition, cm.sent_at, [*counted, received.ack], cm.effective_at)
-        if late.verdict.value != cm.state:
+        # decision's effective instant. Late acks are judged together: two that each
+        # change nothing alone may satisfy a minimum between them, so this one is judged
+        # with every late ack of the CM before it.
+        before = late.before(cm.cm_id)
+        evidence = [*counted, *before, received.ack]
+        judged = evaluate(cm.condition, cm.sent_at, evidence, cm.effective_at)
+        if judged.verdict.value != cm.state:
             status = t.AckStatus.CHANGES_VERDICT
+        late.add(cm.cm_id, received.ack)
     return {
         "ack_id": ack.ack_id,
         "cm_id": ack.cm_id,

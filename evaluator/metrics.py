@@ -20,13 +20,19 @@ class EvaluatorMetrics:
         )
         self.dead = Counter(
             "condmsg_evaluator_dead_letters_total",
-            "Malformed ack bodies dead-lettered",
+            "Ack bodies dead-lettered (malformed, or failing alone where their batch failed)",
             registry=registry,
         )
         self.anomalies = Counter(
             "condmsg_evaluator_anomalies_total",
             "Acks that did not count, by kind",
             ["kind"],
+            registry=registry,
+        )
+        self.contradicted = Counter(
+            "condmsg_evaluator_contradicted_decisions_total",
+            "Decided CMs whose late acks, judged together with the counted ones at the "
+            "decision's effective instant, give another verdict (the ack grace was too short)",
             registry=registry,
         )
         self.decisions = Counter(
@@ -67,6 +73,7 @@ class EvaluatorMetrics:
         those its intake workers report (:mod:`evaluator.workers`)."""
         self.acks.inc(int(report.get("acks", 0)))
         self.dead.inc(int(report.get("dead", 0)))
+        self.contradicted.inc(int(report.get("contradicted", 0)))
         for kind, count in dict(report.get("anomalies", {})).items():
             self.anomalies.labels(kind=str(kind)).inc(int(count))
         for verdict, count in dict(report.get("decisions", {})).items():
@@ -89,6 +96,7 @@ def batch_report(intake: Intake, outcomes: Iterable[Outcome]) -> dict[str, Any]:
         "acks": intake.stored,
         "dead": intake.dead,
         "anomalies": dict(intake.anomalies),
+        "contradicted": intake.contradicted,
         **decisions_report(outcomes),
     }
 

@@ -13,6 +13,7 @@ and compensations. Several instances may run against one database and one ack qu
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import gc
 import logging
@@ -39,15 +40,16 @@ from condmsg.amqp import connect
 from condmsg.db import make_engine
 from condmsg.errors import BrokerError, CondmsgError, ConfigError
 from condmsg.sender import create_tables, store_secret
-from condmsg.settings import DEFAULT_ACK_GRACE, DEFAULT_RETENTION_INTERVAL_S
+from condmsg.settings import DEFAULT_ACK_GRACE, DEFAULT_CLOCK_SKEW, DEFAULT_RETENTION_INTERVAL_S
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_service_queue
 from evaluator import decisions, store
-from evaluator.intake import ingest
+from evaluator.intake import dead_letter, describe, ingest
 from evaluator.metrics import EvaluatorMetrics, batch_report
 from evaluator.retention import DEFAULT_BATCH as DEFAULT_RETENTION_BATCH
 from evaluator.retention import Archived, RetentionPolicy, retain
 from evaluator.workers import IntakeWorkers, WorkerConfig
+from outbox.enqueue import enqueue_all
 from outbox.relay import Relay
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,10 @@ RETENTION_FIRST_RUN_S = 60.0
 #: How long stopping waits for intake workers to finish their batches before killing them
 #: (within :meth:`Evaluator.stop`'s own default of 10 s).
 WORKER_STOP_S = 5.0
+#: Waits between tries while the database or the broker is unreachable: doubled from the
+#: first to the last (at start, and before a batch that failed for that is handed back).
+FIRST_RETRY_S = 0.5
+MAX_RETRY_S = 30.0
 
 
 class Evaluator:
@@ -80,6 +86,13 @@ class Evaluator:
     so it is off by default (an evaluator embedded in an application would freeze the
     application's objects too) and on in ``condmsg evaluator``, which is a process of its
     own.
+
+    The constructor does not touch the database: :meth:`run` prepares the store (its
+    tables, the secret) first, waiting with backoff while the database is unreachable, so
+    a service started during a database outage waits for it instead of exiting.
+
+    An ack whose times are off by more than ``clock_skew`` (read before its CM's
+    ``sent_at``, or read or committed after its receipt) is a ``clock_skew`` anomaly.
     """
 
     def __init__(
@@ -91,6 +104,7 @@ class Evaluator:
         engine: Engine | None = None,
         secret: bytes | None = None,
         ack_grace: timedelta = DEFAULT_ACK_GRACE,
+        clock_skew: timedelta = DEFAULT_CLOCK_SKEW,
         batch_size: int = 500,
         prefetch: int = 1000,
         store_threads: int = 2,
@@ -128,15 +142,14 @@ class Evaluator:
         self.amqp_url = amqp_url
         self.sender = sender
         self.engine = engine if engine is not None else make_engine(str(db_url))
-        if create:
-            create_tables(self.engine)
-        elif not sa.inspect(self.engine).has_table(t.cms.name):
-            raise ConfigError(
-                f"no sender store at {self.engine.url.render_as_string(hide_password=True)} "
-                "(its tables are missing)"
-            )
-        self.secret = secret or store_secret(self.engine)
+        self._create = create
+        self._secret = secret or None
+        self._prepared = threading.Event()
+        self._preparing = threading.Lock()
         self.ack_grace = ack_grace
+        if clock_skew < timedelta(0):
+            raise ConfigError("the clock-skew tolerance must not be negative")
+        self.clock_skew = clock_skew
         if store_threads < 1:
             raise ConfigError("store_threads must be at least 1")
         if intake_processes < 1:
@@ -160,6 +173,7 @@ class Evaluator:
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._retries = _Backoff(self._stop)
         self._relay = (
             Relay(
                 self.engine,
@@ -178,8 +192,9 @@ class Evaluator:
                     amqp_url=amqp_url,
                     db_url=str(db_url),
                     sender=sender,
-                    secret_hex=self.secret.hex(),
+                    secret_hex="",  # known once the store is prepared (see run)
                     ack_grace_ms=ack_grace.total_seconds() * 1000,
+                    clock_skew_ms=clock_skew.total_seconds() * 1000,
                     batch_size=batch_size,
                     prefetch=prefetch,
                     store_threads=store_threads,
@@ -200,6 +215,59 @@ class Evaluator:
                 max_instances=1,  # a slow sweep is never run twice at once
                 coalesce=True,  # missed runs collapse into one
             )
+
+    # -- the store ----------------------------------------------------------------------
+
+    @property
+    def secret(self) -> bytes:
+        """The key of the copies' tokens: the one given, else the store's."""
+        if self._secret is None:
+            self.prepare()
+        assert self._secret is not None
+        return self._secret
+
+    def prepare(self) -> None:
+        """Make the store ready once (its tables, the secret); raises if the database
+        cannot be reached (:meth:`run` retries)."""
+        if self._prepared.is_set():  # every batch asks: no lock once it is done
+            return
+        with self._preparing:
+            if self._prepared.is_set():
+                return
+            if self._create:
+                create_tables(self.engine)
+            elif not sa.inspect(self.engine).has_table(t.cms.name):
+                raise ConfigError(f"no sender store at {self._db_name()} (its tables are missing)")
+            if self._secret is None:
+                self._secret = store_secret(self.engine)
+            if self.workers is not None:
+                self.workers.config = dataclasses.replace(
+                    self.workers.config, secret_hex=self._secret.hex()
+                )
+            self._prepared.set()
+
+    def wait_until_prepared(self, stop: threading.Event | None = None) -> bool:
+        """:meth:`prepare`, retried with backoff while the database is unreachable (each
+        wait logged); False if the service was stopped (or ``stop`` set) meanwhile. A
+        configuration error (:class:`ConfigError`) is raised: no retry mends it."""
+        retries = _Backoff(self._stop)
+        while True:
+            try:
+                self.prepare()
+                return True
+            except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+                if self._stop.is_set() or (stop is not None and stop.is_set()):
+                    return False
+                log.warning(
+                    "waiting for the database at %s: %s; retrying in %.1fs",
+                    self._db_name(),
+                    _first_line(exc.orig if exc.orig is not None else exc),
+                    retries.next_delay,
+                )
+                retries.wait(stop)
+
+    def _db_name(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -232,9 +300,15 @@ class Evaluator:
         if self.freeze_gc:
             gc.collect()
             gc.freeze()
-        self._schedule_retention()
         backoff = 0.2
         try:
+            try:
+                if not self.wait_until_prepared():
+                    return
+            except ConfigError as exc:
+                log.error("the evaluator cannot start: %s", exc)
+                return
+            self._schedule_retention()
             if self.workers is not None:
                 self.workers.start()
             if self._relay is not None:
@@ -293,21 +367,77 @@ class Evaluator:
                 connection.close()
 
     def _store(self, bodies: list[bytes]) -> bool:
-        """Store and decide one batch (in the storing thread); False if it failed."""
+        """Store and decide one batch (in the storing thread); False if it must be handed
+        back: the database or the broker is unreachable (a transient failure).
+
+        Any other failure is tied to the batch's contents: the batch is split in halves,
+        each stored in its own transaction, down to the one message that fails, which is
+        dead-lettered. Every message is then resolved (stored or dead-lettered) within
+        log2(batch) + 1 tries, and a poison message never holds back good ones.
+        """
         try:
-            decided = self.process_bodies(bodies)
-        except Exception:
-            log.exception("batch of %d acks failed; requeued", len(bodies))
+            decided = self._store_parts(bodies)
+        except Exception as exc:  # transient: _store_parts resolves the others
+            log.warning(
+                "batch of %d acks not stored (%s); handed back after %.1fs",
+                len(bodies),
+                _first_line(exc),
+                self._retries.next_delay,
+            )
             return False
+        self._retries.reset()
         if decided and self._relay is not None:
             self._relay.wake()
         return True
 
+    def _store_parts(self, bodies: list[bytes]) -> int:
+        """:meth:`process_bodies`, split on a failure that is not transient (those are
+        raised: no message is to blame for them)."""
+        try:
+            return self.process_bodies(bodies)
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            if len(bodies) == 1:
+                self._dead_letter(bodies[0], exc)
+                return 0
+            log.warning(
+                "batch of %d acks failed (%s); storing it in halves", len(bodies), describe(exc)
+            )
+            half = len(bodies) // 2
+            return self._store_parts(bodies[:half]) + self._store_parts(bodies[half:])
+
+    def _dead_letter(self, body: bytes, exc: Exception) -> None:
+        """Dead-letter the one message whose batch fails, in a transaction of its own."""
+        reason = f"could not be stored: {describe(exc)}"
+        log.error("ack dead-lettered (%s): %r", reason, body[:200])
+        try:
+            with Session(self.engine) as session, session.begin():
+                enqueue_all(session, [dead_letter(body, self.sender, reason)])
+        except Exception as failure:
+            if is_transient(failure):
+                raise
+            # Not even the dead-letter queue takes it: kept in the log only, so that it
+            # cannot come back for ever.
+            log.exception("could not dead-letter an ack; dropped: %r", body[:1000])
+            return
+        report = {"acks": 0, "dead": 1, "anomalies": {}, "decisions": {}, "lateness_s": []}
+        self.metrics.observe_report(report)
+        self._send_report(report)
+
     def process_bodies(self, bodies: list[bytes]) -> int:
         """Ingest ack bodies and decide what they settle; returns how many CMs were decided."""
-        now = self._clock()
+        self.prepare()
         with Session(self.engine) as session, session.begin():
-            intake = ingest(session, bodies, sender=self.sender, secret=self.secret, now=now)
+            intake = ingest(
+                session,
+                bodies,
+                sender=self.sender,
+                secret=self.secret,
+                clock=self._clock,
+                clock_skew=self.clock_skew,
+            )
+            now = intake.now  # read once the batch's CM rows were locked
             result = decisions.judge(
                 session,
                 intake.touched,
@@ -320,12 +450,15 @@ class Evaluator:
             )
         report = batch_report(intake, result.outcomes)
         self.metrics.observe_report(report)
+        self._send_report(report)
+        return len(result.outcomes)
+
+    def _send_report(self, report: dict[str, Any]) -> None:
         if self._report is not None:
             try:  # the batch is committed: a lost report must not send it back
                 self._report(report)
             except Exception:
                 log.exception("could not report a stored batch")
-        return len(result.outcomes)
 
     # -- deadline sweeps ------------------------------------------------------------------
 
@@ -337,13 +470,16 @@ class Evaluator:
 
     def sweep(self) -> int:
         """Decide or reschedule every CM whose next check is due; returns decisions made."""
+        self.prepare()
         decided = 0
         while True:
-            now = self._clock()
             with Session(self.engine) as session, session.begin():
-                ids = store.claim_due(session, now, self.sweep_batch)
+                ids = store.claim_due(session, self._clock(), self.sweep_batch)
                 if not ids:
                     break
+                # The decision instant once the rows are claimed (locked): an intake
+                # batch that committed acks for them meanwhile stamped them earlier.
+                now = self._clock()
                 cms = store.load_cms(session, ids)
                 result = decisions.judge(
                     session,
@@ -469,6 +605,10 @@ class _Storing:
                 continue
             seq, bodies = item
             stored = self._service._store(bodies)
+            if not stored:
+                # Held, not handed back at once: redelivered at once, it would fail again
+                # at once while the database or the broker is away.
+                self._service._retries.wait(self._aborted)
             try:
                 self._connection.add_callback_threadsafe(
                     functools.partial(self._finished, seq, stored)
@@ -477,8 +617,6 @@ class _Storing:
                 # The connection is gone: the batch is redelivered (its acks then count as
                 # duplicates if it was stored).
                 log.warning("could not acknowledge a batch (%s)", exc)
-            if not stored:
-                time.sleep(0.5)
 
     def _finished(self, seq: int, stored: bool) -> None:
         """In the consuming thread: settle every batch whose predecessors are settled."""
@@ -519,3 +657,57 @@ class InOrder:
     @property
     def unsettled(self) -> int:
         return len(self._open)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Is ``exc`` the database or the broker being unreachable or busy (worth retrying
+    the same work later), rather than something about the work itself?
+
+    Database errors count when SQLAlchemy saw the connection drop, when the driver
+    failed without a server's SQLSTATE (no connection to the server at all), or when
+    the server's SQLSTATE is of a class that says so: connection exceptions (08),
+    transaction rollbacks such as deadlocks and serialization failures (40),
+    insufficient resources (53), operator intervention such as a shutdown (57).
+    """
+    if isinstance(exc, (BrokerError, pika.exceptions.AMQPError)):
+        return True
+    if isinstance(exc, sa.exc.DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        if not isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
+            return False
+        sqlstate = getattr(exc.orig, "sqlstate", None)
+        return sqlstate is None or sqlstate[:2] in _TRANSIENT_SQLSTATE_CLASSES
+    return isinstance(exc, sa.exc.DisconnectionError)
+
+
+_TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57"})
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class _Backoff:
+    """Waits that double from :data:`FIRST_RETRY_S` to :data:`MAX_RETRY_S` while
+    failures follow each other; cut short when ``stop`` is set."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+        self._lock = threading.Lock()
+        self.next_delay = FIRST_RETRY_S
+
+    def wait(self, also: threading.Event | None = None) -> None:
+        """Wait the next delay (or until stopped, or ``also`` is set), then double it."""
+        with self._lock:
+            delay = self.next_delay
+            self.next_delay = min(delay * 2, MAX_RETRY_S)
+        deadline = time.monotonic() + delay
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stop.wait(min(left, 0.1)) or (also is not None and also.is_set()):
+                return
+
+    def reset(self) -> None:
+        with self._lock:
+            self.next_delay = FIRST_RETRY_S

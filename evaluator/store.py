@@ -251,16 +251,49 @@ def counted_acks(session: Session, cm_ids: Iterable[str]) -> dict[str, list[Ack]
         status=t.AckStatus.COUNTED.value,
     )
     for cm_id, destination, kind, read_at, committed_at, recipient in rows:
-        found[cm_id].append(
-            Ack(
-                destination=destination,
-                kind=AckKind(kind),
-                read_at=_utc(read_at),
-                committed_at=_utc(committed_at) if committed_at else None,
-                recipient=recipient,
+        found[cm_id].append(_ack(destination, kind, read_at, committed_at, recipient))
+    return found
+
+
+def late_acks(session: Session, cm_ids: Iterable[str]) -> dict[str, list[tuple[Ack, str]]]:
+    """The acks stored after each (decided) CM's decision, with their status
+    (``after_decision`` or ``changes_verdict``), in the order they were received."""
+    ids = list(set(cm_ids))
+    found: dict[str, list[tuple[Ack, str]]] = defaultdict(list)
+    if not ids:
+        return found
+    columns = ("cm_id", "destination", "kind", "read_at", "committed_at", "recipient")
+    late = (t.AckStatus.AFTER_DECISION.value, t.AckStatus.CHANGES_VERDICT.value)
+    c = t.acks.c
+    query = (
+        sa.select(*(c[name] for name in columns), c.status)
+        .where(c.cm_id.in_(ids), c.status.in_(late))
+        .order_by(c.received_at, c.ack_id)
+    )
+    for row in session.execute(query):
+        found[row.cm_id].append(
+            (
+                _ack(row.destination, row.kind, row.read_at, row.committed_at, row.recipient),
+                row.status,
             )
         )
     return found
+
+
+def _ack(
+    destination: str,
+    kind: str,
+    read_at: datetime,
+    committed_at: datetime | None,
+    recipient: str | None,
+) -> Ack:
+    return Ack(
+        destination=destination,
+        kind=AckKind(kind),
+        read_at=_utc(read_at),
+        committed_at=_utc(committed_at) if committed_at else None,
+        recipient=recipient,
+    )
 
 
 def decide_many(
@@ -269,16 +302,16 @@ def decide_many(
     *,
     instance: str,
     decided_at: datetime,
-    effective_at: datetime,
 ) -> set[str]:
     """Record verdicts exactly once: one conditional UPDATE per row (``WHERE state =
     'pending'``); returns the CM ids whose verdict this call wrote.
 
-    Each row has ``cm_id``, ``state``, ``reasons_json`` and ``facts_json``; the decision
-    instant, the effective instant and ``instance`` (``decided_by``) are the call's.
-    Of two evaluator instances racing on one CM, the second matches no row and loses
-    cleanly (it rolls nothing back; its outcome actions are simply not written). The
-    winners are the rows now carrying this call's ``decided_by`` and ``decided_at``.
+    Each row has ``cm_id``, ``state``, ``effective_at`` (each CM's: clamped to its
+    ``sent_at``), ``reasons_json`` and ``facts_json``; the decision instant and
+    ``instance`` (``decided_by``) are the call's. Of two evaluator instances racing on
+    one CM, the second matches no row and loses cleanly (it rolls nothing back; its
+    outcome actions are simply not written). The winners are the rows now carrying this
+    call's ``decided_by`` and ``decided_at``.
     """
     if not rows:
         return set()
@@ -286,7 +319,7 @@ def decide_many(
     if raw is not None:
         # One UPDATE ... FROM unnest(...) RETURNING; what every row shares is one parameter.
         shared, params = _split_shared(_DECISION_TYPES, rows, _DECISION_VARYING)
-        params |= {"decided_at": decided_at, "effective_at": effective_at, "by": instance}
+        params |= {"decided_at": decided_at, "by": instance}
         return {cm_id for (cm_id,) in pg.execute(raw, _decide_sql(shared), params)}
     stmt = (
         sa.update(t.cms)
@@ -294,12 +327,7 @@ def decide_many(
         .where(t.cms.c.state == t.CmState.PENDING.value)
         .values(
             {c: sa.bindparam(f"b_{c}") for c in _DECISION_ARRAYS if c != "cm_id"}
-            | {
-                "next_check_at": None,
-                "decided_at": decided_at,
-                "effective_at": effective_at,
-                "decided_by": instance,
-            }
+            | {"next_check_at": None, "decided_at": decided_at, "decided_by": instance}
         )
     )
     session.connection().execute(
@@ -315,21 +343,24 @@ def decide_many(
 
 
 #: What may vary between the decisions of one call (see ``decisions.judge``).
-_DECISION_ARRAYS = ("cm_id", "state", "reasons_json", "facts_json")
-_DECISION_TYPES = dict.fromkeys(_DECISION_ARRAYS, "text")
+_DECISION_ARRAYS = ("cm_id", "state", "effective_at", "reasons_json", "facts_json")
+_DECISION_TYPES = dict.fromkeys(_DECISION_ARRAYS, "text") | {"effective_at": "timestamptz"}
 _DECISION_VARYING = frozenset({"cm_id", "reasons_json", "facts_json"})
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=16)
 def _decide_sql(shared: frozenset[str]) -> str:
     arrays = [c for c in _DECISION_ARRAYS if c not in shared]
-    value = {c: f"CAST(%({c})s AS text)" if c in shared else f"d.{c}" for c in _DECISION_ARRAYS}
+    types = _DECISION_TYPES
+    value = {
+        c: f"CAST(%({c})s AS {types[c]})" if c in shared else f"d.{c}" for c in _DECISION_ARRAYS
+    }
     return (
         f"UPDATE {t.cms.name} AS cm SET state = {value['state']}, next_check_at = NULL, "
-        "decided_at = %(decided_at)s, effective_at = %(effective_at)s, "
+        f"decided_at = %(decided_at)s, effective_at = {value['effective_at']}, "
         f"reasons_json = {value['reasons_json']}, facts_json = {value['facts_json']}, "
         "decided_by = %(by)s "
-        f"FROM unnest({', '.join(f'CAST(%({c})b AS text[])' for c in arrays)}) "
+        f"FROM unnest({', '.join(f'CAST(%({c})b AS {types[c]}[])' for c in arrays)}) "
         f"AS d({', '.join(arrays)}) "
         f"WHERE cm.cm_id = d.cm_id AND cm.state = '{t.CmState.PENDING.value}' "
         "RETURNING cm.cm_id"

@@ -37,6 +37,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import IO, Any
 
+from condmsg.errors import ConfigError
+from condmsg.settings import DEFAULT_CLOCK_SKEW
+
 log = logging.getLogger(__name__)
 
 FIRST_RESTART_DELAY_S = 1.0
@@ -66,6 +69,7 @@ class WorkerConfig:
     prefetch: int
     store_threads: int
     instance: str
+    clock_skew_ms: float = DEFAULT_CLOCK_SKEW.total_seconds() * 1000
 
 
 class IntakeWorkers:
@@ -233,6 +237,7 @@ def main() -> int:
         sender=config.sender,
         secret=bytes.fromhex(config.secret_hex),
         ack_grace=timedelta(milliseconds=config.ack_grace_ms),
+        clock_skew=timedelta(milliseconds=config.clock_skew_ms),
         batch_size=config.batch_size,
         prefetch=config.prefetch,
         store_threads=config.store_threads,
@@ -244,6 +249,12 @@ def main() -> int:
         create=False,  # the service made the store; a wrong URL must not make another
     )
     threading.Thread(target=leash, name="evaluator-worker-leash", daemon=True).start()
+    try:
+        if not service.wait_until_prepared(done):
+            return 0
+    except ConfigError as exc:
+        log.error("the intake worker cannot start: %s", exc)
+        return 1
     service.start()
     while not done.wait(1.0):
         if not service.running:  # its thread died: exit, and the service starts another

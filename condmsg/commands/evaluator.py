@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         sender=args.sender,
         secret=settings.secret,
         ack_grace=grace,
+        clock_skew=settings.clock_skew,
         sweep_interval_s=args.sweep_interval,
         batch_size=args.batch_size,
         store_threads=args.store_threads,
@@ -89,7 +90,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     service.start()
-    stopping.wait()
+    # The service waits for the database and the broker itself; its thread ends on its
+    # own only for a configuration error (logged), which no restart mends.
+    while not stopping.wait(1.0):
+        if not service.running:
+            return 1
     # Graceful: the batch in hand is finished and acked (or handed back), then the relay
     # and the scheduler stop.
     service.stop()

@@ -16,7 +16,7 @@ from condmsg.conditions import Condition
 from condmsg.db import make_engine
 from condmsg.evaluation import evaluate
 from condmsg.settings import Settings
-from condmsg.status_view import render
+from condmsg.status_view import contradiction, render
 from condmsg.timeutil import iso, utcnow
 
 
@@ -42,20 +42,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"condmsg status: no conditional message {args.cm_id!r}", file=sys.stderr)
             return 1
         rows = conn.execute(
-            sa.select(t.acks).where(
-                t.acks.c.cm_id == args.cm_id, t.acks.c.status == t.AckStatus.COUNTED.value
-            )
+            sa.select(t.acks).where(t.acks.c.cm_id == args.cm_id).order_by(t.acks.c.received_at)
         ).all()
-    acks = [
-        Ack(
-            destination=r.destination,
-            kind=AckKind(r.kind),
-            read_at=_utc(r.read_at),  # type: ignore[arg-type]
-            committed_at=_utc(r.committed_at),
-            recipient=r.recipient,
-        )
-        for r in rows
-    ]
+    counted = t.AckStatus.COUNTED.value
+    acks = [_ack(r) for r in rows if r.status == counted]
+    late = [_ack(r) for r in rows if r.status != counted]
     condition = Condition.from_json(cm.condition_json)
     sent_at = _utc(cm.sent_at)
     assert sent_at is not None
@@ -68,6 +59,21 @@ def run(args: argparse.Namespace) -> int:
         stored = json.loads(cm.reasons_json or "[]")
         if list(result.reasons) != stored:
             print("warning: the stored reasons differ from a re-evaluation", file=sys.stderr)
+        if late:
+            with_late = evaluate(condition, sent_at, [*acks, *late], at)
+            contradicted = contradiction(cm.state, with_late, len(late))
+            if contradicted is not None:
+                print(f"warning: {contradicted}")
     print()
     print(render(condition, result, acks))
     return 0
+
+
+def _ack(row: Any) -> Ack:
+    return Ack(
+        destination=row.destination,
+        kind=AckKind(row.kind),
+        read_at=_utc(row.read_at),  # type: ignore[arg-type]
+        committed_at=_utc(row.committed_at),
+        recipient=row.recipient,
+    )

@@ -1,0 +1,362 @@
+"""The evaluator against bad input and a failing store (issue 25).
+
+* a poison ack (undecodable, over-long fields, or one that fails its batch for any
+  reason) is dead-lettered alone, with a reason, and never holds back the good acks
+  batched beside it; a batch that fails because the database is unreachable is handed
+  back after a backoff, neither split nor dead-lettered;
+* acks with implausible times (outside the clock-skew tolerance) do not count;
+* late acks are judged together: two late COMMIT acks that satisfy a minimum between
+  them contradict the decision (status, anomaly, metric, ``condmsg status``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pika
+import pytest
+import sqlalchemy as sa
+
+from condmsg import Destination, DestinationSet
+from condmsg import protocol as p
+from condmsg import sender_tables as t
+from condmsg.acks import AckKind
+from condmsg.cli import main as cli
+from condmsg.timeutil import utcnow
+from condmsg.topology import declare_service_queue
+from evaluator import store as evaluator_store
+from evaluator.service import Evaluator, is_transient
+from outbox.table import outbox_table
+
+from . import test_evaluator_intake as intake_tests
+from .condmsg_helpers import SECRET, get_all, wait_for
+from .test_evaluator_intake import Store, ack
+
+pytestmark = [pytest.mark.postgres]
+
+# The intake tests' stores (a sender, its engine and a settable clock).
+make_store = intake_tests.make_store
+store = intake_tests.store
+
+NESTED = b'{"v":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+
+def _dead_letters(s: Store) -> list[Any]:
+    outbox = outbox_table()
+    return s.rows(outbox, outbox.c.routing_key == p.dead_letter_queue(s.name))
+
+
+def _anomalies(s: Store) -> Counter[str]:
+    return Counter(r.kind for r in s.rows(t.anomalies))
+
+
+# -- poison acks --------------------------------------------------------------------------
+
+
+@pytest.mark.rabbitmq
+def test_poison_acks_never_hold_back_the_genuine_ones(
+    pg_url: str, make_store: Any, amqp_url: str
+) -> None:
+    """A deeply nested body and acks with an over-long id and destination, published among
+    genuine acks: every genuine ack is stored and its CM decided at once, the poison ones
+    are in the dead-letter queue with a reason, and the service keeps taking acks."""
+    s = make_store(pg_url)
+    q = s.queue
+    s.clock.at = utcnow()
+    quick = Destination(q, pickup_within=timedelta(minutes=5))
+    cms = [s.sender.send(b"x", quick) for _ in range(40)]
+    now = s.clock.at
+    poison = [
+        NESTED,
+        ack(cms[0], q, now, ack_id="a" * 65),
+        ack(cms[1], "d" * 300, now),
+    ]
+    service = Evaluator(
+        amqp_url=amqp_url,
+        sender=s.name,
+        engine=s.engine,
+        secret=SECRET,
+        clock=s.clock,
+        batch_size=20,
+        prefetch=40,
+        sweep_interval_s=3600,
+    )
+    with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
+        channel = connection.channel()
+        declare_service_queue(channel, p.ack_queue(s.name))
+        declare_service_queue(channel, p.dead_letter_queue(s.name))
+        channel.queue_declare(q)
+        bodies = [ack(c, q, now) for c in cms]
+        for i, body in enumerate(poison):  # spread over the first batches
+            bodies.insert(7 * i + 3, body)
+        for body in bodies:
+            channel.basic_publish("", p.ack_queue(s.name), body)
+        with service:
+
+            def satisfied() -> float | None:
+                return service.registry.get_sample_value(
+                    "condmsg_evaluator_decisions_total", {"verdict": "satisfied"}
+                )
+
+            wait_for(lambda: satisfied() == len(cms), timeout=30)
+            dead: list[tuple[Any, bytes]] = []
+
+            def dead_lettered() -> bool:
+                dead.extend(get_all(channel, p.dead_letter_queue(s.name), settle_s=0.1))
+                return len(dead) >= len(poison)
+
+            wait_for(dead_lettered, timeout=30)
+            assert service.running
+            # Still taking acks: a CM sent now is decided by its ack.
+            later = s.sender.send(b"x", quick)
+            channel.basic_publish("", p.ack_queue(s.name), ack(later, q, s.clock.at))
+            wait_for(lambda: satisfied() == len(cms) + 1, timeout=30)
+        remaining = channel.queue_declare(p.ack_queue(s.name), passive=True).method
+        assert remaining.message_count == 0
+    reasons = {body: props.headers[p.H_REASON] for props, body in dead}
+    assert set(reasons) == set(poison)
+    assert reasons[NESTED]  # the codec's words (or "undecodable: RecursionError...")
+    assert "'ack_id'" in reasons[poison[1]] and "64" in reasons[poison[1]]
+    assert "'destination'" in reasons[poison[2]] and "255" in reasons[poison[2]]
+    assert {r.state for r in s.rows(t.cms)} == {"satisfied"}
+    assert len(s.rows(t.acks)) == len(cms) + 1
+
+
+def test_a_batch_failing_for_one_message_is_stored_in_halves(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure not tied to any one message by the store (here the batch INSERT raises
+    whenever one particular ack is in it): the batch is split down to that message, which
+    is dead-lettered with the exception as its reason, and every other ack is stored."""
+    s = store
+    q = s.queue
+    sent = s.clock.at
+    quick = Destination(q, pickup_within=timedelta(seconds=10))
+    cms = [s.sender.send(b"x", quick) for _ in range(16)]
+    s.clock.at = sent + timedelta(seconds=1)
+    bodies = [ack(c, q, sent + timedelta(milliseconds=500)) for c in cms]
+    poisoned = p.AckMessage.from_json(bodies[5]).ack_id
+    insert = evaluator_store.insert_acks
+    tries: list[int] = []
+
+    def failing_insert(session: Any, rows: Any) -> set[str]:
+        if any(row["ack_id"] == poisoned for row in rows):
+            tries.append(len(rows))
+            raise ValueError("this row breaks the statement")
+        return insert(session, rows)
+
+    monkeypatch.setattr(evaluator_store, "insert_acks", failing_insert)
+    evaluator = s.evaluator()
+    assert evaluator._store(bodies)
+    assert len(tries) <= 5  # log2(16) + 1: 16, 8, 4, 2, 1
+    states = {r.cm_id: r.state for r in s.rows(t.cms)}
+    assert [c for c in cms if states[c] != "satisfied"] == [cms[5]]
+    (dead,) = _dead_letters(s)
+    assert dead.body == bodies[5]
+    assert dead.headers[p.H_REASON] == (
+        "could not be stored: ValueError: this row breaks the statement"
+    )
+    sample = evaluator.registry.get_sample_value
+    assert sample("condmsg_evaluator_dead_letters_total") == 1
+    assert sample("condmsg_evaluator_decisions_total", {"verdict": "satisfied"}) == 15
+
+
+def test_a_batch_failing_because_the_database_is_away_is_retried_whole(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lost connection says nothing about the acks: the batch is handed back whole
+    (neither split nor dead-lettered), after a wait that doubles while it lasts."""
+    s = store
+    q = s.queue
+    sent = s.clock.at
+    quick = Destination(q, pickup_within=timedelta(seconds=10))
+    cms = [s.sender.send(b"x", quick) for _ in range(4)]
+    s.clock.at = sent + timedelta(seconds=1)
+    bodies = [ack(c, q, sent + timedelta(milliseconds=500)) for c in cms]
+    insert = evaluator_store.insert_acks
+    outages = [2]
+    tries: list[int] = []
+
+    def blinking_insert(session: Any, rows: Any) -> set[str]:
+        tries.append(len(rows))
+        if outages[0]:
+            outages[0] -= 1
+            raise sa.exc.OperationalError(
+                "INSERT", {}, ConnectionResetError("server closed the connection"), True
+            )
+        return insert(session, rows)
+
+    monkeypatch.setattr(evaluator_store, "insert_acks", blinking_insert)
+    evaluator = s.evaluator()
+    first_delay = evaluator._retries.next_delay
+    assert not evaluator._store(bodies)
+    evaluator._retries.wait()  # what the storing thread does before handing it back
+    assert evaluator._retries.next_delay == 2 * first_delay
+    assert not evaluator._store(bodies)
+    assert tries == [4, 4]  # never split
+    assert evaluator._store(bodies)
+    assert evaluator._retries.next_delay == first_delay
+    assert not _dead_letters(s)
+    assert {r.state for r in s.rows(t.cms)} == {"satisfied"}
+
+
+def test_what_counts_as_transient() -> None:
+    invalidated = sa.exc.OperationalError("x", {}, Exception("gone"), True)
+    assert is_transient(invalidated)
+    assert is_transient(sa.exc.OperationalError("x", {}, Exception("refused")))
+    assert is_transient(pika.exceptions.AMQPConnectionError())
+    assert not is_transient(sa.exc.DataError("x", {}, Exception("value too long")))
+    assert not is_transient(RecursionError())
+
+    class Truncated(Exception):
+        sqlstate = "22001"
+
+    class Deadlock(Exception):
+        sqlstate = "40P01"
+
+    assert not is_transient(sa.exc.OperationalError("x", {}, Truncated()))
+    assert is_transient(sa.exc.OperationalError("x", {}, Deadlock()))
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "limit"),
+    [
+        ("ack_id", "a" * 65, 64),
+        ("cm_id", None, 36),
+        ("destination", "d" * 256, 255),
+        ("recipient", "r" * 256, 255),
+        ("receiver", "x" * 256, 255),
+    ],
+)
+def test_an_over_long_ack_field_is_dead_lettered_naming_it(
+    store: Store, name: str, value: str | None, limit: int
+) -> None:
+    """Each ack field is checked against its column before the INSERT: an over-long one
+    is dead-lettered with a reason naming the field, and the batch's other acks count."""
+    s = store
+    q = s.queue
+    sent = s.clock.at
+    quick = Destination(q, pickup_within=timedelta(seconds=10))
+    good, target = s.sender.send(b"x", quick), s.sender.send(b"x", quick)
+    s.clock.at = sent + timedelta(seconds=1)
+    read = sent + timedelta(milliseconds=500)
+    fields: dict[str, Any] = {"cm_id": target, "destination": q, "recipient": None}
+    fields[name] = value if value is not None else target + "-x"  # None: the CM id
+    token = p.copy_token(SECRET, fields["cm_id"], fields["destination"], fields["recipient"])
+    extra = {k: v for k, v in fields.items() if k not in ("cm_id", "destination")}
+    bad = ack(fields["cm_id"], fields["destination"], read, token=token, **extra)
+    assert s.evaluator().process_bodies([ack(good, q, read), bad]) == 1
+    (dead,) = _dead_letters(s)
+    assert dead.body == bad
+    assert f"{name!r}" in dead.headers[p.H_REASON] and str(limit) in dead.headers[p.H_REASON]
+    assert [r.cm_id for r in s.rows(t.acks)] == [good]
+
+
+# -- clock skew ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("read_ms", "commit_ms", "counts"),
+    [
+        (-3_600_000, None, False),  # read an hour before the CM was sent
+        (-500, None, True),  # within the tolerance (1 s)
+        (5_000, None, False),  # read 4 s after the evaluator received it
+        (0, 4_000, False),  # committed 3 s after it was received
+        (0, 1_900, True),  # committed 0.9 s after: within the tolerance
+    ],
+)
+def test_acks_with_implausible_times_do_not_count(
+    store: Store, read_ms: int, commit_ms: int | None, counts: bool
+) -> None:
+    s = store
+    q = s.queue
+    sent = s.clock.at
+    cm = s.sender.send(b"x", Destination(q, pickup_within=timedelta(seconds=10)))
+    s.clock.at = sent + timedelta(seconds=1)  # the ack's receipt
+    read = sent + timedelta(milliseconds=read_ms)
+    extra: dict[str, Any] = {}
+    if commit_ms is not None:
+        extra = {"kind": AckKind.COMMIT, "committed_at": sent + timedelta(milliseconds=commit_ms)}
+    evaluator = s.evaluator(clock_skew=timedelta(seconds=1))
+    assert evaluator.process_bodies([ack(cm, q, read, **extra)]) == int(counts)
+    if counts:
+        assert not _anomalies(s)
+        return
+    assert [r.state for r in s.rows(t.cms)] == ["pending"]
+    assert not s.rows(t.acks)
+    (anomaly,) = s.rows(t.anomalies)
+    assert anomaly.kind == "clock_skew"
+    assert "tolerance" in anomaly.detail
+
+
+# -- late acks, judged together ------------------------------------------------------------
+
+
+def _two_of_three(s: Store) -> tuple[str, list[str]]:
+    q = s.queue
+    names = [f"{q}.{i}" for i in range(3)]
+    condition = DestinationSet(
+        *(Destination(n) for n in names), process_within=timedelta(seconds=10), min_process=2
+    )
+    return s.sender.send(b"x", condition), names
+
+
+def _commit(cm: str, destination: str, at: Any) -> bytes:
+    return ack(cm, destination, at, kind=AckKind.COMMIT, committed_at=at)
+
+
+@pytest.mark.parametrize("one_batch", [False, True])
+def test_late_acks_that_change_the_verdict_together_are_flagged(
+    store: Store, one_batch: bool
+) -> None:
+    """Two late COMMIT acks, each committed in time, satisfy ``min_process=2`` together:
+    the second is stored ``changes_verdict``, the decision is reported contradicted (once)
+    and ``condmsg status`` says so."""
+    s = store
+    sent = s.clock.at
+    cm, names = _two_of_three(s)
+    evaluator = s.evaluator()
+    s.clock.at = sent + timedelta(seconds=30)
+    assert evaluator.sweep() == 1  # nothing processed: violated at the deadline
+    in_time = sent + timedelta(seconds=2)
+    late = [_commit(cm, names[0], in_time), _commit(cm, names[1], in_time)]
+    if one_batch:
+        evaluator.process_bodies(late)
+    else:
+        evaluator.process_bodies(late[:1])
+        s.clock.at += timedelta(seconds=1)
+        evaluator.process_bodies(late[1:])
+    evaluator.process_bodies([_commit(cm, names[2], in_time)])  # contradicts it again
+    statuses = sorted(r.status for r in s.rows(t.acks))
+    assert statuses == ["after_decision", "changes_verdict", "changes_verdict"]
+    assert _anomalies(s) == {"after_decision": 1, "late_changes_verdict": 2}
+    assert [r.state for r in s.rows(t.cms)] == ["violated"]
+    sample = evaluator.registry.get_sample_value
+    assert sample("condmsg_evaluator_contradicted_decisions_total") == 1
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli(["status", cm, "--db-url", s.engine.url.render_as_string(False)]) == 0
+    assert "contradicted by late acks" in out.getvalue()
+    assert "would be satisfied, not violated" in out.getvalue()
+
+
+def test_a_late_ack_that_changes_nothing_is_not_flagged(store: Store) -> None:
+    s = store
+    sent = s.clock.at
+    cm, names = _two_of_three(s)
+    evaluator = s.evaluator()
+    s.clock.at = sent + timedelta(seconds=30)
+    assert evaluator.sweep() == 1
+    evaluator.process_bodies([_commit(cm, names[0], sent + timedelta(seconds=2))])
+    assert [r.status for r in s.rows(t.acks)] == ["after_decision"]
+    assert (
+        evaluator.registry.get_sample_value("condmsg_evaluator_contradicted_decisions_total") == 0
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli(["status", cm, "--db-url", s.engine.url.render_as_string(False)]) == 0
+    assert "contradicted" not in out.getvalue()

@@ -1,0 +1,195 @@
+"""An evaluator started while its database is unreachable waits for it (saying so, with
+the URL's password hidden) and then works; the ``condmsg evaluator`` command does not
+exit either."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pika
+import pytest
+import sqlalchemy as sa
+
+from condmsg import Destination
+from condmsg import protocol as p
+from condmsg import sender_tables as t
+from condmsg.timeutil import utcnow
+from condmsg.topology import declare_service_queue
+from evaluator.service import Evaluator
+
+from .condmsg_helpers import SECRET, ack_body, wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Proxy:
+    """A TCP forwarder to ``target`` on ``port``, listening only once :meth:`open` is
+    called (until then the port refuses connections, like a database that is down)."""
+
+    def __init__(self, port: int, target: tuple[str, int]) -> None:
+        self.port = port
+        self.target = target
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._listener: socket.socket | None = None
+
+    def open(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen()
+        listener.settimeout(0.1)
+        self._listener = listener
+        self._spawn(self._accept)
+
+    def close(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(5)
+        if self._listener is not None:
+            self._listener.close()
+
+    def _spawn(self, target: Any, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            server = socket.create_connection(self.target)
+            self._spawn(self._pump, client, server)
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        with a, b, selectors.DefaultSelector() as selector:
+            selector.register(a, selectors.EVENT_READ, b)
+            selector.register(b, selectors.EVENT_READ, a)
+            while not self._stop.is_set():
+                for key, _ in selector.select(0.1):
+                    data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                    if not data:
+                        return
+                    key.data.sendall(data)
+
+
+@pytest.fixture
+def proxy(pg_engine_url: str) -> Iterator[Proxy]:
+    target = urlsplit(pg_engine_url)
+    made = Proxy(_free_port(), (target.hostname or "127.0.0.1", target.port or 5432))
+    yield made
+    made.close()
+
+
+def _through(url: str, port: int, password: str | None = None) -> str:
+    parts = urlsplit(url)
+    user = parts.username or "postgres"
+    auth = f"{user}:{password}" if password else user
+    return urlunsplit(parts._replace(netloc=f"{auth}@127.0.0.1:{port}"))
+
+
+def test_an_evaluator_started_while_the_database_is_down_waits_for_it(
+    pg_url: str,
+    proxy: Proxy,
+    unique_name: str,
+    make_sender: Any,
+    amqp_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    name = unique_name.replace(".", "-")
+    sender = make_sender(pg_url, name, declare_queues=False)
+    q = f"{unique_name}.q"
+    cm = sender.send(b"x", Destination(q, pickup_within=timedelta(minutes=1)))
+    # The trust authentication ignores the password: it is there to be hidden in the log.
+    service = Evaluator(
+        amqp_url=amqp_url,
+        sender=name,
+        db_url=_through(pg_url, proxy.port, password="s3cret"),
+        secret=SECRET,
+        relay=False,
+        sweep_interval_s=3600,
+    )
+    caplog.set_level(logging.WARNING, logger="evaluator.service")
+    with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
+        channel = connection.channel()
+        declare_service_queue(channel, p.ack_queue(name))
+        channel.basic_publish("", p.ack_queue(name), ack_body(cm, q, utcnow(), receiver="rx"))
+        with service:
+
+            def waits() -> list[str]:
+                return [
+                    r.getMessage()
+                    for r in caplog.records
+                    if r.getMessage().startswith("waiting for the database at")
+                ]
+
+            seen = wait_for(lambda: len(waits()) >= 2, timeout=30) and waits()
+            assert service.running
+            assert f"127.0.0.1:{proxy.port}" in seen[0] and "retrying in" in seen[0]
+            assert "s3cret" not in " ".join(seen) and "***" in seen[0]
+            proxy.open()  # the database is back
+
+            def decided() -> bool:
+                with sender.engine.connect() as conn:
+                    state = conn.execute(sa.select(t.cms.c.state)).scalar_one()
+                return state == "satisfied"
+
+            wait_for(decided, timeout=60)
+
+
+def test_the_evaluator_command_waits_for_the_database(amqp_url: str, unique_name: str) -> None:
+    """``condmsg evaluator`` pointed at a database that is down keeps running and says
+    what it waits for (it used to exit with a traceback from table creation)."""
+    port = _free_port()
+    env = os.environ | {
+        "CONDMSG_DB_URL": f"postgresql+psycopg://postgres:pw@127.0.0.1:{port}/test",
+        "CONDMSG_AMQP_URL": amqp_url,
+        "CONDMSG_SECRET": SECRET.decode(),
+    }
+    sender = unique_name.replace(".", "-")
+    command = [sys.executable, "-m", "evaluator", "--sender", sender, "--no-relay"]
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if sum("waiting for the database" in x for x in lines) >= 2:
+                break
+        assert proc.poll() is None, "".join(lines)
+        waiting = [x for x in lines if "waiting for the database" in x]
+        assert len(waiting) >= 2, "".join(lines)
+        assert f"127.0.0.1:{port}" in waiting[0] and "pw" not in waiting[0]
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(15)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0

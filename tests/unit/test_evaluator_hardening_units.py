@@ -1,0 +1,114 @@
+"""Pure parts of the evaluator's hardening: decoding that never raises, the ack field
+limits, dead-letter reasons, the clock-skew setting and the contradiction line of
+``condmsg status``."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from condmsg import protocol as p
+from condmsg import sender_tables as t
+from condmsg.acks import AckKind
+from condmsg.conditions import Destination
+from condmsg.errors import ConfigError
+from condmsg.evaluation import evaluate
+from condmsg.settings import DEFAULT_CLOCK_SKEW, ENV_CLOCK_SKEW_MS, Settings
+from condmsg.status_view import contradiction
+from evaluator import intake
+
+SECRET = b"unit-secret"
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+def _ack(**overrides: Any) -> bytes:
+    fields: dict[str, Any] = {
+        "ack_id": uuid.uuid4().hex,
+        "cm_id": str(uuid.uuid4()),
+        "destination": "q",
+        "kind": AckKind.READ,
+        "read_at": T0,
+        "committed_at": None,
+        "recipient": None,
+        "receiver": "rx",
+        "token": "0" * 64,
+    }
+    return p.AckMessage(**(fields | overrides)).to_json()
+
+
+def test_any_exception_while_decoding_dead_letters_that_body_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    good = _ack()
+    decode_ack = p.decode_ack
+
+    def buggy(body: bytes | str) -> Any:
+        if body == b"boom":
+            raise RuntimeError("a codec bug")
+        return decode_ack(body)
+
+    monkeypatch.setattr(p, "decode_ack", buggy)
+    nested = b"[" * 100_000 + b"]" * 100_000
+    decoded = intake.decode([b"boom", good, nested], sender="s", secret=SECRET)
+    assert [r.message.to_json() for r in decoded.received] == [good]
+    reasons = [m.headers[p.H_REASON] for m in decoded.dead if m.headers is not None]
+    assert reasons[0] == "undecodable: RuntimeError: a codec bug"
+    assert reasons[1]  # the codec's words, or "undecodable: RecursionError: ..."
+    assert [m.body for m in decoded.dead] == [b"boom", nested]
+    assert {m.routing_key for m in decoded.dead} == {p.dead_letter_queue("s")}
+
+
+def test_the_field_limits_are_the_ack_table_columns() -> None:
+    assert dict(intake.FIELD_LIMITS) == {
+        "ack_id": t.acks.c.ack_id.type.length,
+        "cm_id": t.acks.c.cm_id.type.length,
+        "destination": t.acks.c.destination.type.length,
+        "recipient": t.acks.c.recipient.type.length,
+        "receiver": t.acks.c.receiver.type.length,
+    }
+
+
+@pytest.mark.parametrize("name", ["ack_id", "cm_id", "destination", "recipient", "receiver"])
+def test_a_field_at_its_limit_passes_one_past_it_is_dead(name: str) -> None:
+    limit = dict(intake.FIELD_LIMITS)[name]
+    at_limit = intake.decode([_ack(**{name: "x" * limit})], sender="s", secret=SECRET)
+    assert len(at_limit.received) == 1 and not at_limit.dead
+    over = intake.decode([_ack(**{name: "x" * (limit + 1)})], sender="s", secret=SECRET)
+    (dead,) = over.dead
+    assert dead.headers is not None
+    assert dead.headers[p.H_REASON] == (
+        f"ack field {name!r} is longer than {limit} characters ({limit + 1})"
+    )
+
+
+def test_a_dead_letter_reason_is_cut_and_holds_no_nul() -> None:
+    message = intake.dead_letter(b"body", "s", "a\x00b" + "c" * 2000)
+    assert message.headers is not None
+    reason = message.headers[p.H_REASON]
+    assert isinstance(reason, str)
+    assert len(reason) == intake.MAX_REASON and reason.startswith("a\\x00bc")
+    assert message.body == b"body"
+
+
+def test_clock_skew_setting() -> None:
+    assert Settings.from_env({}).clock_skew == DEFAULT_CLOCK_SKEW == timedelta(seconds=1)
+    assert Settings.from_env({ENV_CLOCK_SKEW_MS: "0"}).clock_skew == timedelta(0)
+    assert Settings.from_env({ENV_CLOCK_SKEW_MS: "2500"}).clock_skew == timedelta(seconds=2.5)
+    for bad in ("-1", "1.5", "soon", ""):
+        with pytest.raises(ConfigError, match=ENV_CLOCK_SKEW_MS):
+            Settings.from_env({ENV_CLOCK_SKEW_MS: bad})
+
+
+def test_the_status_line_for_a_contradicted_decision() -> None:
+    condition = Destination("q", pickup_within=timedelta(seconds=1))
+    late = p.AckMessage.from_json(_ack(read_at=T0 + timedelta(milliseconds=500))).to_ack()
+    at = T0 + timedelta(seconds=2)
+    with_late = evaluate(condition, T0, [late], at)
+    line = contradiction("violated", with_late, 1)
+    assert line is not None and "would be satisfied, not violated" in line
+    assert contradiction("satisfied", with_late, 1) is None
+    assert contradiction("pending", with_late, 1) is None
+    assert contradiction("violated", evaluate(condition, T0, [], at), 0) is None

@@ -31,13 +31,6 @@ from outbox.message import OutboxMessage
 
 Kind = t.AnomalyKind
 
-#: The longest value of each text field of an ack that the store can hold: the columns
-#: of ``condmsg_ack`` are the one source of truth (an over-long value would fail the
-#: batch's INSERT, and with it every good ack of the batch).
-FIELD_LIMITS: tuple[tuple[str, int], ...] = tuple(
-    (name, int(t.acks.c[name].type.length))  # type: ignore[attr-defined]
-    for name in ("ack_id", "cm_id", "destination", "recipient", "receiver")
-)
 _NEVER = datetime.min.replace(tzinfo=UTC)
 #: Dead-letter reasons are cut to this many characters (``condmsg-reason``).
 MAX_REASON = 1000
@@ -85,10 +78,6 @@ def decode(bodies: Sequence[bytes], *, sender: str, secret: bytes) -> Decoded:
     for body in bodies:
         try:
             message, ack = p.decode_ack(body)
-            too_long = _too_long(message)
-            if too_long is not None:
-                decoded.dead.append(dead_letter(body, sender, too_long))
-                continue
             token = p.copy_token(secret, message.cm_id, message.destination, message.recipient)
         except ProtocolError as exc:
             decoded.dead.append(dead_letter(body, sender, str(exc)))
@@ -98,15 +87,6 @@ def decode(bodies: Sequence[bytes], *, sender: str, secret: bytes) -> Decoded:
             continue
         decoded.received.append(Received(message, ack, token))
     return decoded
-
-
-def _too_long(message: p.AckMessage) -> str | None:
-    """Why ``message`` cannot be stored as it is (a field longer than its column)."""
-    for name, limit in FIELD_LIMITS:
-        value = getattr(message, name)
-        if value is not None and len(value) > limit:
-            return f"ack field {name!r} is longer than {limit} characters ({len(value)})"
-    return None
 
 
 def describe(exc: BaseException) -> str:

@@ -5,6 +5,7 @@ after a bounded backoff, so a short hiccup does not make a poison message."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -202,9 +203,7 @@ def test_a_database_failure_is_not_the_messages_fault(
 # -- defect 3: every control message exactly once for a transactional app -----------------
 
 
-def _crash_before_the_broker_ack(
-    receiver: Any, queue: str, monkeypatch: pytest.MonkeyPatch
-) -> Any:
+def _crash_before_the_broker_ack(receiver: Any, queue: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Read one message in a committed transaction whose broker ack never goes out."""
     broker = receiver._broker
     monkeypatch.setattr(broker, "ack", lambda delivery, **_: broker.drop_connection())
@@ -347,8 +346,8 @@ def test_a_half_second_hiccup_does_not_make_a_poison_message(
     assert _app_rows(receiver.engine) == [(cm_id, "original")]
     assert get_all(channel, receiver.invalid_queue, settle_s=0.1) == []
     assert 2 <= len(attempts) < receiver.max_attempts
-    pauses = [later - earlier for earlier, later in zip(attempts, attempts[1:], strict=False)]
-    assert all(b > a for a, b in zip(pauses, pauses[1:], strict=False)), pauses  # exponential
+    pauses = [later - earlier for earlier, later in itertools.pairwise(attempts)]
+    assert all(b > a for a, b in itertools.pairwise(pauses)), pauses  # exponential
 
 
 def test_a_message_that_always_fails_is_dead_lettered_after_max_attempts_in_bounded_time(
@@ -400,9 +399,14 @@ def test_a_rolled_back_read_waits_before_the_message_comes_back(
     queue = _queue(receiver, unique_name)
     cm_id = str(uuid.uuid4())
     _original(channel, queue, cm_id)
-    with pytest.raises(RuntimeError), receiver.transaction() as tx:
-        assert wait_for(lambda: tx.read(queue, timeout=0.5)).cm_id == cm_id
-        raise RuntimeError("the app failed")
+
+    def fail_in_transaction() -> None:
+        with receiver.transaction() as tx:
+            assert wait_for(lambda: tx.read(queue, timeout=0.5)).cm_id == cm_id
+            raise RuntimeError("the app failed")
+
+    with pytest.raises(RuntimeError):
+        fail_in_transaction()
     failed_at = time.monotonic()
     with receiver.transaction() as tx:
         assert tx.read(queue, timeout=0.3) is None  # held back

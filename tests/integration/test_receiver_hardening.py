@@ -18,12 +18,21 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from ackd import receiver as receiver_module
+from ackd import sequence
+from ackd.broker import Delivery
 from ackd.tables import poison
 from condmsg import Destination
 from condmsg import protocol as p
-from condmsg.copies import notice_message
+from condmsg.copies import notice_message, plan_copies
 
-from .condmsg_helpers import get_all, publish, publish_compensation, publish_copy, wait_for
+from .condmsg_helpers import (
+    SECRET,
+    get_all,
+    publish,
+    publish_compensation,
+    publish_copy,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -444,3 +453,47 @@ def test_an_attempt_is_counted_in_memory_while_the_database_cannot_count_it(
     reasons = _reasons(channel, receiver)
     assert len(reasons) == 1
     assert "processing failed 5 times" in reasons[0]
+
+
+# -- defect 2 (what works before the codec's control tokens): sequences are judged too --
+
+
+def test_a_stored_sequence_with_a_forged_token_is_refused_by_a_receiver_with_the_secret(
+    db_url: str, unique_name: str, make_receiver: Any, channel: Any
+) -> None:
+    """Parts stored by a receiver without the secret (or before it had one) are judged
+    again when assembled: the sequence must carry a verifying copy token."""
+    receiver = make_receiver(db_url, secret=SECRET)
+    queue = _queue(receiver, unique_name)
+    cm_id = str(uuid.uuid4())
+    (plan,) = plan_copies(
+        cm_id=cm_id,
+        condition=Destination(queue, pickup_within=timedelta(seconds=30)),
+        sender="s",
+        sent_at=datetime.now(UTC),
+        secret=b"not the deployment secret",
+        body=b"x" * 300,
+        content_type="application/octet-stream",
+        app_headers={},
+        part_bytes=100,
+    )
+    assert len(plan.messages) == 3
+    with Session(receiver.engine) as session, session.begin():
+        for position, message in enumerate(plan.messages):
+            properties = pika.BasicProperties(
+                message_id=message.message_id,
+                reply_to=message.reply_to,
+                content_type=message.content_type,
+                headers=dict(message.headers or {}),
+            )
+            delivery = Delivery(queue, position + 1, False, properties, message.body)
+            row = sequence.part_row(
+                delivery, seq_id=plan.message_id, position=position, size=3, now=datetime.now(UTC)
+            )
+            sequence.store_part(session, row)
+
+    assert receiver.read(queue, timeout=1.0) is None
+    moved = get_all(channel, receiver.invalid_queue)
+    assert [body for _, body in moved] == [b"x" * 300]
+    assert "token" in moved[0][0].headers[p.H_REASON]
+    assert receiver.stats.invalid == 1

@@ -50,11 +50,16 @@ class RetryPolicy:
 
 def poison_key(message_id: str | bytes) -> str:
     """The counts' key of an AMQP message id: the id itself, or a digest of an id its
-    column cannot hold (over 128 characters, with a NUL, or not UTF-8: pika hands such a
-    short string over as bytes). AMQP allows ids of 255 bytes."""
+    column cannot hold (over 128 characters, with a NUL or a lone surrogate, or not UTF-8:
+    pika hands such a short string over as bytes). AMQP allows ids of 255 bytes."""
     if isinstance(message_id, str):
         if len(message_id) <= POISON_ID_LENGTH and "\x00" not in message_id:
-            return message_id
+            try:
+                message_id.encode("utf-8")  # a lone surrogate no database text can hold
+            except UnicodeEncodeError:
+                pass
+            else:
+                return message_id
         raw = message_id.encode("utf-8", "surrogatepass")
     else:
         raw = bytes(message_id)

@@ -691,10 +691,11 @@ class Receiver(OwnsOutbox):
         except BaseException as exc:
             self._rollback(tx, exc)
             raise
-        # Only now: a crash before these acks makes RabbitMQ redeliver, and the RLOG row
-        # committed above drops the redelivery (the app never sees a copy twice). That is
-        # also why the acks of conditional messages may be deferred and batched; plain
-        # messages and sequence parts have no RLOG row and are acked at once.
+        # Only now: a crash before these acks makes RabbitMQ redeliver, and the RLOG row (a
+        # success notice's inbox row) committed above drops the redelivery (the app never
+        # sees a copy, compensation or notice twice). That is also why the acks of
+        # conditional messages may be deferred and batched; plain messages and sequence
+        # parts have no such row and are acked at once.
         for taken in tx.taken:
             if taken.incoming.delivery is not None:
                 rlog_backed = taken.inbound.kind is not None and taken.inbound.seq_id is None

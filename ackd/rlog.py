@@ -13,6 +13,10 @@ exactly the serialisation cancel-out needs, even when the original is read insid
 application transaction. The follow-up ``SELECT ... FOR UPDATE`` locks the row so two
 compensations cannot both be delivered. On SQLite every write transaction is serialised
 (``BEGIN IMMEDIATE``), which gives the same outcome.
+
+A success notice is recorded in the inbox (``condmsg_rx_inbox``) by the same kind of insert,
+so that it too reaches a transactional app once, without writing an RLOG row that would
+make its unconsumed original look consumed.
 """
 
 from __future__ import annotations

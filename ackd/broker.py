@@ -69,6 +69,11 @@ class Broker:
         #: Acks are deferred only while :meth:`consume` runs: its idle ticks flush them. A
         #: lone ``read()`` has no loop that would, so its ack goes out at once.
         self._deferring = False
+        #: Deliveries held back before their requeue (see :meth:`requeue`): (due, delivery),
+        #: due on the monotonic clock.
+        self._parked: list[tuple[float, Delivery]] = []
+        #: When a held-back delivery was last given back (monotonic; 0: never).
+        self.last_release = 0.0
 
     def _open(self) -> BlockingChannel:
         if self._channel is not None and self._channel.is_open:
@@ -82,6 +87,7 @@ class Broker:
         self._prefetch = None
         self._unsettled.clear()
         self._deferred.clear()
+        self._parked.clear()  # the old channel's end requeued them
         return self._channel
 
     def ensure_queue(self, queue: str) -> None:
@@ -97,6 +103,7 @@ class Broker:
         """One message from ``queue`` without acking it, or None if it is empty."""
         self.ensure_queue(queue)
         channel = self._open()
+        self.release_due()
         try:
             method, properties, body = channel.basic_get(queue, auto_ack=False)
         except pika.exceptions.AMQPError as exc:
@@ -109,6 +116,7 @@ class Broker:
 
     def _received(self, delivery: Delivery) -> Delivery:
         self._unsettled.add(delivery.tag)
+        self.release_due()
         if self._deferred and time.monotonic() - self._deferred_since > ACK_DELAY_S:
             self.flush_acks()
         return delivery
@@ -132,6 +140,7 @@ class Broker:
         try:
             for method, properties, body in channel.consume(queue, inactivity_timeout=inactivity_s):
                 if method is None:
+                    self.release_due()
                     self.flush_acks()
                     yield None
                 else:
@@ -165,8 +174,38 @@ class Broker:
         if len(self._deferred) >= self._ack_batch:
             self.flush_acks()
 
-    def requeue(self, delivery: Delivery) -> None:
-        self._settle(delivery, requeue=True)
+    def requeue(self, delivery: Delivery, *, after_s: float = 0.0) -> None:
+        """Give ``delivery`` back to its queue, at once or after ``after_s`` seconds.
+
+        A delivery held back stays unacked on this channel meanwhile: RabbitMQ gives it to
+        no other consumer and does not redeliver it here, so nobody spins on it, and this
+        thread goes on with other messages (nothing sleeps). :meth:`release_due` requeues
+        it when due; every read, consume tick and :meth:`close` calls it. Should the
+        connection end first, RabbitMQ requeues it at once.
+        """
+        if after_s <= 0:
+            self._settle(delivery, requeue=True)
+            return
+        if delivery.tag in self._unsettled:
+            self._parked.append((time.monotonic() + after_s, delivery))
+
+    @property
+    def held_back(self) -> int:
+        """How many deliveries wait for their requeue."""
+        return len(self._parked)
+
+    def release_due(self, *, everything: bool = False) -> None:
+        """Requeue the held-back deliveries whose pause is over (all, with ``everything``)."""
+        if not self._parked:
+            return
+        now = time.monotonic()
+        due = [d for at, d in self._parked if everything or at <= now]
+        if not due:
+            return
+        self._parked = [(at, d) for at, d in self._parked if not (everything or at <= now)]
+        self.last_release = now
+        for delivery in due:
+            self._settle(delivery, requeue=True)
 
     def flush_acks(self) -> None:
         """Send the owed acks: one ``multiple`` ack for those below every unsettled tag
@@ -188,6 +227,10 @@ class Broker:
             self.close()
 
     def _settle(self, delivery: Delivery, *, requeue: bool | None) -> None:
+        if delivery.tag not in self._unsettled:
+            # Settled already, or from an earlier channel (whose end requeued it): a second
+            # ack or nack of a tag is a channel error that would close the channel.
+            return
         self._unsettled.discard(delivery.tag)
         channel = self._channel
         if channel is None or not channel.is_open:
@@ -213,13 +256,30 @@ class Broker:
         return self._confirm
 
     def move_to_invalid(self, delivery: Delivery, reason: str) -> None:
-        """Republish to the invalid-message queue with the reason, then ack the original."""
-        confirm = self._confirm_channel()
+        """Republish to the invalid-message queue with the reason, then ack the original.
+
+        Headers that cannot be encoded again (pika marshals a message whole before it
+        sends anything) are dropped: the message still goes, with its body and the reason.
+        """
         props = delivery.properties
         headers = dict(props.headers or {})
         headers[p.H_REASON] = reason[:1000]
         headers["condmsg-original-queue"] = delivery.queue
-        confirm.basic_publish(
+        try:
+            self._publish_invalid_copy(delivery, headers)
+        except pika.exceptions.AMQPError:
+            raise
+        except Exception as exc:
+            dropped = f"{reason} (its headers could not be encoded: {type(exc).__name__})"
+            self._publish_invalid_copy(
+                delivery,
+                {p.H_REASON: dropped[:1000], "condmsg-original-queue": delivery.queue},
+            )
+        self.ack(delivery)
+
+    def _publish_invalid_copy(self, delivery: Delivery, headers: dict[str, Any]) -> None:
+        props = delivery.properties
+        self._confirm_channel().basic_publish(
             "",
             self.invalid_queue,
             delivery.body,
@@ -232,7 +292,6 @@ class Broker:
                 delivery_mode=pika.DeliveryMode.Persistent,
             ),
         )
-        self.ack(delivery)
 
     def publish_invalid(self, body: bytes, headers: dict[str, Any], reason: str) -> None:
         """Put a message the receiver holds only in its store on the invalid-message queue."""
@@ -253,6 +312,8 @@ class Broker:
         self.close()
 
     def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.release_due(everything=True)
         with contextlib.suppress(Exception):
             self.flush_acks()
         connection, self._connection = self._connection, None

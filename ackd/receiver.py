@@ -5,17 +5,26 @@
 - ``transaction()``: the app's own SQLAlchemy session; ``tx.read(queue)`` takes a message
   unacked; the app's writes, the RLOG row and the COMMIT ack's outbox row commit together,
   and only then is the AMQP message acked. On an exception: rollback, the message is
-  requeued, and after ``max_attempts`` failed attempts it goes to the invalid-message queue.
+  requeued after a pause that doubles with each failed attempt (``retry_backoff`` up to
+  ``retry_backoff_max``), and after ``max_attempts`` failed attempts it goes to the
+  invalid-message queue.
 - ``consume(queue, handler)``: the same, event-driven, for competing consumers.
 
 Plain (non-conditional) messages pass through the same API with no ack. Messages with
 malformed condmsg headers, a bad token or an undecodable payload go to the invalid-message
-queue with the reason in a header; the app never sees them.
+queue with the reason in a header; the app never sees them. So does a message on which
+judging it raised anything else (a codec bug): it costs that message, never the reader.
+A failure of the receiver store or the broker is not the message's fault: it propagates,
+and the message goes back to its queue.
+
+Exactly once for a transactional app: an original or compensation is recorded by its
+RLOG row, a success notice by its inbox row, each committed with the app's transaction;
+a redelivery after a crash before the broker ack finds the row and is dropped. Plain
+messages have no such row: like any AMQP consumer's, they are at least once.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
@@ -32,6 +41,14 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from ackd import fastpath, rlog, sequence
+from ackd.attempts import (
+    DEFAULT_BACKOFF,
+    DEFAULT_BACKOFF_MAX,
+    DEFAULT_MAX_ATTEMPTS,
+    AttemptCounts,
+    RetryPolicy,
+    poison_key,
+)
 from ackd.broker import Broker, Delivery
 from ackd.emit import commit_with_acks, enqueue_ack
 from ackd.inbound import (
@@ -43,7 +60,7 @@ from ackd.inbound import (
     parse,
 )
 from ackd.message import Message
-from ackd.tables import POISON_ID_LENGTH, metadata, poison
+from ackd.tables import metadata, poison
 from condmsg import protocol as p
 from condmsg.acks import AckKind
 from condmsg.db import make_engine
@@ -118,6 +135,12 @@ class Receiver(OwnsOutbox):
 
     ``secret``, when given (or ``CONDMSG_SECRET``), makes the receiver verify each copy's
     token and reject forged copies; without it the evaluator still rejects their acks.
+
+    A message whose transactional processing failed is held back before it comes back:
+    ``retry_backoff`` (default 200 ms) after the first failure, doubling after each
+    further one up to ``retry_backoff_max`` (default 5 s); after ``max_attempts`` failures
+    (default 5, counted across redeliveries and receiver processes by message id) it goes
+    to the invalid queue. The defaults ride out about 3 s of a failing database.
     """
 
     def __init__(
@@ -129,7 +152,9 @@ class Receiver(OwnsOutbox):
         engine: Engine | None = None,
         receiver_id: str | None = None,
         secret: bytes | None = None,
-        max_attempts: int = 5,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        retry_backoff: timedelta = DEFAULT_BACKOFF,
+        retry_backoff_max: timedelta = DEFAULT_BACKOFF_MAX,
         sequence_timeout: timedelta = timedelta(minutes=5),
         poll_interval_s: float = 0.05,
         invalid_queue: str = p.INVALID_MESSAGE_QUEUE,
@@ -152,7 +177,15 @@ class Receiver(OwnsOutbox):
         if self._postgres:
             fastpath.watch(self.engine)
         self.secret = secret
+        if max_attempts < 1:
+            raise ConfigError("max_attempts must be at least 1")
+        if retry_backoff < timedelta(0) or retry_backoff_max < retry_backoff:
+            raise ConfigError("retry_backoff must be >= 0 and at most retry_backoff_max")
         self.max_attempts = max_attempts
+        self.retry = RetryPolicy(max_attempts, retry_backoff, retry_backoff_max)
+        self._attempts = AttemptCounts(self.engine)
+        #: Reassembled sequences held back after a failed attempt: seq id -> monotonic due.
+        self._sequences_due: dict[str, float] = {}
         self.sequence_timeout = sequence_timeout
         self.poll_interval_s = poll_interval_s
         self.stats = ReceiverStats()
@@ -212,7 +245,9 @@ class Receiver(OwnsOutbox):
 
         ``handler(message, session)`` gets the transaction's session when
         ``transactional`` (its writes commit with the COMMIT ack), else None. A handler
-        exception rolls the transaction back and requeues the message; consuming goes on.
+        exception rolls the transaction back and requeues the message after its backoff;
+        consuming goes on meanwhile (nothing sleeps: the message is held unacked), and
+        ``idle_timeout_s`` does not end it while a message waits for another attempt.
         """
         handled = 0
         last = time.monotonic()
@@ -225,7 +260,7 @@ class Receiver(OwnsOutbox):
                     if self._maybe_sequences and self._handle_stored(queue, handler, transactional):
                         handled += 1
                         last = time.monotonic()
-                    elif idle_timeout_s is not None and time.monotonic() - last > idle_timeout_s:
+                    elif idle_timeout_s is not None and self._idle_for(last) > idle_timeout_s:
                         break
                     continue
                 if self._handle_delivery(delivery, handler, transactional):
@@ -236,6 +271,13 @@ class Receiver(OwnsOutbox):
         finally:
             stream.close()
         return handled
+
+    def _idle_for(self, last_handled: float) -> float:
+        """Seconds with nothing to do: a message held back for another attempt, or given
+        back a moment ago, is work still to come."""
+        if self._broker.held_back:
+            return 0.0
+        return time.monotonic() - max(last_handled, self._broker.last_release)
 
     @property
     def _relay_name(self) -> str:
@@ -354,23 +396,61 @@ class Receiver(OwnsOutbox):
         except InvalidMessage as exc:
             self._invalid(delivery, str(exc))
             return None
-        if inbound.seq_id is not None:
-            self._store_part(delivery, inbound, read_at, tx)
+        except Exception as exc:  # a codec's bug costs this message, never the reader
+            self._invalid(delivery, undecodable(exc))
             return None
         try:
-            check_payload(delivery.body, props.content_type)
+            part = self._part_row(delivery, inbound, read_at)
+            if part is None:
+                check_payload(delivery.body, props.content_type)
         except InvalidMessage as exc:
             self._invalid(delivery, str(exc))
             return None
+        except Exception as exc:
+            self._invalid(delivery, undecodable(exc))
+            return None
+        try:
+            if part is not None:
+                self._store_part(delivery, inbound, part, tx)
+                return None
+            return self._take(delivery, inbound, read_at, tx)
+        except BaseException:
+            # The store or the broker failed, not the message: it goes back to its queue
+            # (uncounted), after a pause so that a caller retrying at once does not spin
+            # on it while the store is down. Settling twice is harmless (see Broker).
+            self._broker.requeue(delivery, after_s=self.retry.delay_s(1))
+            raise
+
+    @staticmethod
+    def _part_row(delivery: Delivery, inbound: Inbound, read_at: datetime) -> dict[str, Any] | None:
+        """The store row of a sequence part (None for a whole message)."""
+        if inbound.seq_id is None:
+            return None
+        assert inbound.seq_pos is not None and inbound.seq_size
+        return sequence.part_row(
+            delivery,
+            seq_id=inbound.seq_id,
+            position=inbound.seq_pos,
+            size=inbound.seq_size,
+            now=read_at,
+        )
+
+    def _take(
+        self,
+        delivery: Delivery,
+        inbound: Inbound,
+        read_at: datetime,
+        tx: ReceiverTransaction | None,
+    ) -> Message | None:
+        """Deliver a judged message (or drop it by the RLOG's decision)."""
+        props = delivery.properties
         # Attempts are counted only when a rollback requeues, so a first delivery has none:
         # skip the lookup (a database round trip per message).
-        if (
-            tx is not None
-            and delivery.redelivered
-            and props.message_id
-            and self._exhausted(tx, props.message_id, delivery)
-        ):
-            return None
+        if tx is not None and delivery.redelivered and props.message_id:
+            reason = self._exhausted(tx.session, props.message_id)
+            if reason is not None:
+                self._invalid(delivery, reason)
+                return None
         incoming = _Incoming(
             queue=delivery.queue,
             body=delivery.body,
@@ -611,10 +691,11 @@ class Receiver(OwnsOutbox):
         except BaseException as exc:
             self._rollback(tx, exc)
             raise
-        # Only now: a crash before these acks makes RabbitMQ redeliver, and the RLOG row
-        # committed above drops the redelivery (the app never sees a copy twice). That is
-        # also why the acks of conditional messages may be deferred and batched; plain
-        # messages and sequence parts have no RLOG row and are acked at once.
+        # Only now: a crash before these acks makes RabbitMQ redeliver, and the RLOG row (a
+        # success notice's inbox row) committed above drops the redelivery (the app never
+        # sees a copy, compensation or notice twice). That is also why the acks of
+        # conditional messages may be deferred and batched; plain messages and sequence
+        # parts have no such row and are acked at once.
         for taken in tx.taken:
             if taken.incoming.delivery is not None:
                 rlog_backed = taken.inbound.kind is not None and taken.inbound.seq_id is None
@@ -625,52 +706,45 @@ class Receiver(OwnsOutbox):
         self.stats.rolled_back += 1
         # The messages the app had: delivered originals and plain messages (a plain one is
         # taken with ``delivered`` False, as it holds no RLOG row, but the app had it too).
-        failed = [
-            t.incoming.message_id
-            for t in tx.taken
-            if (t.delivered or t.inbound.kind is None) and t.incoming.message_id
-        ]
-        if failed:
-            self._count_attempts(failed, repr(exc)[:500])
+        # Each failure counts as one attempt of each, and holds it back for its backoff.
+        failed = [t for t in tx.taken if t.delivered or t.inbound.kind is None]
+        keys = [poison_key(t.incoming.message_id) for t in failed if t.incoming.message_id]
+        totals = self._attempts.record(keys, repr(exc)[:500], self._clock()) if keys else {}
         for taken in tx.taken:
+            delay = 0.0
+            if any(taken is t for t in failed):
+                message_id = taken.incoming.message_id
+                # An id-less message cannot be counted; it still waits the first pause.
+                attempts = totals[poison_key(message_id)] if message_id else 1
+                delay = self.retry.delay_s(attempts)
             if taken.incoming.delivery is not None:
-                self._broker.requeue(taken.incoming.delivery)
+                self._broker.requeue(taken.incoming.delivery, after_s=delay)
             else:
                 self._maybe_sequences = True  # a reassembled sequence is back in the store
+                if delay > 0 and taken.incoming.message_id:
+                    due = time.monotonic() + delay
+                    self._sequences_due[str(taken.incoming.message_id)] = due
 
-    def _count_attempts(self, message_ids: list[str], error: str) -> None:
-        now = self._clock()
-        with Session(self.engine) as session, session.begin():
-            for message_id in map(_poison_key, message_ids):
-                updated: Any = session.execute(
-                    sa.update(poison)
-                    .where(poison.c.message_id == message_id)
-                    .values(attempts=poison.c.attempts + 1, last_error=error, updated_at=now)
-                )
-                if updated.rowcount == 0:
-                    session.execute(
-                        sa.insert(poison).values(
-                            message_id=message_id, attempts=1, last_error=error, updated_at=now
-                        )
-                    )
-
-    def _exhausted(self, tx: ReceiverTransaction, message_id: str, delivery: Delivery) -> bool:
-        """Dead-letter a message whose processing failed ``max_attempts`` times.
+    def _exhausted(self, session: Session, message_id: str | bytes) -> str | None:
+        """The dead-letter reason of a message whose processing failed ``max_attempts``
+        times (its count is then cleared), or None.
 
         Runs in the transaction's own session: on SQLite a second connection would wait for
         the write lock this transaction holds.
         """
-        key = _poison_key(message_id)
-        row = tx.session.execute(
+        key = poison_key(message_id)
+        row = session.execute(
             sa.select(poison.c.attempts, poison.c.last_error).where(poison.c.message_id == key)
         ).first()
-        if row is None or row.attempts < self.max_attempts:
-            return False
-        tx.session.execute(sa.delete(poison).where(poison.c.message_id == key))
-        self._invalid(
-            delivery, f"poison message: processing failed {row.attempts} times: {row.last_error}"
-        )
-        return True
+        unsaved = self._attempts.unsaved(key)
+        attempts = (row.attempts if row is not None else 0) + (unsaved.attempts if unsaved else 0)
+        if attempts < self.max_attempts:
+            return None
+        if row is not None:
+            session.execute(sa.delete(poison).where(poison.c.message_id == key))
+        self._attempts.forget(key)
+        last_error = unsaved.error if unsaved else row.last_error if row is not None else None
+        return f"poison message: processing failed {attempts} times: {last_error}"
 
     # -- message sequences --------------------------------------------------------------
 
@@ -678,32 +752,20 @@ class Receiver(OwnsOutbox):
         self,
         delivery: Delivery,
         inbound: Inbound,
-        read_at: datetime,
+        part: dict[str, Any],
         tx: ReceiverTransaction | None,
     ) -> None:
         """Keep a part in the store. Inside a transaction it is stored (and acked) with the
         transaction, so a rollback requeues it; otherwise at once."""
-        assert inbound.seq_id and inbound.seq_pos is not None and inbound.seq_size
-
-        def store(session: Session) -> None:
-            sequence.store_part(
-                session,
-                delivery,
-                seq_id=inbound.seq_id or "",
-                position=inbound.seq_pos or 0,
-                size=inbound.seq_size or 0,
-                now=read_at,
-            )
-
         if tx is not None:
-            store(tx.session)
+            sequence.store_part(tx.session, part)
             incoming = _Incoming(
                 delivery.queue, b"", None, None, delivery.headers, delivery.redelivered, delivery
             )
-            tx.taken.append(_Taken(incoming, inbound, read_at, delivered=False))
+            tx.taken.append(_Taken(incoming, inbound, part["received_at"], delivered=False))
         else:
             with Session(self.engine) as session, session.begin():
-                store(session)
+                sequence.store_part(session, part)
             self._broker.ack(delivery)
         self.stats.parts += 1
         self._maybe_sequences = True
@@ -723,24 +785,26 @@ class Receiver(OwnsOutbox):
             self._maybe_sequences = False
             return None
         for seq_id in ids:
+            if self._held_back(seq_id):
+                continue
             assembled = sequence.take(session, seq_id)
             if assembled is None:
                 continue
             read_at = self._clock()
-            reply_to = assembled.properties.get("reply_to")
-            try:
-                inbound = parse(assembled.headers, reply_to)
-                check_payload(assembled.body, assembled.properties.get("content_type"))
-            except InvalidMessage as exc:
-                self._broker.publish_invalid(assembled.body, assembled.headers, str(exc))
+            judged = self._judge_sequence(assembled)
+            if judged is None:
+                continue
+            inbound, headers, properties = judged
+            if tx is not None and (reason := self._exhausted(session, seq_id)) is not None:
+                self._broker.publish_invalid(assembled.body, headers, reason)
                 self.stats.invalid += 1
                 continue
             incoming = _Incoming(
                 queue=queue,
                 body=assembled.body,
-                content_type=assembled.properties.get("content_type"),
+                content_type=properties.get("content_type"),
                 message_id=seq_id,
-                headers=assembled.headers,
+                headers=headers,
                 redelivered=False,
                 delivery=None,
             )
@@ -748,6 +812,36 @@ class Receiver(OwnsOutbox):
             if message is not None:
                 return message
         return None
+
+    def _held_back(self, seq_id: str) -> bool:
+        due = self._sequences_due.get(seq_id)
+        if due is None:
+            return False
+        if time.monotonic() < due:
+            return True
+        del self._sequences_due[seq_id]
+        return False
+
+    def _judge_sequence(
+        self, assembled: sequence.Assembled
+    ) -> tuple[Inbound, dict[str, Any], dict[str, Any]] | None:
+        """The condmsg facts of a taken sequence, or None after moving it to the invalid
+        queue (its parts' deletion commits with the caller's transaction)."""
+        headers: dict[str, Any] = {}
+        try:
+            headers, properties = sequence.metadata_of(assembled)
+            inbound = parse(headers, properties.get("reply_to"))
+            sequence.check_token(inbound, self.secret)
+            check_payload(assembled.body, properties.get("content_type"))
+        except Exception as exc:  # a codec's bug costs this sequence, never the reader
+            reason = str(exc) if isinstance(exc, InvalidMessage) else undecodable(exc)
+            log.warning(
+                "moving sequence %s to %s: %s", assembled.seq_id, self.invalid_queue, reason
+            )
+            self._broker.publish_invalid(assembled.body, headers, reason)
+            self.stats.invalid += 1
+            return None
+        return inbound, headers, properties
 
     def _expire_sequences(self) -> None:
         now_mono = time.monotonic()
@@ -778,9 +872,10 @@ class Receiver(OwnsOutbox):
                 self.stats.invalid += 1
 
 
-def _poison_key(message_id: str) -> str:
-    """The redelivery counts' key of an AMQP message id: the id itself, or a digest of an
-    id its column cannot hold (over 128 characters, or with a NUL): AMQP allows 255."""
-    if len(message_id) <= POISON_ID_LENGTH and "\x00" not in message_id:
-        return message_id
-    return "sha256:" + hashlib.sha256(message_id.encode("utf-8", "surrogatepass")).hexdigest()
+def undecodable(exc: BaseException) -> str:
+    """The invalid-queue reason for an unexpected exception while judging a message."""
+    try:
+        detail = str(exc)
+    except Exception:  # an exception whose message itself fails
+        detail = "?"
+    return f"undecodable: {type(exc).__name__}: {detail}"

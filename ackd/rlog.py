@@ -13,6 +13,10 @@ exactly the serialisation cancel-out needs, even when the original is read insid
 application transaction. The follow-up ``SELECT ... FOR UPDATE`` locks the row so two
 compensations cannot both be delivered. On SQLite every write transaction is serialised
 (``BEGIN IMMEDIATE``), which gives the same outcome.
+
+A success notice is recorded in the inbox (``condmsg_rx_inbox``) by the same kind of insert,
+so that it too reaches a transactional app once, without writing an RLOG row that would
+make its unconsumed original look consumed.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from sqlalchemy.orm import Session
 
 from ackd import fastpath
 from ackd.inbound import Inbound
-from ackd.tables import RlogState, rlog
+from ackd.tables import RlogState, rlog, rx_inbox
+from condmsg.protocol import MessageKind
 
 
 class Decision(Enum):
@@ -39,27 +44,29 @@ class Decision(Enum):
 
 
 @functools.cache
-def _insert_statement(dialect: str) -> Any:
-    """``INSERT ... ON CONFLICT DO NOTHING RETURNING``, built once per dialect (the values
-    come with each execution, so SQLAlchemy's compiled cache is hit every time)."""
+def _insert_statement(dialect: str, table: sa.Table = rlog) -> Any:
+    """``INSERT ... ON CONFLICT DO NOTHING RETURNING``, built once per dialect and table
+    (the values come with each execution, so SQLAlchemy's compiled cache is hit every
+    time)."""
     module: Any = postgresql if dialect == "postgresql" else sqlite
     return (
-        module.insert(rlog)
-        .on_conflict_do_nothing(index_elements=[rlog.c.cm_id, rlog.c.destination])
+        module.insert(table)
+        .on_conflict_do_nothing(index_elements=list(table.primary_key.columns))
         # RETURNING says reliably whether this statement inserted; rowcount does not on
         # every driver for ON CONFLICT DO NOTHING.
-        .returning(rlog.c.cm_id)
+        .returning(table.c.cm_id)
     )
 
 
-def _insert(session: Session, values: dict[str, Any]) -> bool:
-    """Insert the RLOG row unless one exists; True if this call inserted it.
+def _insert(session: Session, values: dict[str, Any], table: sa.Table = rlog) -> bool:
+    """Insert the row unless one with its key exists; True if this call inserted it.
 
     Runs on the session's connection (Core, no ORM bookkeeping): this is the hot path of
-    every read. A conflict inserts nothing and locks nothing.
+    every read. A conflict inserts nothing and locks nothing; on PostgreSQL it waits for a
+    concurrent transaction inserting the same key to end first.
     """
     conn = session.connection()
-    return conn.execute(_insert_statement(conn.dialect.name), values).first() is not None
+    return conn.execute(_insert_statement(conn.dialect.name, table), values).first() is not None
 
 
 def _locked_row(session: Session, cm_id: str, destination: str) -> Any:
@@ -161,9 +168,26 @@ def on_compensation(
 
 
 def on_success(session: Session, inbound: Inbound, *, now: datetime) -> Decision:
-    """A success notice is delivered once where the original was consumed, and always
-    where it was not (there is nothing to deduplicate against)."""
+    """A success notice is delivered once, whether or not the original was consumed here.
+
+    The inbox row, written in the delivering transaction, is what drops a redelivery (a
+    crash between the app's commit and the broker ack); the RLOG is not written where the
+    original was not consumed, so that original stays deliverable. Where it was, its row
+    notes the notice too (a row noted before the inbox existed also means delivered).
+    """
     cm_id, destination = _key(inbound)
+    first_time = _insert(
+        session,
+        {
+            "cm_id": cm_id,
+            "destination": destination,
+            "kind": MessageKind.SUCCESS.value,
+            "delivered_at": now,
+        },
+        rx_inbox,
+    )
+    if not first_time:
+        return Decision.DUPLICATE
     query = sa.select(rlog.c.success_at).where(
         rlog.c.cm_id == cm_id, rlog.c.destination == destination
     )

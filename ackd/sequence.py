@@ -19,15 +19,20 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from ackd.broker import Delivery
+from ackd.inbound import Inbound, InvalidMessage
 from ackd.tables import sequence_parts as parts
+from condmsg import protocol as p
 
 
 @dataclass(frozen=True, slots=True)
 class Assembled:
+    """A complete sequence taken from the store: the whole body, and the first part's
+    headers and properties as stored (JSON; :func:`metadata_of` decodes them)."""
+
     seq_id: str
     body: bytes
-    headers: dict[str, Any]
-    properties: dict[str, Any]
+    headers_json: str
+    properties_json: str
 
 
 def _json_safe(headers: dict[str, Any]) -> dict[str, Any]:
@@ -36,12 +41,13 @@ def _json_safe(headers: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def store_part(
-    session: Session, delivery: Delivery, *, seq_id: str, position: int, size: int, now: datetime
-) -> None:
-    """Keep one part (a redelivered part is ignored). Never commits."""
+def part_row(
+    delivery: Delivery, *, seq_id: str, position: int, size: int, now: datetime
+) -> dict[str, Any]:
+    """The store row of one part. Encoding its headers can fail on what a sender put in
+    them (a table nested too deep for JSON): the receiver judges that before storing."""
     props = delivery.properties
-    values = {
+    return {
         "seq_id": seq_id,
         "position": position,
         "size": size,
@@ -53,13 +59,18 @@ def store_part(
                 "message_id": props.message_id,
                 "correlation_id": props.correlation_id,
                 "reply_to": props.reply_to,
-            }
+            },
+            default=str,
         ),
         "body": delivery.body,
         "received_at": now,
     }
+
+
+def store_part(session: Session, row: dict[str, Any]) -> None:
+    """Keep one part (:func:`part_row`; a redelivered part is ignored). Never commits."""
     module: Any = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    session.execute(module.insert(parts).values(**values).on_conflict_do_nothing())
+    session.execute(module.insert(parts).values(**row).on_conflict_do_nothing())
 
 
 def complete_ids(session: Session, queue: str, limit: int = 10) -> list[str]:
@@ -98,9 +109,38 @@ def take(session: Session, seq_id: str) -> Assembled | None:
     return Assembled(
         seq_id=seq_id,
         body=b"".join(r.body for r in rows),
-        headers=json.loads(first.headers_json),
-        properties=json.loads(first.properties_json),
+        headers_json=first.headers_json,
+        properties_json=first.properties_json,
     )
+
+
+def metadata_of(assembled: Assembled) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The headers and properties of an assembled sequence; raises :class:`InvalidMessage`
+    if the stored JSON is not an object."""
+    headers, properties = json.loads(assembled.headers_json), json.loads(assembled.properties_json)
+    if not isinstance(headers, dict) or not isinstance(properties, dict):
+        raise InvalidMessage(f"sequence {assembled.seq_id}: stored headers are not an object")
+    return headers, properties
+
+
+def check_token(inbound: Inbound, secret: bytes | None) -> None:
+    """With the deployment secret at hand, reject a sequence whose token does not verify.
+
+    Only an original copy travels in parts (compensations and notices are one message
+    each), and its headers carry the copy token, so an assembled sequence is judged as an
+    original; every part was checked the same way when it arrived.
+    """
+    if secret is None:
+        return
+    if inbound.kind is not p.MessageKind.ORIGINAL:
+        raise InvalidMessage(
+            f"bad token: a message sequence must be an original copy, not {inbound.kind}"
+        )
+    assert inbound.cm_id and inbound.destination and inbound.token
+    if not p.verify_token(
+        secret, inbound.token, inbound.cm_id, inbound.destination, inbound.recipient
+    ):
+        raise InvalidMessage("bad token: the sequence's HMAC does not verify")
 
 
 def take_expired(
@@ -125,6 +165,16 @@ def take_expired(
         )
     )
     return [
-        (r.seq_id, r.position, r.size, r.body, json.loads(r.headers_json))
+        (r.seq_id, r.position, r.size, r.body, _stored_headers(r.headers_json))
         for r in session.execute(stmt)
     ]
+
+
+def _stored_headers(headers_json: str) -> dict[str, Any]:
+    """A part's headers for the invalid queue; none if they cannot be decoded (the part
+    still goes there, with its body, rather than stopping the expiry of the others)."""
+    try:
+        headers = json.loads(headers_json)
+    except (ValueError, RecursionError):
+        return {}
+    return headers if isinstance(headers, dict) else {}

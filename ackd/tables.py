@@ -1,5 +1,6 @@
-"""The receiver store: the receiver log (RLOG, the paper's DS.RLOG.Q), poison tracking and
-Message Sequence parts. Portable between SQLite and PostgreSQL; timestamps UTC."""
+"""The receiver store: the receiver log (RLOG, the paper's DS.RLOG.Q), the inbox of
+delivered notices, poison tracking and Message Sequence parts. Portable between SQLite and
+PostgreSQL; timestamps UTC."""
 
 from __future__ import annotations
 
@@ -39,7 +40,21 @@ rlog = sa.Table(
     sa.Column("updated_at", _TS, nullable=False),
 )
 
-#: The redelivery counts' key column (``ackd.receiver._poison_key`` digests longer ids).
+rx_inbox = sa.Table(
+    "condmsg_rx_inbox",
+    metadata,
+    # Control messages delivered to the app, one row per (CM, destination, kind), written
+    # in the transaction that delivers them: a redelivery after a crash between the app's
+    # commit and the broker ack finds it and is dropped. Originals and compensations are
+    # recorded by their RLOG row; a success notice may have none (its original was never
+    # consumed here), and it must not write one, or the original could no longer be read.
+    sa.Column("cm_id", sa.String(36), primary_key=True),
+    sa.Column("destination", sa.String(255), primary_key=True),
+    sa.Column("kind", sa.String(16), primary_key=True),
+    sa.Column("delivered_at", _TS, nullable=False),
+)
+
+#: The redelivery counts' key column (``ackd.attempts.poison_key`` digests longer ids).
 POISON_ID_LENGTH = 128
 
 poison = sa.Table(

@@ -1,0 +1,168 @@
+"""Issue 25 defect 2, receiver side: a receiver given the deployment secret refuses an
+unsigned or wrongly signed compensation or success notice to its invalid queue, with a
+reason naming the token; the app never sees it. A correctly signed one is delivered.
+
+Built against the agreed signing API (``condmsg.protocol.control_token``, shared decision
+2): the token of a compensation or notice is a hex HMAC-SHA256, keyed by the deployment
+secret, over ``"\\x1f".join([kind, cm_id, destination, recipient or "", sha256(body)])``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pika
+import pytest
+
+from condmsg import Destination
+from condmsg import protocol as p
+from condmsg.protocol import control_token
+
+from .condmsg_helpers import SECRET, get_all, publish_copy, wait_for
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
+
+UNDO = b"undo the booking"
+
+
+def _control(
+    channel: Any,
+    queue: str,
+    cm_id: str,
+    kind: p.MessageKind,
+    *,
+    body: bytes = UNDO,
+    token: str | None = None,
+) -> None:
+    """Publish a compensation or success notice as the relay would, with ``token``."""
+    headers: dict[str, Any] = {
+        p.H_VERSION: p.PROTOCOL_VERSION,
+        p.H_KIND: kind.value,
+        p.H_CM_ID: cm_id,
+        p.H_DESTINATION: queue,
+        p.H_SENDER: "s",
+        p.H_SENT_AT: p.format_instant(datetime.now(UTC)),
+    }
+    if token is not None:
+        headers[p.H_TOKEN] = token
+    channel.basic_publish(
+        "",
+        queue,
+        body,
+        pika.BasicProperties(
+            message_id=f"{cm_id}.{queue}.{kind.value}",
+            correlation_id=cm_id,
+            content_type="application/octet-stream",
+            headers=headers,
+            delivery_mode=2,
+        ),
+    )
+
+
+def _consumed_original(receiver: Any, channel: Any, queue: str) -> str:
+    cm_id = str(uuid.uuid4())
+    publish_copy(
+        channel,
+        cm_id=cm_id,
+        condition=Destination(queue, pickup_within=timedelta(seconds=30)),
+        sender="s",
+        sent_at=datetime.now(UTC),
+        body=b"book it",
+    )
+    with receiver.transaction() as tx:
+        original = wait_for(lambda: tx.read(queue, timeout=0.5))
+        assert (original.kind, original.cm_id) == (p.MessageKind.ORIGINAL, cm_id)
+    return cm_id
+
+
+def _signed(kind: p.MessageKind, cm_id: str, queue: str, body: bytes = UNDO) -> str:
+    return control_token(SECRET, kind.value, cm_id, queue, None, body)
+
+
+@pytest.fixture
+def setup(db_url: str, unique_name: str, make_receiver: Any) -> tuple[Any, str]:
+    receiver = make_receiver(db_url, secret=SECRET)
+    queue = f"{unique_name}.q"
+    receiver._broker.ensure_queue(queue)
+    return receiver, queue
+
+
+def _refused(receiver: Any, channel: Any, queue: str) -> str:
+    """Nothing reaches the app; the one message is on the invalid queue: its reason."""
+    with receiver.transaction() as tx:
+        assert tx.read(queue, timeout=1.0) is None
+    moved = get_all(channel, receiver.invalid_queue)
+    assert len(moved) == 1
+    assert receiver.stats.invalid == 1
+    reason = str(moved[0][0].headers[p.H_REASON])
+    assert "token" in reason, reason
+    return reason
+
+
+def test_an_unsigned_compensation_is_refused(setup: Any, channel: Any) -> None:
+    receiver, queue = setup
+    cm_id = _consumed_original(receiver, channel, queue)
+    _control(channel, queue, cm_id, p.MessageKind.COMPENSATION)
+    _refused(receiver, channel, queue)
+
+
+def test_a_compensation_with_a_wrong_token_is_refused(setup: Any, channel: Any) -> None:
+    receiver, queue = setup
+    cm_id = _consumed_original(receiver, channel, queue)
+    forged = control_token(b"not the secret", "compensation", cm_id, queue, None, UNDO)
+    _control(channel, queue, cm_id, p.MessageKind.COMPENSATION, token=forged)
+    _refused(receiver, channel, queue)
+
+
+def test_a_compensation_signed_for_another_body_is_refused(setup: Any, channel: Any) -> None:
+    receiver, queue = setup
+    cm_id = _consumed_original(receiver, channel, queue)
+    token = _signed(p.MessageKind.COMPENSATION, cm_id, queue, b"something else")
+    _control(channel, queue, cm_id, p.MessageKind.COMPENSATION, token=token)
+    _refused(receiver, channel, queue)
+
+
+def test_an_unsigned_success_notice_is_refused(setup: Any, channel: Any) -> None:
+    receiver, queue = setup
+    cm_id = _consumed_original(receiver, channel, queue)
+    _control(channel, queue, cm_id, p.MessageKind.SUCCESS, body=b"done")
+    _refused(receiver, channel, queue)
+
+
+def test_a_refused_compensation_is_refused_on_every_read_path(setup: Any, channel: Any) -> None:
+    """Plain reads and consume judge as transactional reads do."""
+    receiver, queue = setup
+    cm_id = _consumed_original(receiver, channel, queue)
+    _control(channel, queue, cm_id, p.MessageKind.COMPENSATION)
+    _control(channel, queue, cm_id, p.MessageKind.SUCCESS, body=b"done")
+    assert receiver.read(queue, timeout=1.0) is None
+    seen: list[Any] = []
+    _control(channel, queue, cm_id, p.MessageKind.COMPENSATION)
+    assert receiver.consume(queue, lambda m, s: seen.append(m), idle_timeout_s=1.0) == 0
+    assert seen == []
+    moved = get_all(channel, receiver.invalid_queue)
+    assert len(moved) == 3
+    assert receiver.stats.invalid == 3
+
+
+def test_a_correctly_signed_compensation_and_notice_are_delivered(setup: Any, channel: Any) -> None:
+    receiver, queue = setup
+    cm_id = _consumed_original(receiver, channel, queue)
+    token = _signed(p.MessageKind.COMPENSATION, cm_id, queue)
+    _control(channel, queue, cm_id, p.MessageKind.COMPENSATION, token=token)
+    with receiver.transaction() as tx:
+        compensation = wait_for(lambda: tx.read(queue, timeout=0.5))
+        assert (compensation.kind, compensation.cm_id, compensation.payload) == (
+            p.MessageKind.COMPENSATION,
+            cm_id,
+            UNDO,
+        )
+    other = str(uuid.uuid4())
+    token = _signed(p.MessageKind.SUCCESS, other, queue, b"done")
+    _control(channel, queue, other, p.MessageKind.SUCCESS, body=b"done", token=token)
+    notice = wait_for(lambda: receiver.read(queue, timeout=0.5))
+    assert (notice.kind, notice.cm_id) == (p.MessageKind.SUCCESS, other)
+    assert get_all(channel, receiver.invalid_queue, settle_s=0.1) == []
+    assert receiver.stats.invalid == 0

@@ -196,7 +196,11 @@ def decode_payload_or_refuse(body: bytes, content_type: str | None) -> None:
 @UNIT
 @given(
     value=st.recursive(
-        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)  # JSON has neither
+        | st.text(),
         lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
         max_leaves=20,
     )

@@ -65,6 +65,7 @@ from condmsg import protocol as p
 from condmsg.acks import AckKind
 from condmsg.db import make_engine
 from condmsg.errors import ConfigError
+from condmsg.limits import forbidden_character
 from condmsg.relaying import OwnsOutbox
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
@@ -164,6 +165,14 @@ class Receiver(OwnsOutbox):
             raise ConfigError("Receiver needs db_url (CONDMSG_DB_URL) or an engine")
         if not recipient or not isinstance(recipient, str):
             raise ConfigError("Receiver needs a non-empty recipient identity")
+        # Every ack carries it: one the evaluator's codec refuses would dead-letter them all.
+        if len(recipient) > p.MAX_NAME_CHARS:
+            raise ConfigError(
+                f"the recipient identity is longer than {p.MAX_NAME_CHARS} characters"
+            )
+        bad = forbidden_character(recipient)
+        if bad is not None:
+            raise ConfigError(f"the recipient identity holds {bad}")
         self.recipient = recipient
         self.receiver_id = receiver_id or f"{socket.gethostname()}:{os.getpid()}:{recipient}"
         self.amqp_url = amqp_url
@@ -831,7 +840,8 @@ class Receiver(OwnsOutbox):
         try:
             headers, properties = sequence.metadata_of(assembled)
             inbound = parse(headers, properties.get("reply_to"))
-            sequence.check_token(inbound, self.secret)
+            # Parts carry their copy's token: the whole is judged as the original it is.
+            check_token(inbound, self.secret, assembled.body)
             check_payload(assembled.body, properties.get("content_type"))
         except Exception as exc:  # a codec's bug costs this sequence, never the reader
             reason = str(exc) if isinstance(exc, InvalidMessage) else undecodable(exc)

@@ -19,9 +19,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from ackd.broker import Delivery
-from ackd.inbound import Inbound, InvalidMessage
+from ackd.inbound import InvalidMessage
 from ackd.tables import sequence_parts as parts
-from condmsg import protocol as p
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,26 +120,6 @@ def metadata_of(assembled: Assembled) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(headers, dict) or not isinstance(properties, dict):
         raise InvalidMessage(f"sequence {assembled.seq_id}: stored headers are not an object")
     return headers, properties
-
-
-def check_token(inbound: Inbound, secret: bytes | None) -> None:
-    """With the deployment secret at hand, reject a sequence whose token does not verify.
-
-    Only an original copy travels in parts (compensations and notices are one message
-    each), and its headers carry the copy token, so an assembled sequence is judged as an
-    original; every part was checked the same way when it arrived.
-    """
-    if secret is None:
-        return
-    if inbound.kind is not p.MessageKind.ORIGINAL:
-        raise InvalidMessage(
-            f"bad token: a message sequence must be an original copy, not {inbound.kind}"
-        )
-    assert inbound.cm_id and inbound.destination and inbound.token
-    if not p.verify_token(
-        secret, inbound.token, inbound.cm_id, inbound.destination, inbound.recipient
-    ):
-        raise InvalidMessage("bad token: the sequence's HMAC does not verify")
 
 
 def take_expired(

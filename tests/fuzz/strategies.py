@@ -26,11 +26,11 @@ from hypothesis import strategies as st
 
 from condmsg import protocol as p
 
-#: The documented bounds of an ack (docs/protocol.md).
-ACK_BODY_MAX = 4096
-ACK_ID_MAX = 64
-CM_ID_MAX = 36
-NAME_MAX = 255
+#: The documented bounds of an ack (docs/protocol.md), as the codec defines them.
+ACK_BODY_MAX = p.MAX_ACK_BYTES
+ACK_ID_MAX = p.MAX_ACK_ID_CHARS
+CM_ID_MAX = p.MAX_CM_ID_CHARS
+NAME_MAX = p.MAX_NAME_CHARS
 #: Fields of the ack document holding names (destination, recipient identity, receiver).
 ACK_NAME_FIELDS = ("destination", "recipient", "receiver")
 ACK_FIELDS = (

@@ -210,7 +210,8 @@ def _ack_id(body: bytes) -> object:
         doc = json.loads(body)
     except (ValueError, RecursionError):
         return None
-    return doc.get("ack_id") if isinstance(doc, dict) else None
+    ack_id = doc.get("ack_id") if isinstance(doc, dict) else None
+    return ack_id if isinstance(ack_id, str) else None
 
 
 @INTEGRATION

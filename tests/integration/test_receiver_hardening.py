@@ -90,6 +90,7 @@ def _success_notice(channel: Any, queue: str, cm_id: str) -> None:
             routing_key=queue,
             body=b"it worked",
             content_type="application/octet-stream",
+            secret=SECRET,
         ),
     )
 

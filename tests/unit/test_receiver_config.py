@@ -1,0 +1,22 @@
+"""A receiver refuses a recipient identity that its acks could not carry."""
+
+from __future__ import annotations
+
+import pytest
+
+from ackd.receiver import Receiver
+from condmsg import protocol as p
+from condmsg.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("recipient", "says"),
+    [
+        ("x" * (p.MAX_NAME_CHARS + 1), "longer than 255"),
+        ("alice\x00", "NUL"),
+        ("bob\x1f", "control character"),
+    ],
+)
+def test_a_recipient_no_ack_could_carry_is_refused(recipient: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        Receiver(amqp_url="amqp://unused", db_url="sqlite://", recipient=recipient)

@@ -660,28 +660,34 @@ class InOrder:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Is ``exc`` the database or the broker being unreachable or busy (worth retrying
-    the same work later), rather than something about the work itself?
+    """Is ``exc`` about the database or the broker (unreachable, busy, or not the schema
+    the evaluator expects) rather than about the acks being stored? Such a failure is
+    retried later with the same batch: splitting it would blame, and dead-letter, every
+    genuine ack in turn.
 
-    Database errors count when SQLAlchemy saw the connection drop, when the driver
-    failed without a server's SQLSTATE (no connection to the server at all), or when
-    the server's SQLSTATE is of a class that says so: connection exceptions (08),
-    transaction rollbacks such as deadlocks and serialization failures (40),
-    insufficient resources (53), operator intervention such as a shutdown (57).
+    What the acks can cause is a data exception (SQLSTATE class 22: a value too long, a
+    character a column cannot hold) or an integrity violation (23), or an error raised in
+    Python while decoding or judging them; everything else the database reports (a lost
+    connection, a deadlock, a missing column or table, a refused permission, a shutdown)
+    is the environment's. A driver error without a SQLSTATE is the environment's when it
+    is an operational or interface error (no server answered), else the data's (psycopg
+    refuses some values before sending them).
     """
-    if isinstance(exc, (BrokerError, pika.exceptions.AMQPError)):
+    if isinstance(exc, (BrokerError, pika.exceptions.AMQPError, sa.exc.DisconnectionError)):
         return True
-    if isinstance(exc, sa.exc.DBAPIError):
-        if exc.connection_invalidated:
-            return True
-        if not isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
-            return False
-        sqlstate = getattr(exc.orig, "sqlstate", None)
-        return sqlstate is None or sqlstate[:2] in _TRANSIENT_SQLSTATE_CLASSES
-    return isinstance(exc, sa.exc.DisconnectionError)
+    if not isinstance(exc, sa.exc.DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if sqlstate is None:
+        return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
+    return str(sqlstate)[:2] not in _DATA_SQLSTATE_CLASSES
 
 
-_TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57"})
+#: The SQLSTATE classes an ack's own values can cause: data exceptions, integrity
+#: constraint violations.
+_DATA_SQLSTATE_CLASSES = frozenset({"22", "23"})
 
 
 def _first_line(exc: BaseException) -> str:

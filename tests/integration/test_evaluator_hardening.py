@@ -218,8 +218,18 @@ def test_what_counts_as_transient() -> None:
     class Deadlock(Exception):
         sqlstate = "40P01"
 
+    class UndefinedColumn(Exception):
+        sqlstate = "42703"
+
+    class Duplicate(Exception):
+        sqlstate = "23505"
+
     assert not is_transient(sa.exc.OperationalError("x", {}, Truncated()))
+    assert not is_transient(sa.exc.IntegrityError("x", {}, Duplicate()))
     assert is_transient(sa.exc.OperationalError("x", {}, Deadlock()))
+    # A schema that is not what the evaluator expects is no ack's fault: dead-lettering
+    # every ack in turn would lose them all, so the batch waits for the operator.
+    assert is_transient(sa.exc.ProgrammingError("x", {}, UndefinedColumn()))
 
 
 @pytest.mark.parametrize(

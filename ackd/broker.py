@@ -147,6 +147,9 @@ class Broker:
                     yield self._received(_delivery(queue, method, properties, body))
         finally:
             self._deferring = False
+            # Held-back deliveries go back now, their pause cut short: nothing of this
+            # consumer would return them later, and meanwhile no other consumer gets them.
+            self.release_due(everything=True)
             self.flush_acks()
             self._ack_batch = ACK_BATCH
             if channel.is_open:

@@ -26,8 +26,6 @@ messages have no such row: like any AMQP consumer's, they are at least once.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,6 +49,7 @@ from ackd.attempts import (
 )
 from ackd.broker import Broker, Delivery
 from ackd.emit import commit_with_acks, enqueue_ack
+from ackd.identity import checked_name, default_receiver_id
 from ackd.inbound import (
     Inbound,
     InvalidMessage,
@@ -65,7 +64,6 @@ from condmsg import protocol as p
 from condmsg.acks import AckKind
 from condmsg.db import make_engine
 from condmsg.errors import ConfigError
-from condmsg.limits import forbidden_character
 from condmsg.relaying import OwnsOutbox
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
@@ -163,18 +161,10 @@ class Receiver(OwnsOutbox):
     ) -> None:
         if engine is None and db_url is None:
             raise ConfigError("Receiver needs db_url (CONDMSG_DB_URL) or an engine")
-        if not recipient or not isinstance(recipient, str):
-            raise ConfigError("Receiver needs a non-empty recipient identity")
-        # Every ack carries it: one the evaluator's codec refuses would dead-letter them all.
-        if len(recipient) > p.MAX_NAME_CHARS:
-            raise ConfigError(
-                f"the recipient identity is longer than {p.MAX_NAME_CHARS} characters"
-            )
-        bad = forbidden_character(recipient)
-        if bad is not None:
-            raise ConfigError(f"the recipient identity holds {bad}")
-        self.recipient = recipient
-        self.receiver_id = receiver_id or f"{socket.gethostname()}:{os.getpid()}:{recipient}"
+        self.recipient = checked_name(recipient, "recipient identity")
+        self.receiver_id = checked_name(
+            receiver_id or default_receiver_id(recipient), "receiver id"
+        )
         self.amqp_url = amqp_url
         # No pre-ping: it would add a round trip to every transaction. A connection that
         # died is found on use instead; that transaction rolls back, its message is

@@ -173,7 +173,7 @@ def on_success(session: Session, inbound: Inbound, *, now: datetime) -> Decision
     The inbox row, written in the delivering transaction, is what drops a redelivery (a
     crash between the app's commit and the broker ack); the RLOG is not written where the
     original was not consumed, so that original stays deliverable. Where it was, its row
-    notes the notice too (a row noted before the inbox existed also means delivered).
+    notes the notice too (a noted row also means delivered).
     """
     cm_id, destination = _key(inbound)
     first_time = _insert(

@@ -128,7 +128,7 @@ anomalies = sa.Table(
     sa.Column("recorded_at", _TS, nullable=False),
 )
 sa.Index("ix_condmsg_anomaly_recorded_at", anomalies.c.recorded_at)
-# Retention archives a CM's anomalies with it; `condmsg status` lists them per CM.
+# Retention archives a CM's anomalies with it, found through this index.
 sa.Index("ix_condmsg_anomaly_cm_id", anomalies.c.cm_id)
 
 

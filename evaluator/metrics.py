@@ -58,6 +58,12 @@ class EvaluatorMetrics:
             "Retention archives written (each one's rows deleted in the same transaction)",
             registry=registry,
         )
+        self.parked = Counter(
+            "condmsg_evaluator_parked_cms_total",
+            "Due CMs a sweep could not judge (their stored condition or acks fail to load or "
+            "evaluate); each is looked at again later without holding back the others",
+            registry=registry,
+        )
         self.retention_failures = Counter(
             "condmsg_evaluator_retention_failures_total",
             "Retention batches that failed (nothing of them was deleted)",

@@ -39,6 +39,7 @@ from condmsg import sender_tables as t
 from condmsg.amqp import connect
 from condmsg.db import make_engine
 from condmsg.errors import BrokerError, CondmsgError, ConfigError
+from condmsg.outcome import Outcome
 from condmsg.sender import create_tables, store_secret
 from condmsg.settings import DEFAULT_ACK_GRACE, DEFAULT_CLOCK_SKEW, DEFAULT_RETENTION_INTERVAL_S
 from condmsg.timeutil import utcnow
@@ -64,6 +65,8 @@ WORKER_STOP_S = 5.0
 #: first to the last (at start, and before a batch that failed for that is handed back).
 FIRST_RETRY_S = 0.5
 MAX_RETRY_S = 30.0
+#: How long a due CM that a sweep cannot judge waits before it is tried again.
+PARK_S = 60.0
 
 
 class Evaluator:
@@ -414,13 +417,11 @@ class Evaluator:
         try:
             with Session(self.engine) as session, session.begin():
                 enqueue_all(session, [dead_letter(body, self.sender, reason)])
-        except Exception as failure:
-            if is_transient(failure):
-                raise
-            # Not even the dead-letter queue takes it: kept in the log only, so that it
-            # cannot come back for ever.
-            log.exception("could not dead-letter an ack; dropped: %r", body[:1000])
-            return
+        except Exception:
+            # Not even the outbox takes the dead letter: the batch is handed back (and
+            # retried with backoff) rather than the ack dropped.
+            log.exception("could not dead-letter an ack; its batch is handed back")
+            raise
         report = {"acks": 0, "dead": 1, "anomalies": {}, "decisions": {}, "lateness_s": []}
         self.metrics.observe_report(report)
         self._send_report(report)
@@ -480,22 +481,57 @@ class Evaluator:
                 # The decision instant once the rows are claimed (locked): an intake
                 # batch that committed acks for them meanwhile stamped them earlier.
                 now = self._clock()
-                cms = store.load_cms(session, ids)
-                result = decisions.judge(
-                    session,
-                    cms,
-                    now=now,
-                    ack_grace=self.ack_grace,
-                    instance=self.instance,
-                    secret=self.secret,
-                )
-            self.metrics.observe_decisions(result.outcomes)
-            decided += len(result.outcomes)
+                try:
+                    with session.begin_nested():
+                        outcomes = self._judge_due(session, ids, now)
+                except Exception as exc:
+                    if is_transient(exc):
+                        raise
+                    outcomes = self._judge_due_apart(session, ids, now, exc)
+            self.metrics.observe_decisions(outcomes)
+            decided += len(outcomes)
             if len(ids) < self.sweep_batch:
                 break
         if decided and self._relay is not None:
             self._relay.wake()
         return decided
+
+    def _judge_due(self, session: Session, ids: list[str], now: datetime) -> list[Outcome]:
+        result = decisions.judge(
+            session,
+            store.load_cms(session, ids),
+            now=now,
+            ack_grace=self.ack_grace,
+            instance=self.instance,
+            secret=self.secret,
+        )
+        return result.outcomes
+
+    def _judge_due_apart(
+        self, session: Session, ids: list[str], now: datetime, failure: Exception
+    ) -> list[Outcome]:
+        """Judge claimed CMs one at a time (each in a SAVEPOINT) after their batch failed:
+        a CM that cannot be judged (a stored condition that no longer decodes, a bug) is
+        parked for :data:`PARK_S` and logged, so that it never holds back the CMs due with
+        it."""
+        log.warning("sweep of %d due CMs failed (%s); judging them one by one", len(ids), failure)
+        outcomes: list[Outcome] = []
+        for cm_id in ids:
+            try:
+                with session.begin_nested():
+                    outcomes += self._judge_due(session, [cm_id], now)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                log.error(
+                    "CM %s cannot be judged (%s); looked at again in %.0f s",
+                    cm_id,
+                    describe(exc),
+                    PARK_S,
+                )
+                store.set_next_checks(session, [(cm_id, now + timedelta(seconds=PARK_S))])
+                self.metrics.parked.inc()
+        return outcomes
 
     # -- retention ------------------------------------------------------------------------
 
@@ -667,16 +703,21 @@ def is_transient(exc: BaseException) -> bool:
 
     What the acks can cause is a data exception (SQLSTATE class 22: a value too long, a
     character a column cannot hold) or an integrity violation (23), or an error raised in
-    Python while decoding or judging them; everything else the database reports (a lost
+    Python while decoding or judging them (also one SQLAlchemy wraps while binding a
+    value, a ``StatementError``); everything else the database reports (a lost
     connection, a deadlock, a missing column or table, a refused permission, a shutdown)
-    is the environment's. A driver error without a SQLSTATE is the environment's when it
-    is an operational or interface error (no server answered), else the data's (psycopg
-    refuses some values before sending them).
+    is the environment's, and so are SQLAlchemy's own errors about connections and
+    sessions (a pool that times out, a session that must be rolled back) and operating
+    system errors. A driver error without a SQLSTATE is the environment's when it is an
+    operational or interface error (no server answered), else the data's (psycopg refuses
+    some values before sending them).
     """
-    if isinstance(exc, (BrokerError, pika.exceptions.AMQPError, sa.exc.DisconnectionError)):
+    if isinstance(exc, (BrokerError, pika.exceptions.AMQPError, OSError)):
         return True
-    if not isinstance(exc, sa.exc.DBAPIError):
+    if not isinstance(exc, sa.exc.SQLAlchemyError):
         return False
+    if not isinstance(exc, sa.exc.DBAPIError):
+        return not isinstance(exc, sa.exc.StatementError)
     if exc.connection_invalidated:
         return True
     sqlstate = getattr(exc.orig, "sqlstate", None)

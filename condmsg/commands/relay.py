@@ -11,6 +11,7 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from types import FrameType
 from typing import Any
 
@@ -49,6 +50,30 @@ def _print_status(store: outbox.OutboxStore) -> None:
         print(f"  failed #{row.id} ({row.exchange!r}, {row.routing_key!r}): {row.last_error}")
 
 
+def _create_tables(engine: sa.Engine, table: str) -> bool:
+    """Create the outbox table, waiting with backoff while the database is unreachable (a
+    relay started during a database outage waits for it, as the running relay does);
+    False if interrupted meanwhile."""
+    delay = 0.5
+    while True:
+        try:
+            outbox.create_tables(engine, table_name=table)
+            return True
+        except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+            reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+            logging.getLogger(__name__).warning(
+                "waiting for the database at %s: %s; retrying in %.1fs",
+                engine.url.render_as_string(hide_password=True),
+                reason,
+                delay,
+            )
+            try:
+                time.sleep(delay)
+            except KeyboardInterrupt:
+                return False
+            delay = min(delay * 2, 30.0)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
@@ -58,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     engine = sa.create_engine(settings.db_url, pool_size=args.batches_in_flight + 2)
     try:
-        if args.create_tables:
-            outbox.create_tables(engine, table_name=args.table)
+        if args.create_tables and not _create_tables(engine, args.table):
+            return 130
         store = outbox.OutboxStore(engine, table_name=args.table)
         if args.status:
             _print_status(store)

@@ -1,4 +1,4 @@
-"""The evaluator against bad input and a failing store (issue 25).
+"""The evaluator against bad input and a failing store.
 
 * a poison ack (undecodable, over-long fields, or one that fails its batch for any
   reason) is dead-lettered alone, with a reason, and never holds back the good acks
@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 import pika
@@ -230,6 +230,12 @@ def test_what_counts_as_transient() -> None:
     # A schema that is not what the evaluator expects is no ack's fault: dead-lettering
     # every ack in turn would lose them all, so the batch waits for the operator.
     assert is_transient(sa.exc.ProgrammingError("x", {}, UndefinedColumn()))
+    # SQLAlchemy's own errors about connections and sessions, and the operating system's.
+    assert is_transient(sa.exc.TimeoutError("QueuePool limit reached"))
+    assert is_transient(sa.exc.PendingRollbackError("roll back first"))
+    assert is_transient(ConnectionResetError())
+    # A value that could not be bound is the ack's.
+    assert not is_transient(sa.exc.StatementError("x", "INSERT", {}, ValueError("bad")))
 
 
 @pytest.mark.parametrize(
@@ -370,3 +376,33 @@ def test_a_late_ack_that_changes_nothing_is_not_flagged(store: Store) -> None:
     with contextlib.redirect_stdout(out):
         assert cli(["status", cm, "--db-url", s.engine.url.render_as_string(False)]) == 0
     assert "contradicted" not in out.getvalue()
+
+
+# -- a CM that cannot be judged ---------------------------------------------------------------
+
+
+def test_a_due_cm_that_cannot_be_judged_never_holds_back_the_others(store: Store) -> None:
+    """A stored condition that no longer decodes (written by an older, laxer release, or
+    by hand) fails its sweep batch: the batch is judged again CM by CM, the others are
+    decided, and the bad one is parked for later and counted."""
+    s = store
+    q = s.queue
+    sent = s.clock.at
+    timeout = Destination(q, pickup_within=timedelta(seconds=1))
+    good = [s.sender.send(b"x", timeout) for _ in range(3)]
+    bad = s.sender.send(b"x", timeout)
+    with s.engine.begin() as conn:
+        conn.execute(
+            sa.update(t.cms).where(t.cms.c.cm_id == bad).values(condition_json='{"schema": 1}')
+        )
+    evaluator_store.parse_condition.cache_clear()
+    s.clock.at = sent + timedelta(seconds=5)
+    evaluator = s.evaluator()
+    assert evaluator.sweep() == len(good)
+    states = {r.cm_id: r for r in s.rows(t.cms)}
+    assert {cm: states[cm].state for cm in good} == dict.fromkeys(good, "violated")
+    assert states[bad].state == "pending"
+    parked_until = states[bad].next_check_at
+    assert parked_until is not None
+    assert parked_until.replace(tzinfo=UTC) > s.clock.at  # not due again at once
+    assert evaluator.metrics.parked._value.get() == 1

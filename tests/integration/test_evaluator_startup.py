@@ -1,6 +1,6 @@
 """An evaluator started while its database is unreachable waits for it (saying so, with
-the URL's password hidden) and then works; the ``condmsg evaluator`` command does not
-exit either."""
+the URL's password hidden) and then works; neither the ``condmsg evaluator`` command nor
+``condmsg relay --create-tables`` exits while it is down."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -160,7 +161,7 @@ def test_an_evaluator_started_while_the_database_is_down_waits_for_it(
 
 def test_the_evaluator_command_waits_for_the_database(amqp_url: str, unique_name: str) -> None:
     """``condmsg evaluator`` pointed at a database that is down keeps running and says
-    what it waits for (it used to exit with a traceback from table creation)."""
+    what it waits for, rather than exiting with a traceback from table creation."""
     port = _free_port()
     env = os.environ | {
         "CONDMSG_DB_URL": f"postgresql+psycopg://postgres:pw@127.0.0.1:{port}/test",
@@ -193,3 +194,33 @@ def test_the_evaluator_command_waits_for_the_database(amqp_url: str, unique_name
             proc.kill()
             proc.wait()
     assert proc.returncode == 0
+
+
+def test_the_relay_command_creating_its_table_waits_for_the_database() -> None:
+    """``condmsg relay --create-tables`` pointed at a database that is down keeps running
+    and says what it waits for, as the running relay does."""
+    port = _free_port()
+    env = os.environ | {"CONDMSG_DB_URL": f"postgresql+psycopg://postgres:pw@127.0.0.1:{port}/t"}
+    command = [sys.executable, "-m", "condmsg.cli", "relay", "--create-tables"]
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(lines) < 2:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            if "waiting for the database" in line:
+                lines.append(line)
+        assert proc.poll() is None, "".join(lines)
+        assert len(lines) == 2, "".join(lines)
+        assert f"127.0.0.1:{port}" in lines[0] and "pw" not in lines[0]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(15)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130

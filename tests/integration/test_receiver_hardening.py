@@ -1,7 +1,8 @@
-"""Issue 25, receiver side: one bad message never reaches the app nor stops a read or a
-consume loop (it goes to the invalid queue with a reason); a success notice reaches a
-transactional app once across a crash before its broker ack; a failed attempt is retried
-after a bounded backoff, so a short hiccup does not make a poison message."""
+"""The receiver against bad input and failures: one bad message never reaches the app
+nor stops a read or a consume loop (it goes to the invalid queue with a reason); a success
+notice reaches a transactional app once across a crash before its broker ack; a failed
+attempt is retried after a bounded backoff, so a short hiccup does not make a poison
+message."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def _app_rows(engine: Any) -> list[tuple[str, str]]:
         return [(r.cm_id, r.kind) for r in s.execute(sa.select(handled_rows))]
 
 
-# -- defect 1: nothing a message holds reaches the app as an exception --------------------
+# -- nothing a message holds reaches the app as an exception --------------------
 
 
 def test_a_deeply_nested_json_payload_goes_to_the_invalid_queue_and_reading_goes_on(
@@ -210,7 +211,7 @@ def test_a_database_failure_is_not_the_messages_fault(
     assert get_all(channel, receiver.invalid_queue, settle_s=0.1) == []
 
 
-# -- defect 3: every control message exactly once for a transactional app -----------------
+# -- every control message exactly once for a transactional app -----------------
 
 
 def _crash_before_the_broker_ack(receiver: Any, queue: str, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -328,7 +329,28 @@ def test_a_compensation_reaches_the_app_once_across_a_crash(
     assert _app_rows(receiver.engine) == [(cm_id, "original"), (cm_id, "compensation")]
 
 
-# -- defect 8: retry with backoff, attempts counted -------------------------------------
+# -- retry with backoff, attempts counted -------------------------------------
+
+
+def test_a_message_held_back_when_consuming_stops_goes_back_to_its_queue(
+    db_url: str, unique_name: str, make_receiver: Any, channel: Any
+) -> None:
+    """Nothing of a stopped consumer would return a held-back message later, and while it
+    is held no other consumer gets it: stopping returns it at once."""
+    receiver = make_receiver(
+        db_url, retry_backoff=timedelta(seconds=60), retry_backoff_max=timedelta(seconds=60)
+    )
+    queue = _queue(receiver, unique_name)
+    _original(channel, queue, str(uuid.uuid4()))
+    stop = threading.Event()
+
+    def handler(message: Any, session: Session | None) -> None:
+        stop.set()
+        raise RuntimeError("the app failed")
+
+    assert receiver.consume(queue, handler, stop=stop, idle_timeout_s=10) == 0
+    returned = wait_for(lambda: channel.basic_get(queue, auto_ack=True)[0], timeout=5)
+    assert returned is not None and returned.redelivered
 
 
 def test_a_half_second_hiccup_does_not_make_a_poison_message(
@@ -456,7 +478,7 @@ def test_an_attempt_is_counted_in_memory_while_the_database_cannot_count_it(
     assert "processing failed 5 times" in reasons[0]
 
 
-# -- defect 2 (what works before the codec's control tokens): sequences are judged too --
+# -- reassembled sequences are judged by their token too ---------------------------------
 
 
 def test_a_stored_sequence_with_a_forged_token_is_refused_by_a_receiver_with_the_secret(

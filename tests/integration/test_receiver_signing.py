@@ -1,9 +1,9 @@
-"""Issue 25 defect 2, receiver side: a receiver given the deployment secret refuses an
+"""A receiver given the deployment secret refuses an
 unsigned or wrongly signed compensation or success notice to its invalid queue, with a
 reason naming the token; the app never sees it. A correctly signed one is delivered.
 
-Built against the agreed signing API (``condmsg.protocol.control_token``, shared decision
-2): the token of a compensation or notice is a hex HMAC-SHA256, keyed by the deployment
+The messages are built by hand, from the recipe in docs/protocol.md: the token of a
+compensation or notice is a hex HMAC-SHA256, keyed by the deployment
 secret, over ``"\\x1f".join([kind, cm_id, destination, recipient or "", sha256(body)])``.
 """
 

@@ -1,5 +1,4 @@
-"""Issue 25, defects 6, 9 and 11 (the codecs' half) and defect 1 (the codecs' half): every
-codec raises only its typed error, for any input, with a reason naming the field; the
+"""Every codec raises only its typed error, for any input, with a reason naming the field; the
 documented limits hold, and they are the store's columns."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 25, defect 2 (the signing half): compensations and success notices carry a control
+"""Compensations and success notices carry a control
 token over their body, and a receiver holding the secret checks every kind of message.
 
 The recipe is recomputed here from ``docs/protocol.md`` alone (key, separator, fields,

@@ -1,4 +1,4 @@
-"""The receiver's retry policy and redelivery-count keys (pure; issue 25 defect 8)."""
+"""The receiver's retry policy and redelivery-count keys (pure)."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ from condmsg.relaying import OwnsOutbox
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_destination, declare_service_queue
-from outbox.enqueue import enqueue_fanouts
+from outbox.enqueueing import enqueue_fanouts
 from outbox.message import Fanout
 from outbox.table import create_tables as create_outbox_tables
 

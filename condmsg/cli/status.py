@@ -12,11 +12,11 @@ import sqlalchemy as sa
 
 from condmsg import sender_tables as t
 from condmsg.acks import Ack, AckKind
+from condmsg.cli.status_view import contradiction, render
 from condmsg.conditions import Condition
 from condmsg.db import make_engine
 from condmsg.evaluation import evaluate
 from condmsg.settings import Settings
-from condmsg.status_view import contradiction, render
 from condmsg.timeutil import iso, utcnow
 
 

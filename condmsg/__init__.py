@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from condmsg.acks import Ack, AckKind
+from condmsg.condition_codec import condition_from_json, condition_to_json
 from condmsg.conditions import Condition, Delivery, Destination, DestinationSet, Kind
 from condmsg.errors import (
     AckError,
@@ -55,6 +56,8 @@ __all__ = [
     "Destination",
     "DestinationSet",
     "Kind",
+    "condition_from_json",
+    "condition_to_json",
     # acknowledgments and evaluation
     "Ack",
     "AckKind",

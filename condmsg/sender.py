@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from condmsg import protocol as p
 from condmsg import sender_tables as t
 from condmsg.amqp import connect
+from condmsg.condition_codec import condition_to_json
 from condmsg.conditions import Condition
 from condmsg.copies import check_app_headers, plan_fanouts
 from condmsg.db import bulk_insert, make_engine
@@ -370,7 +371,7 @@ def _shape(condition: Condition) -> _Shape:
     origin = datetime(2000, 1, 1, tzinfo=UTC)
     first = evaluate(condition, origin, (), origin).next_check_at
     return _Shape(
-        json=condition.to_json(),
+        json=condition_to_json(condition),
         window=condition.evaluation_window(),
         first_check=None if first is None else first - origin,
     )

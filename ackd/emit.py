@@ -12,7 +12,7 @@ from ackd import fastpath
 from ackd.inbound import Inbound
 from condmsg.acks import AckKind
 from condmsg.protocol import ACK_CONTENT_TYPE, ACK_TYPE, AckMessage
-from outbox.enqueue import enqueue_all, row_values
+from outbox.enqueueing import enqueue_all, row_values
 from outbox.message import OutboxMessage
 
 

@@ -67,6 +67,7 @@ from psycopg.pq import ExecStatus, TransactionStatus
 from sqlalchemy.orm import Session
 
 from ackd.tables import rlog
+from condmsg.errors import CondmsgError
 from outbox.pg import driver_connection as _driver_connection
 from outbox.pg import wrapped
 from outbox.table import outbox_table
@@ -135,7 +136,7 @@ _CONNECTIONS: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Prepared] = (
 _CONNECTIONS_LOCK = threading.Lock()
 
 
-class _Lost(Exception):
+class _Lost(CondmsgError):
     """A prepared statement was not there (``error``: the server's)."""
 
     def __init__(self, error: psycopg.Error) -> None:

@@ -49,7 +49,8 @@ from pyspark.sql import functions as F
 
 from bench._common import emit_result, log
 from condmsg.archive_layout import ACKS, ANOMALIES
-from spark_audit.generate import GenerateSpec, Injected, generate
+from spark_audit.generate import Injected, generate
+from spark_audit.generate_spec import GenerateSpec
 from spark_audit.job import (
     AuditOptions,
     audit_settings,

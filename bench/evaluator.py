@@ -42,6 +42,7 @@ from condmsg import Destination
 from condmsg import protocol as p
 from condmsg import sender_tables as t
 from condmsg.acks import AckKind
+from condmsg.condition_codec import condition_to_json
 from condmsg.outcome import Outcome
 from condmsg.sender import Outgoing, Sender
 from condmsg.settings import DEFAULT_ACK_GRACE
@@ -324,7 +325,7 @@ def sweep_time(db_url: str, sender_name: str, queue: str, pending: int, rounds: 
                 " now() + interval '100 days' + g * interval '1 ms'"
                 " FROM generate_series(1, :n) AS g"
             ),
-            {"sender": sender_name, "cond": condition.to_json(), "n": pending},
+            {"sender": sender_name, "cond": condition_to_json(condition), "n": pending},
         )
     log(f"    inserted in {sw.seconds:.1f} s; ANALYZE ...")
     with engine.begin() as conn:

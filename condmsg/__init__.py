@@ -3,12 +3,16 @@
 The public facade. Conditions and their pure evaluation::
 
     from condmsg import Destination, DestinationSet, Ack, AckKind, Verdict, evaluate
+
+It exports what this package owns; the receiver side is its own package
+(``from ackd import Receiver, Message``), which imports this one, never the reverse.
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
 from condmsg.acks import Ack, AckKind
+from condmsg.condition_codec import condition_from_json, condition_to_json
 from condmsg.conditions import Condition, Delivery, Destination, DestinationSet, Kind
 from condmsg.errors import (
     AckError,
@@ -33,24 +37,15 @@ from condmsg.settings import Settings
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from ackd.message import Message
-    from ackd.receiver import Receiver
     from condmsg.sender import Sender
-
-# Sender and Receiver pull in pika and SQLAlchemy. They are imported on first use so that
-# the pure model (``import condmsg.conditions``) stays free of I/O libraries, which the
-# Spark audit's Python workers and the property tests rely on.
-_LAZY = {
-    "Sender": ("condmsg.sender", "Sender"),
-    "Receiver": ("ackd.receiver", "Receiver"),
-    "Message": ("ackd.message", "Message"),
-}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+    # The Sender pulls in pika and SQLAlchemy. It is imported on first use so that the
+    # pure model (``import condmsg.conditions``) stays free of I/O libraries, which the
+    # Spark audit's Python workers and the property tests rely on.
+    if name == "Sender":
+        return importlib.import_module("condmsg.sender").Sender
     raise AttributeError(f"module 'condmsg' has no attribute {name!r}")
 
 
@@ -61,6 +56,8 @@ __all__ = [
     "Destination",
     "DestinationSet",
     "Kind",
+    "condition_from_json",
+    "condition_to_json",
     # acknowledgments and evaluation
     "Ack",
     "AckKind",
@@ -71,9 +68,7 @@ __all__ = [
     "Verdict",
     "evaluate",
     "evaluation_deadline",
-    # sending and receiving
-    "Message",
-    "Receiver",
+    # sending
     "Sender",
     # settings
     "Settings",

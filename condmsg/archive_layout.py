@@ -26,11 +26,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
+# The values of ``acks.status`` and ``anomalies.kind``, re-exported for the audit.
+from condmsg.store_values import AckStatus as AckStatus
+from condmsg.store_values import AnomalyKind as AnomalyKind
 from condmsg.timeutil import utcnow
 
 if TYPE_CHECKING:
@@ -161,29 +163,6 @@ OUTCOME_COLUMNS = (
     "facts_json",
     "decided_by",
 )
-
-
-class AckStatus(StrEnum):
-    """The values of ``acks.status``: how the evaluator treated a stored ack (the values
-    of :class:`condmsg.sender_tables.AckStatus`)."""
-
-    COUNTED = "counted"
-    AFTER_DECISION = "after_decision"
-    CHANGES_VERDICT = "changes_verdict"
-
-
-class AnomalyKind(StrEnum):
-    """The values of ``anomalies.kind`` (those of :class:`condmsg.sender_tables.AnomalyKind`)."""
-
-    DUPLICATE = "duplicate"
-    UNKNOWN_CM = "unknown_cm"
-    BAD_TOKEN = "bad_token"
-    WRONG_DESTINATION = "wrong_destination"
-    WRONG_RECIPIENT = "wrong_recipient"
-    AFTER_DECISION = "after_decision"
-    LATE_CHANGES_VERDICT = "late_changes_verdict"
-    MALFORMED = "malformed"
-    CLOCK_SKEW = "clock_skew"
 
 
 # -- Arrow schemas and the manifest --------------------------------------------------------

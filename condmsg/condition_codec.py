@@ -61,11 +61,13 @@ def condition_to_dict(condition: Condition) -> dict[str, Any]:
 
 
 def condition_to_json(condition: Condition) -> str:
+    """The versioned JSON document (validated as a root first), compact and key-sorted."""
     return json.dumps(condition_to_dict(condition), separators=(",", ":"), sort_keys=True)
 
 
 def condition_from_json(document: str | bytes) -> Condition:
-    """Decode and validate a condition document; raises :class:`ConditionError` only."""
+    """Decode and validate a document made by :func:`condition_to_json`; raises
+    :class:`ConditionError` only."""
     if not isinstance(document, str | bytes | bytearray):
         raise ConditionError(f"condition JSON: a str or bytes, not {type(document).__name__}")
     if len(document) > MAX_DOCUMENT_BYTES:

@@ -23,6 +23,9 @@ Attributes (all optional, keyword-only):
 Validation that needs only the node itself happens at construction; what needs the whole
 tree (a time constraint somewhere, a deadline for every count) happens in
 :meth:`Condition.validate`, which ``evaluate``, the JSON codec and the sender call.
+
+The JSON document of a tree is :mod:`condmsg.condition_codec`'s (``condition_to_json``,
+``condition_from_json``): the codec builds these classes, so the model does not know it.
 """
 
 from __future__ import annotations
@@ -186,32 +189,6 @@ class Condition:
 
         visit(self, False)
         return result
-
-    # -- JSON -------------------------------------------------------------------------
-
-    def to_json(self) -> str:
-        """The versioned JSON document (validated as a root first)."""
-        from condmsg.condition_codec import condition_to_json
-
-        return condition_to_json(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        from condmsg.condition_codec import condition_to_dict
-
-        return condition_to_dict(self)
-
-    @staticmethod
-    def from_json(document: str | bytes) -> Condition:
-        """Decode and validate a document made by :meth:`to_json`."""
-        from condmsg.condition_codec import condition_from_json
-
-        return condition_from_json(document)
-
-    @staticmethod
-    def from_dict(document: object) -> Condition:
-        from condmsg.condition_codec import condition_from_dict
-
-        return condition_from_dict(document)
 
     # -- validation -----------------------------------------------------------------
 

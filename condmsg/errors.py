@@ -1,14 +1,25 @@
 """One exception tree for the whole project, rooted at :class:`CondmsgError`.
 
-Driver errors (pika, psycopg, SQLAlchemy) are translated into these only inside adapters,
-with messages a user can act on. Messages never contain secrets or credentials.
+The root, :class:`BrokerError` and :class:`StoreError` are defined in :mod:`outbox.errors`,
+the lowest layer, so that the outbox's errors descend from it too; they are re-exported
+here, so ``condmsg.errors.CondmsgError`` is the same class. Driver errors (pika, psycopg,
+SQLAlchemy) are translated into these only inside adapters, with messages a user can act
+on. Messages never contain secrets or credentials.
 """
 
 from __future__ import annotations
 
+from outbox.errors import BrokerError, CondmsgError, StoreError
 
-class CondmsgError(Exception):
-    """Base of every error condmsg raises on purpose."""
+__all__ = [
+    "AckError",
+    "BrokerError",
+    "ConditionError",
+    "CondmsgError",
+    "ConfigError",
+    "ProtocolError",
+    "StoreError",
+]
 
 
 class ConditionError(CondmsgError, ValueError):
@@ -29,11 +40,3 @@ class ProtocolError(CondmsgError, ValueError):
 
 class ConfigError(CondmsgError, ValueError):
     """A setting is missing or malformed; the message names the environment key."""
-
-
-class BrokerError(CondmsgError):
-    """RabbitMQ could not be reached or refused an operation."""
-
-
-class StoreError(CondmsgError):
-    """The database could not be reached or refused an operation."""

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from condmsg import protocol as p
 from condmsg import sender_tables as t
 from condmsg.amqp import connect
+from condmsg.condition_codec import condition_to_json
 from condmsg.conditions import Condition
 from condmsg.copies import check_app_headers, plan_fanouts
 from condmsg.db import bulk_insert, make_engine
@@ -39,7 +40,7 @@ from condmsg.relaying import OwnsOutbox
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_destination, declare_service_queue
-from outbox.enqueue import enqueue_fanouts
+from outbox.enqueueing import enqueue_fanouts
 from outbox.message import Fanout
 from outbox.table import create_tables as create_outbox_tables
 
@@ -370,7 +371,7 @@ def _shape(condition: Condition) -> _Shape:
     origin = datetime(2000, 1, 1, tzinfo=UTC)
     first = evaluate(condition, origin, (), origin).next_check_at
     return _Shape(
-        json=condition.to_json(),
+        json=condition_to_json(condition),
         window=condition.evaluation_window(),
         first_check=None if first is None else first - origin,
     )

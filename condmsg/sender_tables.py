@@ -8,28 +8,17 @@ timezone-aware UTC; ``sent_at`` is the sender's clock, ack timestamps the receiv
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import sqlalchemy as sa
+
+# The values of the status columns, re-exported beside the tables that hold them.
+from condmsg.store_values import AckStatus as AckStatus
+from condmsg.store_values import AnomalyKind as AnomalyKind
+from condmsg.store_values import CmState as CmState
 
 metadata = sa.MetaData()
 
 _TS = sa.DateTime(timezone=True)
 _ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-
-
-class CmState(StrEnum):
-    PENDING = "pending"
-    SATISFIED = "satisfied"
-    VIOLATED = "violated"
-
-
-class AckStatus(StrEnum):
-    """How the evaluator treated a stored ack."""
-
-    COUNTED = "counted"  # before the decision, verified, for a destination of the tree
-    AFTER_DECISION = "after_decision"  # kept and reported, not counted
-    CHANGES_VERDICT = "changes_verdict"  # after the decision and would have changed it
 
 
 # Small key/value facts of the store. ``hmac_secret`` keys the copies' tokens when no
@@ -130,15 +119,3 @@ anomalies = sa.Table(
 sa.Index("ix_condmsg_anomaly_recorded_at", anomalies.c.recorded_at)
 # Retention archives a CM's anomalies with it, found through this index.
 sa.Index("ix_condmsg_anomaly_cm_id", anomalies.c.cm_id)
-
-
-class AnomalyKind(StrEnum):
-    DUPLICATE = "duplicate"
-    UNKNOWN_CM = "unknown_cm"
-    BAD_TOKEN = "bad_token"
-    WRONG_DESTINATION = "wrong_destination"
-    WRONG_RECIPIENT = "wrong_recipient"
-    AFTER_DECISION = "after_decision"
-    LATE_CHANGES_VERDICT = "late_changes_verdict"
-    MALFORMED = "malformed"
-    CLOCK_SKEW = "clock_skew"

@@ -28,7 +28,7 @@ from condmsg.outcome import OUTCOME_CONTENT_TYPE, OUTCOME_TYPE, Outcome
 from condmsg.payloads import JSON
 from condmsg.protocol import PROTOCOL_VERSION, format_instant
 from evaluator import store
-from outbox.enqueue import enqueue_all, enqueue_batch
+from outbox.enqueueing import enqueue_all, enqueue_batch
 from outbox.message import OutboxMessage
 
 

@@ -26,7 +26,7 @@ from condmsg.acks import Ack
 from condmsg.errors import ProtocolError
 from condmsg.evaluation import evaluate
 from evaluator import store
-from outbox.enqueue import enqueue_all
+from outbox.enqueueing import enqueue_all
 from outbox.message import OutboxMessage
 
 Kind = t.AnomalyKind

@@ -50,7 +50,7 @@ from evaluator.metrics import EvaluatorMetrics, batch_report
 from evaluator.retention import DEFAULT_BATCH as DEFAULT_RETENTION_BATCH
 from evaluator.retention import Archived, RetentionPolicy, retain
 from evaluator.workers import IntakeWorkers, WorkerConfig
-from outbox.enqueue import enqueue_all
+from outbox.enqueueing import enqueue_all
 from outbox.relay import Relay
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from condmsg import sender_tables as t
 from condmsg.acks import Ack, AckKind
+from condmsg.condition_codec import condition_from_json
 from condmsg.conditions import Condition
 from outbox import pg
 
@@ -26,7 +27,7 @@ from outbox import pg
 @lru_cache(maxsize=4096)
 def parse_condition(document: str) -> Condition:
     """Conditions repeat across CMs of one shape; decoding each once is enough."""
-    return Condition.from_json(document)
+    return condition_from_json(document)
 
 
 class CmRow(NamedTuple):

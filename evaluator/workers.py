@@ -3,9 +3,9 @@
 One interpreter runs an evaluator's consuming and storing threads under one interpreter
 lock, so on a machine with more cores than that one lock can use, the intake is bound by
 it (``docs/evaluator.md``). With ``intake_processes=N`` the service starts ``N - 1``
-worker processes (:func:`main`, in a new interpreter). Each is an intake-only evaluator
-instance on the same ack queue and database, with its own broker and database
-connections: several instances are what the design already allows (the broker shares
+worker processes (:mod:`evaluator.intake_worker`, in a new interpreter). Each is an
+intake-only evaluator instance on the same ack queue and database, with its own broker and
+database connections: several instances are what the design already allows (the broker shares
 the deliveries out; decisions are conditional updates, rows are locked in id order), so
 a worker needs nothing new to be correct.
 
@@ -27,17 +27,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from typing import IO, Any
 
-from condmsg.errors import ConfigError
 from condmsg.settings import DEFAULT_CLOCK_SKEW
 
 log = logging.getLogger(__name__)
@@ -48,11 +45,11 @@ MAX_RESTART_DELAY_S = 30.0
 STEADY_S = 60.0
 
 
-#: A worker process (``-c`` rather than ``-m``: this module is imported with its package).
+#: A worker process (``-c`` rather than ``-m``: the module is imported with its package).
 WORKER_COMMAND = (
     sys.executable,
     "-c",
-    "import sys; from evaluator.workers import main; sys.exit(main())",
+    "import sys; from evaluator.intake_worker import main; sys.exit(main())",
 )
 
 
@@ -188,77 +185,3 @@ def _close(stream: IO[str] | None) -> None:
         return
     with contextlib.suppress(OSError):  # the worker is gone already
         stream.close()
-
-
-class _Reporter:
-    """Writes one report line per stored batch to the service (from any storing thread).
-    Once the service has gone (a broken pipe) it writes nothing more: the worker's leash
-    sees the end of its stdin and stops it."""
-
-    def __init__(self, out: IO[str]) -> None:
-        self._out = out
-        self._lock = threading.Lock()
-        self._broken = False
-
-    def __call__(self, report: dict[str, Any]) -> None:
-        line = json.dumps(report, separators=(",", ":")) + "\n"
-        with self._lock:
-            if self._broken:
-                return
-            try:
-                self._out.write(line)
-                self._out.flush()
-            except (OSError, ValueError):
-                self._broken = True
-
-
-def main() -> int:
-    """A worker process: an intake-only evaluator until stdin closes or a signal comes."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("pika").setLevel(logging.WARNING)
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    line = sys.stdin.readline()
-    if not line:
-        return 0  # the service went away before saying anything
-    config = WorkerConfig(**json.loads(line))
-    from evaluator.service import Evaluator  # after the config: a bad line fails fast
-
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _s, _f: done.set())
-    signal.signal(signal.SIGINT, lambda _s, _f: done.set())
-
-    def leash() -> None:
-        sys.stdin.read()  # until the service closes it or dies
-        done.set()
-
-    service = Evaluator(
-        amqp_url=config.amqp_url,
-        db_url=config.db_url,
-        sender=config.sender,
-        secret=bytes.fromhex(config.secret_hex),
-        ack_grace=timedelta(milliseconds=config.ack_grace_ms),
-        clock_skew=timedelta(milliseconds=config.clock_skew_ms),
-        batch_size=config.batch_size,
-        prefetch=config.prefetch,
-        store_threads=config.store_threads,
-        relay=False,
-        sweeps=False,
-        instance=config.instance,
-        freeze_gc=True,  # a process of its own
-        report=_Reporter(sys.stdout),
-        create=False,  # the service made the store; a wrong URL must not make another
-    )
-    threading.Thread(target=leash, name="evaluator-worker-leash", daemon=True).start()
-    try:
-        if not service.wait_until_prepared(done):
-            return 0
-    except ConfigError as exc:
-        log.error("the intake worker cannot start: %s", exc)
-        return 1
-    service.start()
-    while not done.wait(1.0):
-        if not service.running:  # its thread died: exit, and the service starts another
-            log.error("the intake worker's service thread ended; exiting")
-            return 1
-    service.stop()
-    return 0

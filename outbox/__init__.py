@@ -3,25 +3,56 @@
 Write messages with :func:`enqueue` / :func:`enqueue_many` in the same transaction as the
 business rows they belong to; a :class:`Relay` publishes them after the commit with
 publisher confirms, at least once. See ``docs/outbox.md``.
+
+The errors are imported at once; everything else on first use. :mod:`outbox.errors` holds
+the root of the whole project's exception tree, which the pure condition model imports, and
+importing a submodule runs this file first: it must not pull in SQLAlchemy, psycopg or pika.
 """
 
 from __future__ import annotations
 
-from outbox.enqueue import enqueue, enqueue_all, enqueue_fanouts, enqueue_many
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from outbox.errors import (
-    BrokerUnavailable,
+    BrokerError,
+    CondmsgError,
     OutboxError,
     OutboxTimeout,
     OutboxTypeError,
     OutboxValueError,
-    StoreUnavailable,
+    StoreError,
 )
-from outbox.message import Fanout, OutboxMessage, StoredMessage
-from outbox.metrics import RelayMetrics
-from outbox.publisher import COPY_HEADER, ROW_ID_HEADER
-from outbox.relay import Relay, RelayStats
-from outbox.store import FailedRow, OutboxStatus, OutboxStore
-from outbox.table import DEFAULT_TABLE_NAME, create_tables, metadata, outbox_table
+
+if TYPE_CHECKING:
+    from outbox.enqueueing import enqueue, enqueue_all, enqueue_fanouts, enqueue_many
+    from outbox.message import Fanout, OutboxMessage, StoredMessage
+    from outbox.metrics import RelayMetrics
+    from outbox.publisher import COPY_HEADER, ROW_ID_HEADER
+    from outbox.relay import Relay, RelayStats
+    from outbox.store import FailedRow, OutboxStatus, OutboxStore
+    from outbox.table import DEFAULT_TABLE_NAME, create_tables, metadata, outbox_table
+
+#: The module that defines each name exported on first use.
+_DEFINED_IN = {
+    **dict.fromkeys(("enqueue", "enqueue_all", "enqueue_fanouts", "enqueue_many"), "enqueueing"),
+    **dict.fromkeys(("Fanout", "OutboxMessage", "StoredMessage"), "message"),
+    "RelayMetrics": "metrics",
+    **dict.fromkeys(("COPY_HEADER", "ROW_ID_HEADER"), "publisher"),
+    **dict.fromkeys(("Relay", "RelayStats"), "relay"),
+    **dict.fromkeys(("FailedRow", "OutboxStatus", "OutboxStore"), "store"),
+    **dict.fromkeys(("DEFAULT_TABLE_NAME", "create_tables", "metadata", "outbox_table"), "table"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _DEFINED_IN.get(name)
+    if module is None:
+        raise AttributeError(f"module 'outbox' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"outbox.{module}"), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
 
 __all__ = [
     # writing
@@ -48,10 +79,11 @@ __all__ = [
     "OutboxStore",
     "StoredMessage",
     # errors
-    "BrokerUnavailable",
+    "BrokerError",
+    "CondmsgError",
     "OutboxError",
     "OutboxTimeout",
     "OutboxTypeError",
     "OutboxValueError",
-    "StoreUnavailable",
+    "StoreError",
 ]

@@ -1,4 +1,10 @@
-"""The outbox's own exception tree, rooted at :class:`OutboxError`.
+"""The root of the project's exception tree, and the errors the outbox raises.
+
+:class:`CondmsgError` is defined here, in the lowest layer, because the outbox may import
+nothing of ours (DESIGN section 4) and its errors must still descend from the one root;
+:mod:`condmsg.errors` re-exports it with the rest of the tree. :class:`BrokerError` and
+:class:`StoreError` live here for the same reason: the outbox raises them, and so do the
+sender, the receiver and the evaluator.
 
 Driver errors (pika, SQLAlchemy, psycopg) are translated into these at the edge of the
 package, with messages a user can act on. Messages never contain passwords: URLs are shown
@@ -8,8 +14,26 @@ through :func:`outbox.urls.redact_url`.
 from __future__ import annotations
 
 
-class OutboxError(Exception):
-    """Base of every error the outbox raises on purpose."""
+class CondmsgError(Exception):
+    """Base of every error condmsg raises on purpose."""
+
+
+class BrokerError(CondmsgError):
+    """RabbitMQ could not be reached, refused an operation, or the connection or channel
+    broke.
+
+    The relay treats this as transient: rows in flight go back to the table and are
+    published again after a backoff.
+    """
+
+
+class StoreError(CondmsgError):
+    """The database could not be reached or refused an operation."""
+
+
+class OutboxError(CondmsgError):
+    """Misuse of the outbox: a message it cannot carry, a relay started twice, a wait that
+    ran out of time."""
 
 
 class OutboxTypeError(OutboxError, TypeError):
@@ -18,18 +42,6 @@ class OutboxTypeError(OutboxError, TypeError):
 
 class OutboxValueError(OutboxError, ValueError):
     """An argument of the right type but an impossible value (e.g. priority 300)."""
-
-
-class BrokerUnavailable(OutboxError):
-    """RabbitMQ could not be reached, or the connection or channel broke.
-
-    The relay treats this as transient: rows in flight go back to the table and are
-    published again after a backoff.
-    """
-
-
-class StoreUnavailable(OutboxError):
-    """The database could not be reached or refused an operation."""
 
 
 class OutboxTimeout(OutboxError, TimeoutError):

@@ -16,6 +16,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from outbox.errors import OutboxValueError
 from outbox.message import OutboxMessage
 
 _FRAME_METHOD, _FRAME_HEADER, _FRAME_BODY, _FRAME_END = 1, 2, 3, 0xCE
@@ -45,7 +46,7 @@ _2_31 = 2**31
 _F64 = struct.Struct(">d")
 
 
-class FrameEncodingError(ValueError):
+class FrameEncodingError(OutboxValueError):
     """A value that cannot travel in an AMQP message (a name over 255 bytes, a huge int)."""
 
 

@@ -210,7 +210,7 @@ MESSAGE_FIELDS = (*COPY_FIELDS, "body", "headers")
 @dataclass(frozen=True, slots=True)
 class Fanout:
     """Messages with one body, in the form one outbox row stores them (see
-    :func:`outbox.enqueue.enqueue_fanouts`): ``message`` holds the body and what every
+    :func:`outbox.enqueueing.enqueue_fanouts`): ``message`` holds the body and what every
     message shares, headers included; ``copies`` one mapping per message with the fields
     (of :data:`COPY_FIELDS`) it sets for itself and its own ``headers``, which are added
     to the shared ones. Validated when built, as :class:`OutboxMessage` is.
@@ -245,7 +245,7 @@ class StoredMessage:
     """A row the relay claimed: the table's id, bookkeeping and the message itself.
 
     ``created_at`` is UTC (the enqueuing process's clock). A *fan-out* row (see
-    :func:`outbox.enqueue.enqueue_fanouts`) holds several messages with one body:
+    :func:`outbox.enqueueing.enqueue_fanouts`) holds several messages with one body:
     ``message`` carries what they share (its headers are the headers common to all) and
     ``copies`` one JSON object per message with its copy number ``n``, the fields in which
     it differs from ``message`` and its own ``headers``. A plain row has no ``copies``.

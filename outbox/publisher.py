@@ -15,7 +15,7 @@ declare on a side channel, and rows addressed to a missing one are refused witho
 published.
 
 When the connection or the channel breaks, every unresolved batch fails with
-:class:`BrokerUnavailable` and the publisher is dead; the relay makes a new one.
+:class:`BrokerError` and the publisher is dead; the relay makes a new one.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pika.frame import Method
 from pika.spec import Basic, BasicProperties
 
 from outbox import frames
-from outbox.errors import BrokerUnavailable
+from outbox.errors import BrokerError
 from outbox.message import COPY_FIELDS, OutboxMessage, StoredMessage
 from outbox.urls import broker_address
 
@@ -116,7 +116,7 @@ class BatchResult:
     published: list[MessageKey] = field(default_factory=list)
     refused: dict[MessageKey, str] = field(default_factory=dict)
     nacked: dict[MessageKey, str] = field(default_factory=dict)
-    error: BrokerUnavailable | None = None
+    error: BrokerError | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -175,12 +175,12 @@ class Publisher:
         return self._ready.is_set() and not self._dead
 
     def start(self) -> Publisher:
-        """Connect; return when the channel is in confirm mode, or raise BrokerUnavailable."""
+        """Connect; return when the channel is in confirm mode, or raise BrokerError."""
         self._thread = threading.Thread(target=self._run, name="outbox-publisher", daemon=True)
         self._thread.start()
         if not self._ready.wait(self._connect_timeout_s + 5.0) or self._dead:
             self.close()
-            raise BrokerUnavailable(
+            raise BrokerError(
                 self.last_error
                 or f"cannot reach RabbitMQ at {broker_address(self.amqp_url)}: no answer "
                 f"within {self._connect_timeout_s:g} s; is the broker running?"
@@ -226,7 +226,7 @@ class Publisher:
     def _resolve_error(self, batch: PendingBatch, reason: str) -> None:
         if batch.done.is_set():
             return
-        batch.result.error = BrokerUnavailable(reason)
+        batch.result.error = BrokerError(reason)
         batch.done.set()
         self._on_done()
 

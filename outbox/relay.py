@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 
 from outbox.backoff import Backoff, retry_delay_s
-from outbox.errors import BrokerUnavailable, OutboxError, OutboxTimeout, StoreUnavailable
+from outbox.errors import BrokerError, OutboxError, OutboxTimeout, StoreError
 from outbox.metrics import RelayMetrics
 from outbox.notify import Listener
 from outbox.publisher import PendingBatch, Publisher
@@ -256,7 +256,7 @@ class Relay:
         if self.listen:
             try:
                 channel = self.store.notify_channel()
-            except StoreUnavailable as exc:
+            except StoreError as exc:
                 self._note_error(str(exc))
                 channel = None
             if channel is not None:
@@ -301,7 +301,7 @@ class Relay:
                 on_done=self._wake_event.set,
                 connection_name=self.connection_name,
             ).start()
-        except BrokerUnavailable as exc:
+        except BrokerError as exc:
             self._note_error(str(exc))
             self._next_connect_at = now + self._broker_backoff.next_delay()
             return False
@@ -339,7 +339,7 @@ class Relay:
             from_head = self._cursor == 0
             try:
                 claim = self.store.claim(self.batch_size, after_id=self._cursor)
-            except StoreUnavailable as exc:
+            except StoreError as exc:
                 self._note_error(str(exc))
                 self._next_claim_at = now + self._store_backoff.next_delay()
                 return
@@ -401,7 +401,7 @@ class Relay:
                 retry[key] = (reason, now + timedelta(seconds=delay))
         try:
             self.store.settle(claim, published=result.published, parked=parked, retry=retry)
-        except StoreUnavailable as exc:
+        except StoreError as exc:
             # The rows stay pending and go out again: a duplicate, never a loss.
             self._note_error(str(exc))
             self._rescan = True
@@ -434,7 +434,7 @@ class Relay:
         self._next_status_at = now + self.status_interval_s
         try:
             status = self.store.status()
-        except StoreUnavailable as exc:
+        except StoreError as exc:
             self._note_error(str(exc))
             return
         self._status = status

@@ -35,8 +35,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 from sqlalchemy.sql.dml import ReturningDelete
 
-from outbox.enqueue import row_values
-from outbox.errors import StoreUnavailable
+from outbox.enqueueing import row_values
+from outbox.errors import StoreError
 from outbox.message import MESSAGE_FIELDS, OutboxMessage, StoredMessage
 from outbox.table import DEFAULT_TABLE_NAME, FAILED, PENDING, notify_channel, outbox_table
 from outbox.urls import redact_url
@@ -161,7 +161,7 @@ class OutboxStore:
 
     # -- errors ---------------------------------------------------------------------------
 
-    def _translate(self, exc: sa.exc.SQLAlchemyError, doing: str) -> StoreUnavailable:
+    def _translate(self, exc: sa.exc.SQLAlchemyError, doing: str) -> StoreError:
         where = redact_url(self.engine.url.render_as_string(hide_password=True))
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         hint = ""
@@ -169,7 +169,7 @@ class OutboxStore:
             hint = f"; create it with outbox.create_tables(engine, table_name={self.table.name!r})"
         elif isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
             hint = "; is the database running?"
-        return StoreUnavailable(f"cannot {doing} in {where}: {reason}{hint}")
+        return StoreError(f"cannot {doing} in {where}: {reason}{hint}")
 
     def _run(self, doing: str, fn: Callable[[], T]) -> T:
         try:
@@ -464,7 +464,7 @@ class OutboxStore:
             {"t": self.table.name},
         )
         if schema is None:
-            raise StoreUnavailable(
+            raise StoreError(
                 f"outbox table {self.table.name!r} does not exist; create it with "
                 f"outbox.create_tables(engine, table_name={self.table.name!r})"
             )

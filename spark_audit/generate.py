@@ -27,9 +27,7 @@ does not depend on partitioning):
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pyspark import StorageLevel
@@ -37,37 +35,12 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from condmsg.archive_layout import write_manifest
+from condmsg.condition_codec import condition_to_json
 from condmsg.timeutil import to_epoch_us, to_ms
 from spark_audit.generate_inject import inject
+from spark_audit.generate_spec import GenerateSpec, uniform
 from spark_audit.reevaluate.recompute import recompute
-from spark_audit.templates import Template, default_templates
-
-_TWO53 = float(2**53)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GenerateSpec:
-    cms: int
-    seed: int = 7
-    start: datetime = datetime(2025, 1, 1, tzinfo=UTC)
-    interval_ms: int = 100
-    senders: int = 5
-    tail_ms: int = 10_000
-    ack_grace_ms: int = 250
-    templates: tuple[Template, ...] = field(default_factory=default_templates)
-    wrong_verdicts: int = 0
-    late_harmless: int = 0
-    late_changing: int = 0
-    duplicates: int = 0
-    orphans: int = 0
-    multiple_consumptions: int = 0
-    stale_pending: int = 0
-    skewed_receivers: Mapping[str, int] = field(default_factory=dict)
-    partitions: int | None = None
-
-    @property
-    def until(self) -> datetime:
-        return self.start + timedelta(milliseconds=self.cms * self.interval_ms + self.tail_ms)
+from spark_audit.templates import Template
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,12 +58,6 @@ class Injected:
     multiple_consumptions: int
     stale_pending: int
     skewed_receivers: dict[str, int]
-
-
-def uniform(*parts: Column | int) -> Column:
-    """A deterministic uniform double in [0, 1) from a hash of ``parts``."""
-    columns = [p if isinstance(p, Column) else F.lit(p) for p in parts]
-    return F.pmod(F.xxhash64(*columns), F.lit(2**53)).cast("double") / F.lit(_TWO53)
 
 
 def _exp(u: Column, mean_ms: Column) -> Column:
@@ -119,7 +86,7 @@ def _templates_frame(spark: SparkSession, spec: GenerateSpec) -> DataFrame:
             (
                 index,
                 t.name,
-                t.condition.to_json(),
+                condition_to_json(t.condition),
                 to_ms(t.condition.evaluation_window()),
                 [(d, r, topic) for d, r, topic in t.slots()],
                 [(d, r, exchange[d], requires[d]) for d, r, _ in copies],

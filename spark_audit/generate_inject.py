@@ -7,17 +7,13 @@ request that the generated history cannot satisfy raises ``ValueError``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES
 from condmsg.timeutil import to_epoch_us
+from spark_audit.generate_spec import GenerateSpec, uniform
 from spark_audit.schemas import conform
-
-if TYPE_CHECKING:
-    from spark_audit.generate import GenerateSpec
 
 #: A stale CM's evaluation deadline is at least this long before ``until`` (µs).
 STALE_MARGIN_US = 70_000_000
@@ -37,8 +33,6 @@ def _ranked(frame: DataFrame, order: Column, k: int, what: str) -> DataFrame:
 
 
 def _u(seed: int, salt: int, *columns: str) -> Column:
-    from spark_audit.generate import uniform
-
     return uniform(*(F.col(c) for c in columns), seed, salt)
 
 

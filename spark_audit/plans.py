@@ -1,7 +1,7 @@
 """What the audit needs to know about one condition, computed once per distinct condition.
 
 Pure Python (no pyspark): :func:`plan_of` decodes a ``condition_json`` with
-:meth:`condmsg.Condition.from_json` and returns a :class:`Plan`:
+:func:`condmsg.condition_codec.condition_from_json` and returns a :class:`Plan`:
 
 * ``shape``: a signature of the tree with names and durations removed, e.g.
   ``set(pickup)[queue(process),set(process,min_process=2)[queue,queue,queue]]``. Members
@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from condmsg.condition_codec import condition_from_json
 from condmsg.conditions import Condition, Destination, DestinationSet, Kind
 from condmsg.errors import ConditionError
 from condmsg.timeutil import to_ms
@@ -257,7 +258,7 @@ def _leaves(tree: Numbered) -> tuple[Leaf, ...]:
 def plan_of(condition_json: str) -> Plan:
     """The :class:`Plan` of one stored condition (``valid=False`` if it does not decode)."""
     try:
-        condition = Condition.from_json(condition_json)
+        condition = condition_from_json(condition_json)
     except ConditionError as exc:
         return _invalid(condition_json, str(exc))
     tree = numbered(condition)

@@ -19,6 +19,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from condmsg.acks import Ack, AckKind
+from condmsg.condition_codec import condition_from_json
 from condmsg.conditions import Condition
 from condmsg.errors import CondmsgError
 from condmsg.evaluation import evaluate
@@ -39,7 +40,7 @@ ACK_FIELDS = ("destination", "recipient", "kind", "read_at", "committed_at", "co
 
 @lru_cache(maxsize=4096)
 def _condition(text: str) -> Condition:
-    return Condition.from_json(text)
+    return condition_from_json(text)
 
 
 def evaluate_row(

@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from condmsg.conditions import Condition
+from condmsg.condition_codec import condition_from_json
 from spark_audit.plans import Numbered, numbered, plan_of
 from spark_audit.schemas import local_frame
 
@@ -304,7 +304,7 @@ def plan_set(
     compiled = [p for p in plans if p.skeleton in skel_ids and p.native]
     return PlanSet(
         frame=frame,
-        skeletons={i: numbered(Condition.from_json(examples[s])) for s, i in skel_ids.items()},
+        skeletons={i: numbered(condition_from_json(examples[s])) for s, i in skel_ids.items()},
         slots=max((len(p.leaves) for p in plans if p.valid), default=0),
         probes=max((len(p.probes) for p in compiled), default=0),
         python=any(p.valid and p.skeleton not in skel_ids for p in plans),
@@ -372,7 +372,7 @@ def _executor_plan_set(cms: DataFrame, counted: DataFrame, *, native: bool) -> P
     python = frame.where(F.col("valid") & ~F.col("native")).limit(1).count() > 0
     return PlanSet(
         frame=frame,
-        skeletons={i: numbered(Condition.from_json(examples[s])) for s, i in skel_ids.items()},
+        skeletons={i: numbered(condition_from_json(examples[s])) for s, i in skel_ids.items()},
         slots=int(stats["slots"] or 0),
         probes=int((probes[0] if probes else 0) or 0),
         python=python or bool(stats["wide"]),

@@ -16,7 +16,7 @@ import pika.exceptions
 import pytest
 import sqlalchemy as sa
 
-from condmsg.demo_setup import Names
+from condmsg.demo.setup import Names
 
 from .conftest import ROOT
 

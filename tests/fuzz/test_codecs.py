@@ -248,7 +248,7 @@ def assert_condition_schema(condition: Condition) -> None:
             if value is not None:
                 assert len(value) <= s.NAME_MAX, f"accepted a {attr} of {len(value)} characters"
                 assert "\x00" not in value, f"accepted a NUL in {attr}"
-    assert Condition.from_json(condition_to_json(condition)) == condition
+    assert condition_from_json(condition_to_json(condition)) == condition
 
 
 @UNIT

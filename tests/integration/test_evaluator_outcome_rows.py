@@ -1,4 +1,4 @@
-"""The evaluator's outcome rows (``outbox.enqueue.enqueue_batch``) are the rows
+"""The evaluator's outcome rows (``outbox.enqueueing.enqueue_batch``) are the rows
 ``enqueue_all`` writes for the same messages, on SQLite and the real PostgreSQL."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox import OutboxMessage, OutboxTypeError, OutboxValueError
-from outbox.enqueue import enqueue_all, enqueue_batch
+from outbox.enqueueing import enqueue_all, enqueue_batch
 from outbox.message import MAX_SHORTSTR_BYTES
 from outbox.table import outbox_table
 

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox import OutboxMessage, OutboxStore, Relay
-from outbox.enqueue import enqueue_fanouts
+from outbox.enqueueing import enqueue_fanouts
 from outbox.publisher import COPY_HEADER, ROW_ID_HEADER
 
 from .outbox_helpers import (

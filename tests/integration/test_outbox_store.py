@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-from outbox import OutboxMessage, OutboxStore, OutboxTypeError, OutboxValueError, StoreUnavailable
-from outbox.enqueue import enqueue_all, enqueue_fanouts
+from outbox import OutboxMessage, OutboxStore, OutboxTypeError, OutboxValueError, StoreError
+from outbox.enqueueing import enqueue_all, enqueue_fanouts
 from outbox.message import Fanout
 from outbox.notify import Listener
 
@@ -193,7 +193,7 @@ def test_release_gives_rows_back(engine: sa.Engine, store: OutboxStore) -> None:
 
 def test_create_tables_is_idempotent_and_missing_tables_are_explained(engine: sa.Engine) -> None:
     outbox.create_tables(engine)
-    with pytest.raises(StoreUnavailable, match=r"create_tables\(engine, table_name='nope'\)"):
+    with pytest.raises(StoreError, match=r"create_tables\(engine, table_name='nope'\)"):
         OutboxStore(engine, table_name="nope").status()
 
 

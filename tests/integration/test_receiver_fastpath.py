@@ -20,7 +20,7 @@ from condmsg import Destination
 from condmsg import protocol as p
 from condmsg.acks import AckKind
 from condmsg.protocol import AckMessage
-from outbox.enqueue import row_values
+from outbox.enqueueing import row_values
 from outbox.message import OutboxMessage
 from outbox.table import outbox_table
 
@@ -180,7 +180,7 @@ def test_the_ack_row_holds_every_column_the_portable_path_writes(
     pg_url: str, unique_name: str, make_sender: Any, make_receiver: Any
 ) -> None:
     """The fast path writes the ack's constant columns into its statement's text: the row
-    must hold what ``outbox.enqueue.row_values`` gives for the ack message."""
+    must hold what ``outbox.enqueueing.row_values`` gives for the ack message."""
     name = unique_name.replace(".", "-")
     queue = f"{unique_name}.q"
     sender = make_sender(pg_url, name)

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from condmsg.condition_codec import condition_to_json
 from condmsg.conditions import Condition
 from condmsg.evaluation import evaluation_deadline
 
@@ -40,7 +41,7 @@ def cm_row(
         "cm_id": cm_id,
         "sender": sender,
         "sent_at": sent_at,
-        "condition_json": condition.to_json(),
+        "condition_json": condition_to_json(condition),
         "evaluation_deadline": evaluation_deadline(condition, sent_at),
         "payload_size": 10,
         "notify_success": False,

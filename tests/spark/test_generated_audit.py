@@ -13,10 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from condmsg.acks import Ack, AckKind
+from condmsg.condition_codec import condition_from_json
 from condmsg.conditions import Condition
 from condmsg.evaluation import evaluate
 from spark_audit.cli import EXIT_FAILED, main
-from spark_audit.generate import GenerateSpec, Injected, generate
+from spark_audit.generate import Injected, generate
+from spark_audit.generate_spec import GenerateSpec
 from tests.spark.conftest import SPARK_MARKS
 
 pytestmark = list(SPARK_MARKS)
@@ -144,7 +146,7 @@ def test_generated_stored_verdicts_agree_with_evaluate(audited: dict[str, Any]) 
             continue
         decided += 1
         text = cm["condition_json"]
-        condition = conditions.setdefault(text, Condition.from_json(text))
+        condition = conditions.setdefault(text, condition_from_json(text))
         at = cm["effective_at"].astimezone(UTC)
         result = evaluate(condition, cm["sent_at"], acks[cm["cm_id"]], at)
         disagreeing += result.verdict.value != cm["state"]

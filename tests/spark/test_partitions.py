@@ -12,7 +12,8 @@ import pytest
 
 from spark_audit import job
 from spark_audit.cli import main
-from spark_audit.generate import GenerateSpec, generate
+from spark_audit.generate import generate
+from spark_audit.generate_spec import GenerateSpec
 from spark_audit.readers import Window, read_parquet
 from tests.spark.conftest import SPARK_MARKS
 

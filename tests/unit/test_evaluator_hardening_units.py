@@ -13,11 +13,11 @@ import pytest
 from condmsg import protocol as p
 from condmsg import sender_tables as t
 from condmsg.acks import AckKind
+from condmsg.cli.status_view import contradiction
 from condmsg.conditions import Destination
 from condmsg.errors import ConfigError
 from condmsg.evaluation import evaluate
 from condmsg.settings import DEFAULT_CLOCK_SKEW, ENV_CLOCK_SKEW_MS, Settings
-from condmsg.status_view import contradiction
 from evaluator import intake
 
 SECRET = b"unit-secret"

@@ -1,29 +1,33 @@
-"""DESIGN section 4: which of our packages each package may import.
+"""DESIGN section 4: which of our packages each layer may import, and no import cycles.
 
 Checked on the source (every ``import`` and ``from ... import``, at any depth), so a lazy
-import inside a function counts too. ``condmsg``'s command line and demo are the
-application on top of the library: they start the services, so they may import them.
+import inside a function counts too; imports under ``if TYPE_CHECKING:`` do not, since they
+never run. ``condmsg``'s command line and demo are layers of their own: the application on
+top of the library, which starts the services and so may import them.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ("condmsg", "outbox", "ackd", "evaluator", "spark_audit")
+#: The application layers inside condmsg; the rest of condmsg is the library.
+APPLICATION = ("condmsg.cli", "condmsg.demo")
+EVERYTHING = {*OURS, *APPLICATION}
 ALLOWED = {
     "condmsg": {"outbox"},
+    "condmsg.cli": EVERYTHING,
+    "condmsg.demo": EVERYTHING,
     "outbox": set(),
     "ackd": {"condmsg", "outbox"},
     "evaluator": {"condmsg", "outbox"},
     "spark_audit": {"condmsg"},
 }
-#: The application layer inside condmsg: entry points that run the other packages, and
-#: the facade's lazy ``condmsg.Receiver`` (issue 4 asks for it; imported on first use).
-APPLICATION = ("condmsg/cli.py", "condmsg/commands/", "condmsg/demo", "condmsg/__init__.py")
 #: What spark_audit may use of condmsg: the model, the pure evaluation and their helpers.
 SPARK_AUDIT_CONDMSG = {
     "condmsg",
@@ -34,35 +38,114 @@ SPARK_AUDIT_CONDMSG = {
     "condmsg.errors",
     "condmsg.evaluation",
     "condmsg.protocol",
+    "condmsg.store_values",
     "condmsg.timeutil",
 }
 
 
-def _imports(path: Path) -> set[str]:
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {
+    _module_name(path): path for package in OURS for path in sorted((ROOT / package).rglob("*.py"))
+}
+
+
+def _layer(module: str) -> str:
+    for application in APPLICATION:
+        if module == application or module.startswith(f"{application}."):
+            return application
+    return module.split(".")[0]
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(nodes: Iterable[ast.AST]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement in ``nodes`` that can run, at any depth."""
+    for node in nodes:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            yield from _import_nodes(node.orelse)
+        else:
+            yield from _import_nodes(ast.iter_child_nodes(node))
+
+
+def _resolve(name: str) -> str:
+    """The module ``name`` loads: itself, or the module that defines the attribute."""
+    while name not in MODULES and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def imports(module: str) -> set[str]:
+    """Our modules that ``module`` imports (a name imported from a module counts as that
+    module, a submodule imported from a package as the submodule)."""
+    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _import_nodes(tree.body):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-    return {name for name in found if name.split(".")[0] in OURS}
+        elif node.module and node.level == 0:
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {_resolve(name) for name in found if name.split(".")[0] in OURS}
 
 
-def _modules(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+GRAPH = {module: imports(module) - {module} for module in MODULES}
 
 
-@pytest.mark.parametrize("package", OURS)
-def test_each_package_imports_only_what_design_section_4_allows(package: str) -> None:
+@pytest.mark.parametrize("layer", ALLOWED)
+def test_each_layer_imports_only_what_design_section_4_allows(layer: str) -> None:
     wrong = []
-    for path in _modules(package):
-        relative = path.relative_to(ROOT).as_posix()
-        if relative.startswith(APPLICATION):
+    for module, imported in sorted(GRAPH.items()):
+        if _layer(module) != layer:
             continue
-        for name in _imports(path):
-            top = name.split(".")[0]
-            if top != package and top not in ALLOWED[package]:
-                wrong.append(f"{relative} imports {name}")
-            elif package == "spark_audit" and top == "condmsg" and name not in SPARK_AUDIT_CONDMSG:
-                wrong.append(f"{relative} imports {name} (not the model or pure evaluation)")
+        for name in sorted(imported):
+            target = _layer(name)
+            if target != layer and target not in ALLOWED[layer]:
+                wrong.append(f"{module} imports {name}")
+            elif layer == "spark_audit" and target == "condmsg" and name not in SPARK_AUDIT_CONDMSG:
+                wrong.append(f"{module} imports {name} (not the model or pure evaluation)")
     assert wrong == []
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path that ends where it starts, or None."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        path = [start]
+        on_path = {start}
+        branches = [iter(sorted(graph[start]))]
+        while branches:
+            following = next(branches[-1], None)
+            if following is None:
+                finished = path.pop()
+                on_path.discard(finished)
+                done.add(finished)
+                branches.pop()
+            elif following in on_path:
+                return [*path[path.index(following) :], following]
+            elif following not in done:
+                path.append(following)
+                on_path.add(following)
+                branches.append(iter(sorted(graph[following])))
+    return None
+
+
+def test_no_import_cycle_between_modules() -> None:
+    cycle = _cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from condmsg.cli import main
-from condmsg.demo_timelines import run, scenarios
+from condmsg.demo.timelines import run, scenarios
 
 ROOT = Path(__file__).resolve().parents[2]
 

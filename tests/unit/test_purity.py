@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from condmsg import Ack, AckKind, Destination, DestinationSet, evaluate
+from condmsg.condition_codec import condition_to_dict
 from tests.unit.strategies import SENT_AT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +92,7 @@ def test_evaluate_is_deterministic_and_leaves_its_inputs_alone() -> None:
     second = evaluate(CONDITION, SENT_AT, acks, SENT_AT + 2 * SEC)
     assert first == second
     assert acks == snapshot
-    assert CONDITION.to_dict()["condition"]["evaluation_timeout_ms"] == 10_000
+    assert condition_to_dict(CONDITION)["condition"]["evaluation_timeout_ms"] == 10_000
 
 
 def test_evaluate_consumes_any_iterable_of_acks_once() -> None:

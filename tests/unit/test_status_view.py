@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from condmsg.demo_timelines import run, scenarios
-from condmsg.status_view import render
+from condmsg.cli.status_view import render
+from condmsg.demo.timelines import run, scenarios
 
 
 def test_the_tree_marks_each_constraint_and_lists_the_acks_under_their_destination() -> None:

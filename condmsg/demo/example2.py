@@ -9,10 +9,10 @@ import time
 from datetime import datetime, timedelta
 
 from condmsg.conditions import Condition, Destination
-from condmsg.demo_agents import pause
-from condmsg.demo_setup import Names, queue_depth, wait_for
-from condmsg.demo_stage import Stage, sleep_until
-from condmsg.demo_story import Clock
+from condmsg.demo.agents import pause
+from condmsg.demo.setup import Names, queue_depth, wait_for
+from condmsg.demo.stage import Stage, sleep_until
+from condmsg.demo.story import Clock
 from condmsg.evaluation import Verdict
 
 #: Example 2's seconds pass this many times faster in the demo.

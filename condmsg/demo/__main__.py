@@ -6,7 +6,7 @@ Spark audit of what happened.
     python -m condmsg.demo --timelines     (the examples as pure evaluation, no services)
 
 A sender (with its outbox relay) in this process; the evaluator service (``python -m
-evaluator``) and seven receivers (``python -m condmsg.demo_rx``, each with its own relay) as
+evaluator``) and seven receivers (``python -m condmsg.demo.rx``, each with its own relay) as
 processes of their own. The sender's store is the schema ``--schema`` of the PostgreSQL
 database (``CONDMSG_DB_URL`` if it is PostgreSQL, else ``CONDMSG_TEST_PG_URL``); the
 receivers' stores are schemas beside it; the schemas are reset at the start and kept for
@@ -29,13 +29,13 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from condmsg import demo_example1, demo_example2, demo_timelines
 from condmsg.amqp import connect
 from condmsg.cli import main as condmsg_main
 from condmsg.db import check_reachable, describe_db_url, make_engine
-from condmsg.demo_agents import OutcomeListener, RxProcess
-from condmsg.demo_audit import export_and_audit
-from condmsg.demo_setup import (
+from condmsg.demo import example1, example2, timelines
+from condmsg.demo.agents import OutcomeListener, RxProcess
+from condmsg.demo.audit import export_and_audit
+from condmsg.demo.setup import (
     DESTINATIONS,
     DemoError,
     Names,
@@ -49,8 +49,8 @@ from condmsg.demo_setup import (
     stop_process,
     wait_for,
 )
-from condmsg.demo_stage import Checks, Stage
-from condmsg.demo_story import Story
+from condmsg.demo.stage import Checks, Stage
+from condmsg.demo.story import Story
 from condmsg.errors import CondmsgError
 from condmsg.protocol import ack_queue
 from condmsg.sender import Sender
@@ -153,7 +153,7 @@ class LiveDemo:
                 story=self.story,
             )
 
-        attendees = {d: receiver(f"{d}/{who}", d, d) for d, who in demo_example1.RECIPIENTS.items()}
+        attendees = {d: receiver(f"{d}/{who}", d, d) for d, who in example1.RECIPIENTS.items()}
         # The controllers share one store: the first creates its tables before the others
         # start, so that they do not race on CREATE TABLE.
         controllers = [receiver("controller-1", "qcentral", "central")]
@@ -200,10 +200,10 @@ class LiveDemo:
         """Every scenario in turn; returns the CM each one is about, by name."""
         cm_ids: dict[str, str] = {}
         scenarios: list[tuple[str, Callable[[], str]]] = [
-            (f"Example 1, run {n}", partial(demo_example1.run, stage, n, spec))
-            for n, spec in enumerate(demo_example1.RUNS, 1)
+            (f"Example 1, run {n}", partial(example1.run, stage, n, spec))
+            for n, spec in enumerate(example1.RUNS, 1)
         ]
-        scenarios.append(("Example 2", partial(demo_example2.run, stage)))
+        scenarios.append(("Example 2", partial(example2.run, stage)))
         for name, scenario in scenarios:
             try:
                 cm_ids[name] = scenario()
@@ -231,7 +231,7 @@ class LiveDemo:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.timelines:
-        return demo_timelines.main()
+        return timelines.main()
     started = time.monotonic()
     demo = LiveDemo(args)
     try:

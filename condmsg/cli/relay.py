@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).info("relay started on table %s", args.table)
         relay.run()
         return 0
-    except outbox.OutboxError as exc:
+    except outbox.CondmsgError as exc:
         print(f"condmsg relay: {exc}", file=sys.stderr)
         return 2
     except sa.exc.ArgumentError as exc:

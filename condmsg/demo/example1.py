@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from condmsg.conditions import Condition, Destination, DestinationSet
-from condmsg.demo_agents import pause
-from condmsg.demo_setup import Names, queue_depth, wait_for
-from condmsg.demo_stage import Stage, sleep_until
-from condmsg.demo_story import Clock
+from condmsg.demo.agents import pause
+from condmsg.demo.setup import Names, queue_depth, wait_for
+from condmsg.demo.stage import Stage, sleep_until
+from condmsg.demo.story import Clock
 from condmsg.evaluation import Verdict
 from condmsg.sender_tables import AckStatus
 

@@ -1,4 +1,4 @@
-"""A receiver process of ``make demo``: ``python -m condmsg.demo_rx CONFIG_JSON``.
+"""A receiver process of ``make demo``: ``python -m condmsg.demo.rx CONFIG_JSON``.
 
 It is an application on top of ``ackd.Receiver``: one recipient reading one queue, with its
 store and outbox relay taken from the environment (``CONDMSG_DB_URL``, ``CONDMSG_AMQP_URL``,

@@ -1,5 +1,5 @@
 """The demo's participants as seen from the script: receiver processes it drives through
-their stdin (``condmsg.demo_rx``), and the sender's outcome queue it listens to."""
+their stdin (``condmsg.demo.rx``), and the sender's outcome queue it listens to."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from condmsg.demo_setup import wait_for
-from condmsg.demo_story import Story
+from condmsg.demo.setup import wait_for
+from condmsg.demo.story import Story
 from condmsg.errors import CondmsgError
 from condmsg.outcome import Outcome
 from condmsg.sender import Sender
@@ -40,7 +40,7 @@ class RxProcess:
         config = {"recipient": recipient, "queue": queue, "invalid": invalid_queue}
         log = (log_dir / f"rx-{label.replace('/', '-')}.log").open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "condmsg.demo_rx", json.dumps(config)],
+            [sys.executable, "-m", "condmsg.demo.rx", json.dumps(config)],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -12,11 +12,11 @@ import sqlalchemy as sa
 
 from condmsg import sender_tables as t
 from condmsg.acks import Ack, AckKind
-from condmsg.conditions import Condition
+from condmsg.cli.status_view import contradiction, render
+from condmsg.condition_codec import condition_from_json
 from condmsg.db import make_engine
 from condmsg.evaluation import evaluate
 from condmsg.settings import Settings
-from condmsg.status_view import contradiction, render
 from condmsg.timeutil import iso, utcnow
 
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     counted = t.AckStatus.COUNTED.value
     acks = [_ack(r) for r in rows if r.status == counted]
     late = [_ack(r) for r in rows if r.status != counted]
-    condition = Condition.from_json(cm.condition_json)
+    condition = condition_from_json(cm.condition_json)
     sent_at = _utc(cm.sent_at)
     assert sent_at is not None
     # A decided CM is shown as it was decided; a pending one as it stands now.

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 from condmsg import sender_tables as t
-from condmsg.demo_agents import OutcomeListener, RxProcess
-from condmsg.demo_setup import DemoError, Names, wait_for
-from condmsg.demo_story import Story
+from condmsg.demo.agents import OutcomeListener, RxProcess
+from condmsg.demo.setup import DemoError, Names, wait_for
+from condmsg.demo.story import Story
 from condmsg.outcome import Outcome
 from condmsg.sender import Sender
 

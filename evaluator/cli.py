@@ -1,4 +1,9 @@
-"""``condmsg evaluator``: run the evaluator service for one sender until SIGTERM/SIGINT."""
+"""Command line of the evaluator service, shared by ``condmsg evaluator`` and ``python -m
+evaluator``: run the service for one sender until SIGTERM/SIGINT.
+
+The service is imported when the command runs, so building the ``condmsg`` parser stays
+cheap. The retention policy options are here too: ``condmsg retention`` takes the same.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,48 @@ import logging
 import signal
 import threading
 from datetime import timedelta
+from pathlib import Path
 from types import FrameType
-from typing import Any
 
-from condmsg.commands.retention import add_policy_arguments
-from condmsg.settings import ENV_RETENTION_INTERVAL_S, Settings
+from condmsg.errors import ConfigError
+from condmsg.settings import (
+    ENV_ARCHIVE_DIR,
+    ENV_RETENTION,
+    ENV_RETENTION_INTERVAL_S,
+    Settings,
+    parse_duration,
+)
+
+HELP = "decide conditional messages of a sender (acks, timeouts, outcomes)"
 
 
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "evaluator", help="decide conditional messages of a sender (acks, timeouts, outcomes)"
+def duration(text: str) -> timedelta:
+    """An argparse ``type`` for durations such as ``7d`` (see :func:`parse_duration`)."""
+    try:
+        return parse_duration(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser, period: str) -> None:
+    """The retention period (option ``period``, stored as ``retention``) and ``--archive``."""
+    parser.add_argument(
+        period,
+        dest="retention",
+        type=duration,
+        metavar="DURATION",
+        help="archive, then delete, CMs decided longer ago than this, e.g. 7d "
+        f"(default: {ENV_RETENTION}; unset: keep everything)",
     )
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        metavar="DIR",
+        help=f"where retention writes its Parquet archives (default: {ENV_ARCHIVE_DIR})",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sender", required=True, help="the sender name whose acks to consume")
     parser.add_argument("--ack-grace-ms", type=int, help="default: CONDMSG_ACK_GRACE_MS or 250")
     parser.add_argument("--sweep-interval", type=float, default=1.0, help="seconds")
@@ -47,7 +83,6 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help=f"between retention passes (default: {ENV_RETENTION_INTERVAL_S} or 3600)",
     )
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,6 +1,10 @@
-"""The ``condmsg`` command line.
+"""The ``condmsg`` command line (``python -m condmsg.cli``, the ``condmsg`` script).
 
-Each subcommand lives in its own module under :mod:`condmsg.commands` and exposes
+Part of the application layer on top of the library: the commands start the services
+(the relay, the evaluator, retention, the audit), so this package and :mod:`condmsg.demo`
+are the only parts of ``condmsg`` that import them (DESIGN section 4).
+
+Each subcommand lives in its own module of this package and exposes
 ``register(subparsers)``; the module is imported only when the parser is built, so
 ``condmsg --help`` stays fast and a heavy dependency (pyspark) is loaded only by the
 command that needs it.
@@ -15,7 +19,7 @@ from collections.abc import Sequence
 
 from condmsg.errors import CondmsgError
 
-#: Modules under ``condmsg.commands`` that provide subcommands, in ``--help`` order.
+#: Modules of this package that provide subcommands, in ``--help`` order.
 COMMAND_MODULES = (
     "version",
     "check_services",
@@ -36,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        module = importlib.import_module(f"condmsg.commands.{name}")
+        module = importlib.import_module(f"condmsg.cli.{name}")
         module.register(subparsers)
     return parser
 
@@ -55,7 +59,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from condmsg.cli import main as condmsg_main
-from condmsg.demo_stage import Checks
-from condmsg.demo_story import Story
+from condmsg.demo.stage import Checks
+from condmsg.demo.story import Story
 
 #: Audit metrics shown in the demo's summary, in this order.
 SHOWN_METRICS = (

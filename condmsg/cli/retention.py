@@ -9,38 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from condmsg.errors import ConfigError
-from condmsg.settings import ENV_ARCHIVE_DIR, ENV_RETENTION, Settings, parse_duration
-
-
-def duration(text: str) -> timedelta:
-    """An argparse ``type`` for durations such as ``7d`` (see :func:`parse_duration`)."""
-    try:
-        return parse_duration(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def add_policy_arguments(parser: argparse.ArgumentParser, period: str) -> None:
-    """The retention period (option ``period``, stored as ``retention``) and ``--archive``."""
-    parser.add_argument(
-        period,
-        dest="retention",
-        type=duration,
-        metavar="DURATION",
-        help="archive, then delete, CMs decided longer ago than this, e.g. 7d "
-        f"(default: {ENV_RETENTION}; unset: keep everything)",
-    )
-    parser.add_argument(
-        "--archive",
-        type=Path,
-        metavar="DIR",
-        help=f"where retention writes its Parquet archives (default: {ENV_ARCHIVE_DIR})",
-    )
+from condmsg.settings import ENV_ARCHIVE_DIR, ENV_RETENTION, Settings
+from evaluator.cli import add_policy_arguments
 
 
 def register(subparsers: Any) -> None:

@@ -1,0 +1,7 @@
+"""``python -m condmsg.cli``: the same as the ``condmsg`` command."""
+
+import sys
+
+from condmsg.cli import main
+
+sys.exit(main())

@@ -1,1 +1,0 @@
-"""Subcommands of the ``condmsg`` CLI; each module exposes ``register(subparsers)``."""

@@ -1,0 +1,98 @@
+"""An intake worker process: an intake-only evaluator started by the service's
+:class:`evaluator.workers.IntakeWorkers` (``WORKER_COMMAND``).
+
+Its configuration is the first line of its stdin; end of file on stdin, SIGTERM or SIGINT
+make it finish the batches in hand and exit. It writes what each stored batch did as one
+JSON line on its stdout, which the service adds to its own metrics. This module is apart
+from :mod:`evaluator.workers` because it builds an :class:`Evaluator`, whose service starts
+the workers: the service imports the launcher, the worker imports the service.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from datetime import timedelta
+from typing import IO, Any
+
+from condmsg.errors import ConfigError
+from evaluator.service import Evaluator
+from evaluator.workers import WorkerConfig
+
+log = logging.getLogger(__name__)
+
+
+class _Reporter:
+    """Writes one report line per stored batch to the service (from any storing thread).
+    Once the service has gone (a broken pipe) it writes nothing more: the worker's leash
+    sees the end of its stdin and stops it."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def __call__(self, report: dict[str, Any]) -> None:
+        line = json.dumps(report, separators=(",", ":")) + "\n"
+        with self._lock:
+            if self._broken:
+                return
+            try:
+                self._out.write(line)
+                self._out.flush()
+            except (OSError, ValueError):
+                self._broken = True
+
+
+def main() -> int:
+    """A worker process: an intake-only evaluator until stdin closes or a signal comes."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("pika").setLevel(logging.WARNING)
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    line = sys.stdin.readline()
+    if not line:
+        return 0  # the service went away before saying anything
+    config = WorkerConfig(**json.loads(line))
+
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _s, _f: done.set())
+    signal.signal(signal.SIGINT, lambda _s, _f: done.set())
+
+    def leash() -> None:
+        sys.stdin.read()  # until the service closes it or dies
+        done.set()
+
+    service = Evaluator(
+        amqp_url=config.amqp_url,
+        db_url=config.db_url,
+        sender=config.sender,
+        secret=bytes.fromhex(config.secret_hex),
+        ack_grace=timedelta(milliseconds=config.ack_grace_ms),
+        clock_skew=timedelta(milliseconds=config.clock_skew_ms),
+        batch_size=config.batch_size,
+        prefetch=config.prefetch,
+        store_threads=config.store_threads,
+        relay=False,
+        sweeps=False,
+        instance=config.instance,
+        freeze_gc=True,  # a process of its own
+        report=_Reporter(sys.stdout),
+        create=False,  # the service made the store; a wrong URL must not make another
+    )
+    threading.Thread(target=leash, name="evaluator-worker-leash", daemon=True).start()
+    try:
+        if not service.wait_until_prepared(done):
+            return 0
+    except ConfigError as exc:
+        log.error("the intake worker cannot start: %s", exc)
+        return 1
+    service.start()
+    while not done.wait(1.0):
+        if not service.running:  # its thread died: exit, and the service starts another
+            log.error("the intake worker's service thread ended; exiting")
+            return 1
+    service.stop()
+    return 0

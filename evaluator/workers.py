@@ -221,7 +221,8 @@ def main() -> int:
     if not line:
         return 0  # the service went away before saying anything
     config = WorkerConfig(**json.loads(line))
-    from evaluator.service import Evaluator  # after the config: a bad line fails fast
+    from evaluator.config import EvaluatorConfig  # after the config: a bad line fails fast
+    from evaluator.service import Evaluator
 
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda _s, _f: done.set())
@@ -232,21 +233,23 @@ def main() -> int:
         done.set()
 
     service = Evaluator(
-        amqp_url=config.amqp_url,
-        db_url=config.db_url,
-        sender=config.sender,
-        secret=bytes.fromhex(config.secret_hex),
-        ack_grace=timedelta(milliseconds=config.ack_grace_ms),
-        clock_skew=timedelta(milliseconds=config.clock_skew_ms),
-        batch_size=config.batch_size,
-        prefetch=config.prefetch,
-        store_threads=config.store_threads,
-        relay=False,
-        sweeps=False,
-        instance=config.instance,
-        freeze_gc=True,  # a process of its own
+        EvaluatorConfig(
+            amqp_url=config.amqp_url,
+            db_url=config.db_url,
+            sender=config.sender,
+            secret=bytes.fromhex(config.secret_hex),
+            ack_grace=timedelta(milliseconds=config.ack_grace_ms),
+            clock_skew=timedelta(milliseconds=config.clock_skew_ms),
+            batch_size=config.batch_size,
+            prefetch=config.prefetch,
+            store_threads=config.store_threads,
+            relay=False,
+            sweeps=False,
+            instance=config.instance,
+            freeze_gc=True,  # a process of its own
+            create=False,  # the service made the store; a wrong URL must not make another
+        ),
         report=_Reporter(sys.stdout),
-        create=False,  # the service made the store; a wrong URL must not make another
     )
     threading.Thread(target=leash, name="evaluator-worker-leash", daemon=True).start()
     try:

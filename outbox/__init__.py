@@ -7,6 +7,7 @@ publisher confirms, at least once. See ``docs/outbox.md``.
 
 from __future__ import annotations
 
+from outbox.config import RelayConfig
 from outbox.enqueue import enqueue, enqueue_all, enqueue_fanouts, enqueue_many
 from outbox.errors import (
     BrokerUnavailable,
@@ -40,6 +41,7 @@ __all__ = [
     "COPY_HEADER",
     "ROW_ID_HEADER",
     "Relay",
+    "RelayConfig",
     "RelayMetrics",
     "RelayStats",
     # operating

@@ -33,7 +33,6 @@ from evaluator.config import EvaluatorConfig
 from evaluator.consume import consume_acks
 from evaluator.jobs import ScheduledJobs
 from evaluator.metrics import EvaluatorMetrics
-from evaluator.retention import RetentionPolicy
 from evaluator.sender_store import SenderStore
 from evaluator.workers import IntakeWorkers, WorkerConfig
 from outbox.config import RelayConfig
@@ -133,30 +132,14 @@ class Evaluator:
         if self._relay is not None:
             self._relay.wake()
 
-    @property
-    def retention(self) -> RetentionPolicy | None:
-        """What retention archives and deletes; None: the store keeps everything."""
-        return self.config.retention_policy
-
-    # -- the store ----------------------------------------------------------------------
-
-    @property
-    def secret(self) -> bytes:
-        """The key of the copies' tokens: the one given, else the store's."""
-        return self.store.secret
-
-    def prepare(self) -> None:
-        """Make the store ready once (its tables, the secret); raises if the database
-        cannot be reached (:meth:`run` retries)."""
-        self.store.prepare()
+    # -- lifecycle ----------------------------------------------------------------------
 
     def wait_until_prepared(self, stop: threading.Event | None = None) -> bool:
-        """:meth:`prepare`, retried with backoff while the database is unreachable; False
-        if the service was stopped (or ``stop`` set) meanwhile. A configuration error
-        (:class:`ConfigError`) is raised: no retry mends it."""
+        """Make the store ready (its tables, the secret), retried with backoff while the
+        database is unreachable; False if the service was stopped (or ``stop`` set)
+        meanwhile. A configuration error (:class:`ConfigError`) is raised: no retry
+        mends it."""
         return self.store.wait_until_prepared(stop)
-
-    # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> Evaluator:
         """Run in background threads until :meth:`stop`."""
@@ -207,7 +190,7 @@ class Evaluator:
         """The intake workers (with the store's secret), the relay and the scheduled jobs."""
         if self.workers is not None:
             self.workers.config = dataclasses.replace(
-                self.workers.config, secret_hex=self.secret.hex()
+                self.workers.config, secret_hex=self.store.secret.hex()
             )
             self.workers.start()
         if self._relay is not None:

@@ -8,10 +8,13 @@ import signal
 import threading
 from datetime import timedelta
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from condmsg.commands.retention import add_policy_arguments
 from condmsg.settings import ENV_RETENTION_INTERVAL_S
+
+if TYPE_CHECKING:
+    from evaluator.config import EvaluatorConfig
 
 
 def register(subparsers: Any) -> None:
@@ -50,12 +53,10 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def _config(args: argparse.Namespace) -> EvaluatorConfig:
+    """The command line's settings over the environment's."""
     from evaluator.config import EvaluatorConfig
-    from evaluator.service import Evaluator
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("pika").setLevel(logging.WARNING)
     # What the command line leaves out comes from the environment.
     given: dict[str, Any] = {
         name: value
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.ack_grace_ms is not None:
         given["ack_grace"] = timedelta(milliseconds=args.ack_grace_ms)
-    config = EvaluatorConfig.from_env(
+    return EvaluatorConfig.from_env(
         sender=args.sender,
         sweep_interval_s=args.sweep_interval,
         batch_size=args.batch_size,
@@ -78,7 +79,14 @@ def run(args: argparse.Namespace) -> int:
         freeze_gc=True,  # this process is the service's own
         **given,
     )
-    service = Evaluator(config)
+
+
+def run(args: argparse.Namespace) -> int:
+    from evaluator.service import Evaluator
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("pika").setLevel(logging.WARNING)
+    service = Evaluator(_config(args))
     if args.metrics_port is not None:
         from prometheus_client import start_http_server
 

@@ -47,6 +47,7 @@ from condmsg.outcome import Outcome
 from condmsg.sender import Outgoing, Sender
 from condmsg.settings import DEFAULT_ACK_GRACE
 from condmsg.timeutil import utcnow
+from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 
 PG_URL = os.environ.get("CONDMSG_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -175,17 +176,19 @@ def intake(db_url: str, sender_name: str, queue: str, n: int, processes: int) ->
     _publish(channel, ack_queue, bodies)
     connection.close()
     service = Evaluator(
-        freeze_gc=True,  # as `condmsg evaluator` runs it: a process of its own
-        amqp_url=AMQP_URL,
-        sender=sender_name,
+        EvaluatorConfig(
+            freeze_gc=True,  # as `condmsg evaluator` runs it: a process of its own
+            amqp_url=AMQP_URL,
+            sender=sender_name,
+            db_url=db_url,  # for the intake workers, which connect themselves
+            secret=SECRET,
+            relay=False,
+            batch_size=BATCH,
+            prefetch=PREFETCH,
+            sweep_interval_s=3600,
+            intake_processes=processes,
+        ),
         engine=engine,
-        db_url=db_url,  # for the intake workers, which connect themselves
-        secret=SECRET,
-        relay=False,
-        batch_size=BATCH,
-        prefetch=PREFETCH,
-        sweep_interval_s=3600,
-        intake_processes=processes,
     )
 
     def stored() -> float:
@@ -252,12 +255,14 @@ def latencies(
     sender = Sender(amqp_url=AMQP_URL, engine=engine, name=sender_name, secret=SECRET)
     watcher = OutcomeWatcher(sender_name)
     service = Evaluator(
-        freeze_gc=True,  # as `condmsg evaluator` runs it: a process of its own
-        amqp_url=AMQP_URL,
-        sender=sender_name,
+        EvaluatorConfig(
+            freeze_gc=True,  # as `condmsg evaluator` runs it: a process of its own
+            amqp_url=AMQP_URL,
+            sender=sender_name,
+            secret=SECRET,
+            sweep_interval_s=sweep_interval_s,
+        ),
         engine=engine,
-        secret=SECRET,
-        sweep_interval_s=sweep_interval_s,
     ).start()
     receiver = Receiver(amqp_url=AMQP_URL, db_url=rx_url, recipient="bench")
     rx_relay = receiver.start_relay()
@@ -295,7 +300,7 @@ def latencies(
             assert watcher.outcomes[cm_id].verdict.value == "violated"
             sent_at = sent[cm_id]
             sent_at = sent_at if sent_at.tzinfo else sent_at.replace(tzinfo=UTC)
-            due = (sent_at + window + service.ack_grace).timestamp()
+            due = (sent_at + window + service.config.ack_grace).timestamp()
             lateness_ms.append((watcher.arrived[cm_id] - due) * 1000)
     finally:
         rx_relay.stop()
@@ -340,13 +345,15 @@ def sweep_time(db_url: str, sender_name: str, queue: str, pending: int, rounds: 
         clock=lambda: past,
     )
     service = Evaluator(
-        freeze_gc=True,  # as `condmsg evaluator` runs it: a process of its own
-        amqp_url=AMQP_URL,
-        sender=sender_name,
+        EvaluatorConfig(
+            freeze_gc=True,  # as `condmsg evaluator` runs it: a process of its own
+            amqp_url=AMQP_URL,
+            sender=sender_name,
+            secret=SECRET,
+            relay=False,
+            sweep_batch=SWEEP_BATCH,
+        ),
         engine=engine,
-        secret=SECRET,
-        relay=False,
-        sweep_batch=SWEEP_BATCH,
     )
     times = []
     for _ in range(rounds + 1):

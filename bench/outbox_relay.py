@@ -168,7 +168,7 @@ def latency(db_url: str, queue: str) -> dict[str, float]:
     consumer.start()
     consumer.ready.wait(10)
     commits: dict[int, float] = {}
-    relay = outbox.Relay(engine, AMQP_URL).start()
+    relay = outbox.Relay(engine, outbox.RelayConfig(amqp_url=AMQP_URL)).start()
     try:
         time.sleep(0.5)  # let the relay connect and LISTEN before the clock starts
         total = int(RATE * DURATION_S)
@@ -219,7 +219,10 @@ def main() -> None:
             channel.queue_purge(queue)
             log("outbox relay draining the backlog ...")
             relay = outbox.Relay(
-                engine, AMQP_URL, batch_size=BATCH, max_batches_in_flight=IN_FLIGHT
+                engine,
+                outbox.RelayConfig(
+                    amqp_url=AMQP_URL, batch_size=BATCH, max_batches_in_flight=IN_FLIGHT
+                ),
             )
             with timed() as sw:
                 stats = relay.run_until_idle(timeout_s=300)

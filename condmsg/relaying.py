@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from outbox.config import RelayConfig
 from outbox.relay import Relay
 
 
@@ -20,15 +22,16 @@ class OwnsOutbox:
     def _relay_name(self) -> str:
         raise NotImplementedError
 
-    def relay(self, **options: Any) -> Relay:
+    def relay(self, **settings: Any) -> Relay:
         """An in-process relay for this store's outbox, not started yet.
 
         ``with x.relay() as relay:`` runs it in a background thread for the block;
-        ``condmsg relay`` is the stand-alone alternative. Options go to ``outbox.Relay``.
+        ``condmsg relay`` is the stand-alone alternative. ``settings`` are
+        :class:`outbox.RelayConfig` fields beyond this store's broker and relay name.
         """
-        options.setdefault("connection_name", self._relay_name)
-        return Relay(self.engine, self.amqp_url, **options)
+        config = RelayConfig(amqp_url=self.amqp_url, connection_name=self._relay_name)
+        return Relay(self.engine, dataclasses.replace(config, **settings))
 
-    def start_relay(self, **options: Any) -> Relay:
+    def start_relay(self, **settings: Any) -> Relay:
         """Start :meth:`relay` in a background thread; call ``stop()`` when done."""
-        return self.relay(**options).start()
+        return self.relay(**settings).start()

@@ -14,15 +14,18 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from condmsg.errors import ConfigError
 from condmsg.settings import (
     ENV_ARCHIVE_DIR,
     ENV_RETENTION,
     ENV_RETENTION_INTERVAL_S,
-    Settings,
     parse_duration,
 )
+
+if TYPE_CHECKING:
+    from evaluator.config import EvaluatorConfig
 
 HELP = "decide conditional messages of a sender (acks, timeouts, outcomes)"
 
@@ -85,34 +88,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from evaluator.service import Evaluator
+def _config(args: argparse.Namespace) -> EvaluatorConfig:
+    """The command line's settings over the environment's."""
+    from evaluator.config import EvaluatorConfig
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("pika").setLevel(logging.WARNING)
-    settings = Settings.from_env()
-    grace = (
-        timedelta(milliseconds=args.ack_grace_ms)
-        if args.ack_grace_ms is not None
-        else settings.ack_grace
-    )
-    service = Evaluator(
-        amqp_url=settings.amqp_url,
-        db_url=settings.db_url,
+    # What the command line leaves out comes from the environment.
+    given: dict[str, Any] = {
+        name: value
+        for name, value in [
+            ("retention", args.retention),
+            ("retention_archive", args.archive),
+            ("retention_interval_s", args.retention_interval),
+        ]
+        if value
+    }
+    if args.ack_grace_ms is not None:
+        given["ack_grace"] = timedelta(milliseconds=args.ack_grace_ms)
+    return EvaluatorConfig.from_env(
         sender=args.sender,
-        secret=settings.secret,
-        ack_grace=grace,
-        clock_skew=settings.clock_skew,
         sweep_interval_s=args.sweep_interval,
         batch_size=args.batch_size,
         store_threads=args.store_threads,
         intake_processes=args.intake_processes,
         relay=not args.no_relay,
-        retention=args.retention or settings.retention,
-        retention_archive=args.archive or settings.archive_dir,
-        retention_interval_s=args.retention_interval or settings.retention_interval_s,
         freeze_gc=True,  # this process is the service's own
+        **given,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    from evaluator.service import Evaluator
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("pika").setLevel(logging.WARNING)
+    service = Evaluator(_config(args))
     if args.metrics_port is not None:
         from prometheus_client import start_http_server
 

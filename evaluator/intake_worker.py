@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import IO, Any
 
 from condmsg.errors import ConfigError
+from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from evaluator.workers import WorkerConfig
 
@@ -66,21 +67,23 @@ def main() -> int:
         done.set()
 
     service = Evaluator(
-        amqp_url=config.amqp_url,
-        db_url=config.db_url,
-        sender=config.sender,
-        secret=bytes.fromhex(config.secret_hex),
-        ack_grace=timedelta(milliseconds=config.ack_grace_ms),
-        clock_skew=timedelta(milliseconds=config.clock_skew_ms),
-        batch_size=config.batch_size,
-        prefetch=config.prefetch,
-        store_threads=config.store_threads,
-        relay=False,
-        sweeps=False,
-        instance=config.instance,
-        freeze_gc=True,  # a process of its own
+        EvaluatorConfig(
+            amqp_url=config.amqp_url,
+            db_url=config.db_url,
+            sender=config.sender,
+            secret=bytes.fromhex(config.secret_hex),
+            ack_grace=timedelta(milliseconds=config.ack_grace_ms),
+            clock_skew=timedelta(milliseconds=config.clock_skew_ms),
+            batch_size=config.batch_size,
+            prefetch=config.prefetch,
+            store_threads=config.store_threads,
+            relay=False,
+            sweeps=False,
+            instance=config.instance,
+            freeze_gc=True,  # a process of its own
+            create=False,  # the service made the store; a wrong URL must not make another
+        ),
         report=_Reporter(sys.stdout),
-        create=False,  # the service made the store; a wrong URL must not make another
     )
     threading.Thread(target=leash, name="evaluator-worker-leash", daemon=True).start()
     try:

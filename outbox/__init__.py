@@ -25,6 +25,7 @@ from outbox.errors import (
 )
 
 if TYPE_CHECKING:
+    from outbox.config import RelayConfig
     from outbox.enqueueing import enqueue, enqueue_all, enqueue_fanouts, enqueue_many
     from outbox.message import Fanout, OutboxMessage, StoredMessage
     from outbox.metrics import RelayMetrics
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 _DEFINED_IN = {
     **dict.fromkeys(("enqueue", "enqueue_all", "enqueue_fanouts", "enqueue_many"), "enqueueing"),
     **dict.fromkeys(("Fanout", "OutboxMessage", "StoredMessage"), "message"),
+    "RelayConfig": "config",
     "RelayMetrics": "metrics",
     **dict.fromkeys(("COPY_HEADER", "ROW_ID_HEADER"), "publisher"),
     **dict.fromkeys(("Relay", "RelayStats"), "relay"),
@@ -71,6 +73,7 @@ __all__ = [
     "COPY_HEADER",
     "ROW_ID_HEADER",
     "Relay",
+    "RelayConfig",
     "RelayMetrics",
     "RelayStats",
     # operating

@@ -28,12 +28,12 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 
 from outbox.backoff import Backoff, retry_delay_s
+from outbox.config import RelayConfig
 from outbox.errors import BrokerError, OutboxError, OutboxTimeout, StoreError
 from outbox.metrics import RelayMetrics
 from outbox.notify import Listener
 from outbox.publisher import PendingBatch, Publisher
 from outbox.store import Claim, Key, OutboxStatus, OutboxStore
-from outbox.table import DEFAULT_TABLE_NAME
 
 log = logging.getLogger(__name__)
 
@@ -63,50 +63,22 @@ class Relay:
 
     Run it in the background (``start()``/``stop()`` or ``with Relay(...)``), in the
     current thread until ``stop()`` (``run()``), or until nothing is left to publish
-    (``run_until_idle()``; ``drain()`` waits for that on a started relay). Durations are in
-    seconds. ``poll_interval_s`` defaults to 1 s where NOTIFY wakes the relay (PostgreSQL)
-    and 0.25 s where only polling does (SQLite; call :meth:`wake` after a commit for less).
+    (``run_until_idle()``; ``drain()`` waits for that on a started relay). Its settings
+    are a :class:`RelayConfig`; ``registry`` receives its metrics. Where only polling
+    wakes it (SQLite), call :meth:`wake` after a commit.
     """
 
     def __init__(
-        self,
-        engine: Engine,
-        amqp_url: str,
-        *,
-        table_name: str = DEFAULT_TABLE_NAME,
-        batch_size: int = 500,
-        max_batches_in_flight: int = 4,
-        poll_interval_s: float | None = None,
-        listen: bool = True,
-        lease_timeout_s: float = 60.0,
-        confirm_timeout_s: float = 30.0,
-        max_attempts: int = 10,
-        retry_initial_s: float = 1.0,
-        retry_max_s: float = 300.0,
-        rescan_interval_s: float = 2.0,
-        status_interval_s: float = 5.0,
-        stop_timeout_s: float = 10.0,
-        registry: CollectorRegistry | None = None,
-        connection_name: str = "outbox-relay",
+        self, engine: Engine, config: RelayConfig, *, registry: CollectorRegistry | None = None
     ) -> None:
-        if batch_size < 1 or max_batches_in_flight < 1:
-            raise ValueError("batch_size and max_batches_in_flight must be at least 1")
-        self.store = OutboxStore(engine, table_name=table_name, lease_timeout_s=lease_timeout_s)
-        self.amqp_url = amqp_url
-        self.batch_size = batch_size
-        self.max_batches_in_flight = max_batches_in_flight
-        self.listen = listen and self.store.locking
-        self.poll_interval_s = poll_interval_s or (1.0 if self.listen else 0.25)
-        self.confirm_timeout_s = confirm_timeout_s
-        self.max_attempts = max_attempts
-        self.retry_initial_s = retry_initial_s
-        self.retry_max_s = retry_max_s
-        self.rescan_interval_s = rescan_interval_s
-        self.status_interval_s = status_interval_s
-        self.stop_timeout_s = stop_timeout_s
-        self.connection_name = connection_name
+        self.config = config
+        self.store = OutboxStore(
+            engine, table_name=config.table_name, lease_timeout_s=config.lease_timeout_s
+        )
+        self.listen = config.listen and self.store.locking
+        self.poll_interval_s = config.poll_interval_s or (1.0 if self.listen else 0.25)
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = RelayMetrics(self.registry, table=table_name)
+        self.metrics = RelayMetrics(self.registry, table=config.table_name)
 
         self._wake_event = threading.Event()
         self._stop_event = threading.Event()
@@ -159,7 +131,7 @@ class Relay:
         self._wake_event.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s if timeout_s is not None else self.stop_timeout_s + 15.0)
+            thread.join(timeout_s if timeout_s is not None else self.config.stop_timeout_s + 15.0)
 
     def __enter__(self) -> Relay:
         return self.start()
@@ -297,9 +269,9 @@ class Relay:
             return False
         try:
             self._publisher = Publisher(
-                self.amqp_url,
+                self.config.amqp_url,
                 on_done=self._wake_event.set,
-                connection_name=self.connection_name,
+                connection_name=self.config.connection_name,
             ).start()
         except BrokerError as exc:
             self._note_error(str(exc))
@@ -318,7 +290,8 @@ class Relay:
     def _claim_more(self) -> None:
         publisher = self._publisher
         assert publisher is not None
-        while len(self._inflight) < self.max_batches_in_flight and not self._stop_event.is_set():
+        most = self.config.max_batches_in_flight
+        while len(self._inflight) < most and not self._stop_event.is_set():
             now = time.monotonic()
             if now < self._next_claim_at:
                 return
@@ -332,13 +305,13 @@ class Relay:
                 self._rescan = True
             if not (wanted or proving):
                 return
-            if now - self._last_rescan_at >= self.rescan_interval_s:
+            if now - self._last_rescan_at >= self.config.rescan_interval_s:
                 self._rescan = True
             if self._rescan and self._cursor and (self.store.locking or not self._inflight):
                 self._cursor = 0
             from_head = self._cursor == 0
             try:
-                claim = self.store.claim(self.batch_size, after_id=self._cursor)
+                claim = self.store.claim(self.config.batch_size, after_id=self._cursor)
             except StoreError as exc:
                 self._note_error(str(exc))
                 self._next_claim_at = now + self._store_backoff.next_delay()
@@ -349,7 +322,7 @@ class Relay:
                 self._rescan = False
                 self._last_rescan_at = now
                 self._next_poll_at = now + self.poll_interval_s
-            self._more = len(claim.rows) == self.batch_size
+            self._more = len(claim.rows) == self.config.batch_size
             if not claim.rows:
                 if from_head and not self._inflight:
                     with self._cond:
@@ -391,12 +364,12 @@ class Relay:
         attempts = {row.id: row.attempts for row in claim.rows}
         for key, reason in result.nacked.items():
             tries = attempts[key[0]] + 1
-            if tries >= self.max_attempts:
+            if tries >= self.config.max_attempts:
                 parked[key] = f"{reason}; gave up after {tries} attempts"
                 self.metrics.failed_nacked.inc()
             else:
                 delay = retry_delay_s(
-                    tries, initial_s=self.retry_initial_s, maximum_s=self.retry_max_s
+                    tries, initial_s=self.config.retry_initial_s, maximum_s=self.config.retry_max_s
                 )
                 retry[key] = (reason, now + timedelta(seconds=delay))
         try:
@@ -421,9 +394,9 @@ class Relay:
         if not self._inflight or self._publisher is None:
             return
         _, oldest = self._inflight[0]
-        if time.monotonic() - oldest.submitted_at > self.confirm_timeout_s:
+        if time.monotonic() - oldest.submitted_at > self.config.confirm_timeout_s:
             self._publisher.abort(
-                f"no publisher confirm from RabbitMQ within {self.confirm_timeout_s:g} s "
+                f"no publisher confirm from RabbitMQ within {self.config.confirm_timeout_s:g} s "
                 "(is the broker blocked by a resource alarm?); reconnecting"
             )
 
@@ -431,7 +404,7 @@ class Relay:
         now = time.monotonic()
         if now < self._next_status_at:
             return
-        self._next_status_at = now + self.status_interval_s
+        self._next_status_at = now + self.config.status_interval_s
         try:
             status = self.store.status()
         except StoreError as exc:
@@ -443,7 +416,7 @@ class Relay:
         self.metrics.oldest_pending_age.set(status.oldest_pending_age_s or 0.0)
 
     def _close(self) -> None:
-        deadline = time.monotonic() + self.stop_timeout_s
+        deadline = time.monotonic() + self.config.stop_timeout_s
         while self._inflight and time.monotonic() < deadline:
             self._settle_done()
             if self._inflight:

@@ -89,13 +89,12 @@ def run(args: argparse.Namespace) -> int:
         if args.status:
             _print_status(store)
             return 0
-        relay = outbox.Relay(
-            engine,
-            settings.amqp_url,
+        config = outbox.RelayConfig.from_env(
             table_name=args.table,
             batch_size=args.batch_size,
             max_batches_in_flight=args.batches_in_flight,
         )
+        relay = outbox.Relay(engine, config)
         if args.metrics_port is not None:
             from prometheus_client import start_http_server
 

@@ -35,6 +35,7 @@ from condmsg import protocol as p
 from condmsg import sender_tables as t
 from condmsg.acks import AckKind
 from condmsg.timeutil import utcnow
+from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from tests.integration.condmsg_helpers import SECRET
 
@@ -63,13 +64,15 @@ def rig(pg_url: str, unique_name: str, make_sender: Any, amqp_url: str) -> Itera
     name = unique_name.replace(".", "-")
     sender = make_sender(pg_url, name)
     evaluator = Evaluator(
-        amqp_url=amqp_url,
-        sender=name,
+        EvaluatorConfig(
+            amqp_url=amqp_url,
+            sender=name,
+            secret=SECRET,
+            batch_size=50,
+            prefetch=100,
+            sweep_interval_s=0.5,
+        ),
         engine=sender.engine,
-        secret=SECRET,
-        batch_size=50,
-        prefetch=100,
-        sweep_interval_s=0.5,
     )
     connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
     channel = connection.channel()

@@ -26,6 +26,7 @@ from condmsg.outcome import Outcome
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_service_queue
 from evaluator import store as evaluator_store
+from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from outbox.table import outbox_table
 
@@ -99,13 +100,15 @@ def test_a_batch_that_waited_for_the_locks_decides_after_the_one_it_waited_for(
 
     monkeypatch.setattr(evaluator_store, "load_cms", held_back)
     evaluator = Evaluator(
-        amqp_url="amqp://unused",
-        sender=s.name,
+        EvaluatorConfig(
+            amqp_url="amqp://unused",
+            sender=s.name,
+            secret=SECRET,
+            ack_grace=GRACE,
+            relay=False,
+            sweeps=False,
+        ),
         engine=s.engine,
-        secret=SECRET,
-        ack_grace=GRACE,
-        relay=False,
-        sweeps=False,
     )
     decided: list[int] = []
     b = threading.Thread(
@@ -156,16 +159,18 @@ def test_decisions_of_racing_storing_threads_and_sweeps_are_reproducible(
         Destination(f"{q}.b", pickup_within=timedelta(milliseconds=1500)),
     )
     service = Evaluator(
-        amqp_url=amqp_url,
-        sender=name,
+        EvaluatorConfig(
+            amqp_url=amqp_url,
+            sender=name,
+            secret=SECRET,
+            ack_grace=timedelta(milliseconds=50),
+            relay=False,
+            batch_size=3,
+            prefetch=12,
+            store_threads=2,
+            sweep_interval_s=0.05,
+        ),
         engine=sender.engine,
-        secret=SECRET,
-        ack_grace=timedelta(milliseconds=50),
-        relay=False,
-        batch_size=3,
-        prefetch=12,
-        store_threads=2,
-        sweep_interval_s=0.05,
     )
     count = 60
     with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:

@@ -19,6 +19,7 @@ from condmsg import Destination, DestinationSet, Verdict
 from condmsg import protocol as p
 from condmsg import sender_tables as t
 from condmsg.protocol import MessageKind
+from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 
 from .condmsg_helpers import SECRET, get_all, wait_for
@@ -43,12 +44,14 @@ def world(pg_url: str, unique_name: str, make_sender: Any, make_receiver: Any) -
     name = unique_name.replace(".", "-")
     sender = make_sender(pg_url, name)
     evaluator = Evaluator(
-        amqp_url=sender.amqp_url,
-        sender=name,
-        db_url=pg_url,
-        secret=SECRET,
-        ack_grace=timedelta(milliseconds=100),
-        sweep_interval_s=0.1,
+        EvaluatorConfig(
+            amqp_url=sender.amqp_url,
+            sender=name,
+            db_url=pg_url,
+            secret=SECRET,
+            ack_grace=timedelta(milliseconds=100),
+            sweep_interval_s=0.1,
+        )
     ).start()
     try:
         yield World(sender, evaluator, lambda q: f"{unique_name}.{q}", make_receiver, name, pg_url)

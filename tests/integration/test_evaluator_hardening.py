@@ -29,7 +29,9 @@ from condmsg.cli import main as cli
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_service_queue
 from evaluator import store as evaluator_store
-from evaluator.service import Evaluator, is_transient
+from evaluator.config import EvaluatorConfig
+from evaluator.failures import is_transient
+from evaluator.service import Evaluator
 from outbox.table import outbox_table
 
 from . import test_evaluator_intake as intake_tests
@@ -76,14 +78,16 @@ def test_poison_acks_never_hold_back_the_genuine_ones(
         ack(cms[1], "d" * 300, now),
     ]
     service = Evaluator(
-        amqp_url=amqp_url,
-        sender=s.name,
+        EvaluatorConfig(
+            amqp_url=amqp_url,
+            sender=s.name,
+            secret=SECRET,
+            batch_size=20,
+            prefetch=40,
+            sweep_interval_s=3600,
+        ),
         engine=s.engine,
-        secret=SECRET,
         clock=s.clock,
-        batch_size=20,
-        prefetch=40,
-        sweep_interval_s=3600,
     )
     with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
         channel = connection.channel()
@@ -151,7 +155,7 @@ def test_a_batch_failing_for_one_message_is_stored_in_halves(
 
     monkeypatch.setattr(evaluator_store, "insert_acks", failing_insert)
     evaluator = s.evaluator()
-    assert evaluator._store(bodies)
+    assert evaluator.batches.store(bodies)
     assert len(tries) <= 5  # log2(16) + 1: 16, 8, 4, 2, 1
     states = {r.cm_id: r.state for r in s.rows(t.cms)}
     assert [c for c in cms if states[c] != "satisfied"] == [cms[5]]
@@ -192,14 +196,14 @@ def test_a_batch_failing_because_the_database_is_away_is_retried_whole(
 
     monkeypatch.setattr(evaluator_store, "insert_acks", blinking_insert)
     evaluator = s.evaluator()
-    first_delay = evaluator._retries.next_delay
-    assert not evaluator._store(bodies)
-    evaluator._retries.wait()  # what the storing thread does before handing it back
-    assert evaluator._retries.next_delay == 2 * first_delay
-    assert not evaluator._store(bodies)
+    first_delay = evaluator.batches.retries.next_delay
+    assert not evaluator.batches.store(bodies)
+    evaluator.batches.retries.wait()  # what the storing thread does before handing it back
+    assert evaluator.batches.retries.next_delay == 2 * first_delay
+    assert not evaluator.batches.store(bodies)
     assert tries == [4, 4]  # never split
-    assert evaluator._store(bodies)
-    assert evaluator._retries.next_delay == first_delay
+    assert evaluator.batches.store(bodies)
+    assert evaluator.batches.retries.next_delay == first_delay
     assert not _dead_letters(s)
     assert {r.state for r in s.rows(t.cms)} == {"satisfied"}
 

@@ -27,7 +27,9 @@ from condmsg.acks import AckKind
 from condmsg.outcome import Outcome
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_service_queue
-from evaluator.service import Evaluator, InOrder
+from evaluator.config import EvaluatorConfig
+from evaluator.consume import InOrder
+from evaluator.service import Evaluator
 from outbox.table import outbox_table
 
 from .condmsg_helpers import SECRET, Clock, ack_body, wait_for
@@ -47,15 +49,17 @@ class Store:
 
     def evaluator(self, instance: str = "ev-1", **options: Any) -> Evaluator:
         return Evaluator(
-            amqp_url=self.sender.amqp_url,
-            sender=self.name,
+            EvaluatorConfig(
+                amqp_url=self.sender.amqp_url,
+                sender=self.name,
+                secret=SECRET,
+                ack_grace=GRACE,
+                relay=False,
+                instance=instance,
+                **options,
+            ),
             engine=self.engine,
-            secret=SECRET,
-            ack_grace=GRACE,
-            relay=False,
             clock=self.clock,
-            instance=instance,
-            **options,
         )
 
     def rows(self, table: sa.Table, *where: Any) -> list[Any]:
@@ -247,15 +251,17 @@ def test_the_service_takes_in_a_stream_of_small_batches(
     cms = [sender.send(b"x", quick) for _ in range(150)]
     now = utcnow()
     service = Evaluator(
-        amqp_url=amqp_url,
-        sender=name,
+        EvaluatorConfig(
+            amqp_url=amqp_url,
+            sender=name,
+            secret=SECRET,
+            relay=False,
+            batch_size=8,
+            prefetch=16,
+            store_threads=2,
+            sweep_interval_s=3600,
+        ),
         engine=sender.engine,
-        secret=SECRET,
-        relay=False,
-        batch_size=8,
-        prefetch=16,
-        store_threads=2,
-        sweep_interval_s=3600,
     )
     with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
         channel = connection.channel()

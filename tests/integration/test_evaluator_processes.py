@@ -1,4 +1,4 @@
-"""Intake processes (``Evaluator(intake_processes=N)``) on the real PostgreSQL and RabbitMQ:
+"""Intake processes (``EvaluatorConfig(intake_processes=N)``) on the real PostgreSQL and RabbitMQ:
 the workers take in acks beside the service, report into its metrics, come back when
 killed, and stop with it."""
 
@@ -23,6 +23,7 @@ from condmsg import sender_tables as t
 from condmsg.outcome import Outcome
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_service_queue
+from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from evaluator.workers import WORKER_COMMAND, WorkerConfig
 from outbox.table import outbox_table
@@ -56,17 +57,19 @@ class Run:
         quick = Destination(self.queue, pickup_within=timedelta(minutes=1))
         self.cms = [self.sender.send(b"x", quick) for _ in range(n)]
         self.service = Evaluator(
-            amqp_url=amqp_url,
-            sender=self.name,
-            db_url=pg_url,  # the workers connect to it
+            EvaluatorConfig(
+                amqp_url=amqp_url,
+                sender=self.name,
+                db_url=pg_url,  # the workers connect to it
+                secret=SECRET,
+                relay=False,
+                batch_size=10,
+                prefetch=20,
+                sweep_interval_s=3600,
+                instance="ev-main",
+                intake_processes=2,
+            ),
             engine=self.sender.engine,
-            secret=SECRET,
-            relay=False,
-            batch_size=10,
-            prefetch=20,
-            sweep_interval_s=3600,
-            instance="ev-main",
-            intake_processes=2,
         )
         self.connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
         self.channel = self.connection.channel()

@@ -28,6 +28,7 @@ from condmsg import protocol as p
 from condmsg import sender_tables as t
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_service_queue
+from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 
 from .condmsg_helpers import SECRET, ack_body, wait_for
@@ -124,14 +125,16 @@ def test_an_evaluator_started_while_the_database_is_down_waits_for_it(
     cm = sender.send(b"x", Destination(q, pickup_within=timedelta(minutes=1)))
     # The trust authentication ignores the password: it is there to be hidden in the log.
     service = Evaluator(
-        amqp_url=amqp_url,
-        sender=name,
-        db_url=_through(pg_url, proxy.port, password="s3cret"),
-        secret=SECRET,
-        relay=False,
-        sweep_interval_s=3600,
+        EvaluatorConfig(
+            amqp_url=amqp_url,
+            sender=name,
+            db_url=_through(pg_url, proxy.port, password="s3cret"),
+            secret=SECRET,
+            relay=False,
+            sweep_interval_s=3600,
+        )
     )
-    caplog.set_level(logging.WARNING, logger="evaluator.service")
+    caplog.set_level(logging.WARNING, logger="evaluator.sender_store")
     with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
         channel = connection.channel()
         declare_service_queue(channel, p.ack_queue(name))

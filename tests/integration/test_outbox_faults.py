@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-from outbox import OutboxMessage, Relay
+from outbox import OutboxMessage, Relay, RelayConfig
 
 from .outbox_helpers import Collector, TcpProxy, declare_queues, delete_queues, wait_until
 
@@ -59,7 +59,7 @@ def test_broker_down_is_reported_and_retried(
     outbox.create_tables(engine)
     ids = fill(engine, queue, 300)
     collector = Collector(amqp_url, [queue])
-    relay = Relay(engine, proxy.url(amqp_url))
+    relay = Relay(engine, RelayConfig(amqp_url=proxy.url(amqp_url)))
     try:
         with relay:
             error = wait_until(lambda: relay.stats().last_error, 10, "an error reported")
@@ -87,7 +87,9 @@ def test_connection_broken_mid_batch_loses_nothing(
     ids = fill(engine, queue, 8000)
     collector = Collector(amqp_url, [queue])
     proxy.up()
-    relay = Relay(engine, proxy.url(amqp_url), batch_size=200, max_batches_in_flight=4)
+    relay = Relay(
+        engine, RelayConfig(amqp_url=proxy.url(amqp_url), batch_size=200, max_batches_in_flight=4)
+    )
     try:
         with relay:
             wait_until(lambda: len(collector.ids()) >= 1000, 30, "first deliveries")
@@ -110,8 +112,10 @@ def test_two_relays_share_one_postgres_backlog(pg_url: str, amqp_url: str, queue
     outbox.create_tables(engine)
     ids = fill(engine, queue, 6000)
     collector = Collector(amqp_url, [queue])
-    first = Relay(engine, amqp_url, batch_size=100, connection_name="relay-1")
-    second = Relay(engine, amqp_url, batch_size=100, connection_name="relay-2")
+    first = Relay(engine, RelayConfig(amqp_url=amqp_url, batch_size=100, connection_name="relay-1"))
+    second = Relay(
+        engine, RelayConfig(amqp_url=amqp_url, batch_size=100, connection_name="relay-2")
+    )
     try:
         with first, second:
             collector.wait_for(ids, timeout=60)

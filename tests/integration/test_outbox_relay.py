@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session
 
 import outbox
-from outbox import OutboxMessage, OutboxStore, Relay
+from outbox import OutboxMessage, OutboxStore, Relay, RelayConfig
 from outbox.enqueueing import enqueue_fanouts
 from outbox.publisher import COPY_HEADER, ROW_ID_HEADER
 
@@ -81,7 +81,7 @@ def test_every_row_is_published_once_with_its_properties_and_deleted(
     collector = Collector(amqp_url, [q])
     registry = CollectorRegistry()
     try:
-        relay = Relay(engine, amqp_url, batch_size=100, registry=registry)
+        relay = Relay(engine, RelayConfig(amqp_url=amqp_url, batch_size=100), registry=registry)
         stats = relay.run_until_idle(timeout_s=30)
         collector.wait_for(ids)
         assert sorted(collector.ids(q)) == ids  # each exactly once
@@ -119,7 +119,9 @@ def test_fifo_per_relay_and_queue(engine: sa.Engine, amqp_url: str, queues: list
             )
     collector = Collector(amqp_url, queues)
     try:
-        Relay(engine, amqp_url, batch_size=64, max_batches_in_flight=3).run_until_idle(30)
+        Relay(
+            engine, RelayConfig(amqp_url=amqp_url, batch_size=64, max_batches_in_flight=3)
+        ).run_until_idle(30)
         collector.wait_for(ids)
         for q in queues:
             got = collector.ids(q)
@@ -141,7 +143,7 @@ def test_bad_rows_are_parked_with_a_reason_and_the_rest_goes_on(
     good += enqueue_range(engine, q, 50, 50)
     collector = Collector(amqp_url, [q])
     try:
-        relay = Relay(engine, amqp_url)
+        relay = Relay(engine, RelayConfig(amqp_url=amqp_url))
         stats = relay.run_until_idle(30)
         collector.wait_for(good)
         assert sorted(collector.ids(q)) == good
@@ -173,7 +175,9 @@ def test_background_relay_wakes_on_commit(
     q = queues[0]
     collector = Collector(amqp_url, [q])
     # Polling is effectively off: only NOTIFY (PostgreSQL) or wake() (SQLite) can help.
-    relay = Relay(engine, amqp_url, poll_interval_s=60.0, rescan_interval_s=60.0)
+    relay = Relay(
+        engine, RelayConfig(amqp_url=amqp_url, poll_interval_s=60.0, rescan_interval_s=60.0)
+    )
     try:
         with relay:
             relay.drain(15)
@@ -219,7 +223,7 @@ def test_the_relay_publishes_each_copy_and_parks_only_the_unroutable_one(
         with Session(engine) as s, s.begin():
             enqueue_fanouts(s, groups)
         collector = Collector(amqp_url, queues[:2])
-        relay = Relay(engine, amqp_url, batch_size=2)
+        relay = Relay(engine, RelayConfig(amqp_url=amqp_url, batch_size=2))
         stats = relay.run_until_idle(timeout_s=30)
         assert (stats.published, stats.failed) == (6, 3)
         wait_until(lambda: len(collector.ids()) == 6 if collector else False)
@@ -274,7 +278,7 @@ def test_a_row_that_cannot_be_encoded_is_parked_and_the_rest_goes_out(
         ids += outbox.enqueue_many(s, [bad[1], ok])
     collector = Collector(amqp_url, [q])
     try:
-        relay = Relay(engine, amqp_url, batch_size=10)
+        relay = Relay(engine, RelayConfig(amqp_url=amqp_url, batch_size=10))
         stats = relay.run_until_idle(timeout_s=20)
         collector.wait_for([ids[0], ids[2], ids[4]])
         assert sorted(collector.ids(q)) == [ids[0], ids[2], ids[4]]

@@ -32,6 +32,7 @@ from condmsg.settings import Settings, parse_duration
 from condmsg.timeutil import utcnow
 from evaluator import archive as archive_module
 from evaluator.archive import PART, ArchiveError
+from evaluator.config import EvaluatorConfig
 from evaluator.retention import RetentionPolicy, retain
 from evaluator.service import Evaluator
 
@@ -99,12 +100,14 @@ def _store(db_url: str, unique_name: str, make_sender: Any, extra_old: int) -> S
     clock = Clock(OLD)
     sender = make_sender(db_url, name, clock=clock, declare_queues=False)
     evaluator = Evaluator(
-        amqp_url=sender.amqp_url,
-        sender=name,
+        EvaluatorConfig(
+            amqp_url=sender.amqp_url,
+            sender=name,
+            secret=SECRET,
+            ack_grace=timedelta(milliseconds=100),
+            relay=False,
+        ),
         engine=sender.engine,
-        secret=SECRET,
-        ack_grace=timedelta(milliseconds=100),
-        relay=False,
         clock=clock,
     )
     s = Store(db_url, sender.engine, evaluator, clock, lambda q: f"{unique_name}.{q}")
@@ -324,15 +327,17 @@ def test_concurrent_passes_on_postgresql_never_archive_a_cm_twice(
 def test_the_scheduled_job_runs_inside_a_running_evaluator(store: Store, tmp_path: Path) -> None:
     root = tmp_path / "archive"
     service = Evaluator(
-        amqp_url=store.evaluator.amqp_url,
-        sender=store.evaluator.sender,
+        EvaluatorConfig(
+            amqp_url=store.evaluator.config.amqp_url,
+            sender=store.evaluator.config.sender,
+            secret=SECRET,
+            relay=False,
+            retention=RETENTION,
+            retention_archive=root,
+            retention_interval_s=0.2,
+            retention_batch=4,
+        ),
         engine=store.engine,
-        secret=SECRET,
-        relay=False,
-        retention=RETENTION,
-        retention_archive=root,
-        retention_interval_s=0.2,
-        retention_batch=4,
     )
     with service:
 
@@ -383,6 +388,8 @@ def test_retention_settings_and_configuration_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="CONDMSG_RETENTION_INTERVAL_S"):
         Settings.from_env(env | {"CONDMSG_RETENTION_INTERVAL_S": "soon"})
     with pytest.raises(ConfigError, match="archive directory"):
-        Evaluator(amqp_url="amqp://unused", sender="s", db_url="sqlite://", retention=RETENTION)
+        EvaluatorConfig(
+            amqp_url="amqp://unused", sender="s", db_url="sqlite://", retention=RETENTION
+        )
     with pytest.raises(ConfigError, match="positive"):
         RetentionPolicy(older_than=timedelta(0), archive=tmp_path)

@@ -15,6 +15,7 @@ from ackd.receiver import Receiver
 from condmsg import Destination, DestinationSet, Verdict
 from condmsg.cli import main as condmsg_main
 from condmsg.sender import Sender
+from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from spark_audit.cli import main as audit_main
 from tests.spark.conftest import SPARK_MARKS
@@ -32,12 +33,14 @@ def test_the_audit_of_a_real_run_finds_no_discrepancy(
     sender = Sender(amqp_url=amqp_url, db_url=pg_url, name=name, secret=SECRET)
     receiver = Receiver(amqp_url=amqp_url, db_url=pg_url, recipient="alice")
     evaluator = Evaluator(
-        amqp_url=amqp_url,
-        sender=name,
-        db_url=pg_url,
-        secret=SECRET,
-        ack_grace=timedelta(milliseconds=100),
-        sweep_interval_s=0.1,
+        EvaluatorConfig(
+            amqp_url=amqp_url,
+            sender=name,
+            db_url=pg_url,
+            secret=SECRET,
+            ack_grace=timedelta(milliseconds=100),
+            sweep_interval_s=0.1,
+        )
     ).start()
     try:
         second = timedelta(seconds=1)

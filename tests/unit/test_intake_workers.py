@@ -19,9 +19,9 @@ from condmsg.errors import ConfigError
 from condmsg.evaluation import Verdict
 from condmsg.outcome import Outcome
 from evaluator import workers
+from evaluator.config import EvaluatorConfig
 from evaluator.intake import Intake
 from evaluator.metrics import EvaluatorMetrics, batch_report
-from evaluator.service import Evaluator
 from evaluator.workers import IntakeWorkers, WorkerConfig
 
 CONFIG = WorkerConfig(
@@ -121,9 +121,11 @@ def test_a_batch_report_counts_as_the_batch_itself() -> None:
 def test_several_intake_processes_need_postgresql_and_a_url(tmp_path: Any) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
     with pytest.raises(ConfigError, match="PostgreSQL"):
-        Evaluator(amqp_url="amqp://unused", sender="s", db_url=url, intake_processes=2)
+        EvaluatorConfig(amqp_url="amqp://unused", sender="s", db_url=url, intake_processes=2)
+    with pytest.raises(ConfigError, match="need db_url"):
+        EvaluatorConfig(amqp_url="amqp://unused", sender="s", intake_processes=2)
     with pytest.raises(ConfigError, match="at least 1"):
-        Evaluator(amqp_url="amqp://unused", sender="s", db_url=url, intake_processes=0)
+        EvaluatorConfig(amqp_url="amqp://unused", sender="s", db_url=url, intake_processes=0)
 
 
 def test_a_worker_with_a_bad_configuration_line_exits_at_once() -> None:

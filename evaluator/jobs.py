@@ -1,0 +1,207 @@
+"""The evaluator's scheduled jobs: deadline sweeps and retention passes.
+
+An APScheduler interval job sweeps due CMs (timeouts) with its own sessions; with a
+retention policy, another one archives and deletes old decided CMs
+(:mod:`evaluator.retention`). A job that fails is logged and retried at its next run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.orm import Session
+
+from condmsg.errors import ConfigError
+from condmsg.outcome import Outcome
+from condmsg.timeutil import utcnow
+from evaluator import decisions, store
+from evaluator.config import EvaluatorConfig
+from evaluator.failures import is_transient
+from evaluator.intake import describe
+from evaluator.metrics import EvaluatorMetrics
+from evaluator.retention import Archived, retain
+from evaluator.sender_store import SenderStore
+
+log = logging.getLogger(__name__)
+
+#: The first retention pass runs this long after start (or one interval, if shorter): a
+#: long interval must not be starved by restarts, and start-up is not slowed down.
+RETENTION_FIRST_RUN_S = 60.0
+#: How long a due CM that a sweep cannot judge waits before it is tried again.
+PARK_S = 60.0
+
+
+class ScheduledJobs:
+    """Deadline sweeps (unless ``config.sweeps`` is off) and retention passes (with
+    ``config.retention``), run in a background scheduler between :meth:`start` and
+    :meth:`stop`, or at once with :meth:`sweep` and :meth:`retain`.
+
+    ``on_decided`` is called after a sweep decided CMs (to wake the outbox relay);
+    ``should_stop`` ends a retention pass between its batches.
+    """
+
+    def __init__(
+        self,
+        config: EvaluatorConfig,
+        store: SenderStore,
+        *,
+        instance: str,
+        metrics: EvaluatorMetrics,
+        clock: Callable[[], datetime],
+        stop: threading.Event,
+        on_decided: Callable[[], None],
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._instance = instance
+        self._metrics = metrics
+        self._clock = clock
+        self._stop = stop
+        self._on_decided = on_decided
+        self._scheduler = BackgroundScheduler(timezone="UTC")
+        if config.sweeps:
+            self._scheduler.add_job(
+                self._sweep_job,
+                "interval",
+                seconds=config.sweep_interval_s,
+                id="sweep",
+                max_instances=1,  # a slow sweep is never run twice at once
+                coalesce=True,  # missed runs collapse into one
+            )
+
+    def start(self) -> None:
+        """Schedule retention (from now) and start the scheduler, if there is any job."""
+        self._schedule_retention()
+        if self._scheduler.get_jobs():  # an intake worker has none
+            self._scheduler.start()
+
+    def stop(self) -> None:
+        """Wait for a running job to finish, then stop the scheduler."""
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=True)
+
+    # -- deadline sweeps ------------------------------------------------------------------
+
+    def _sweep_job(self) -> None:
+        try:
+            self.sweep()
+        except Exception:
+            log.exception("deadline sweep failed; the next run retries")
+
+    def sweep(self) -> int:
+        """Decide or reschedule every CM whose next check is due; returns decisions made."""
+        self._store.prepare()
+        batch = self._config.sweep_batch
+        decided = 0
+        while True:
+            with Session(self._store.engine) as session, session.begin():
+                ids = store.claim_due(session, self._clock(), batch)
+                if not ids:
+                    break
+                # The decision instant once the rows are claimed (locked): an intake
+                # batch that committed acks for them meanwhile stamped them earlier.
+                now = self._clock()
+                try:
+                    with session.begin_nested():
+                        outcomes = self._judge_due(session, ids, now)
+                except Exception as exc:
+                    if is_transient(exc):
+                        raise
+                    outcomes = self._judge_due_apart(session, ids, now, exc)
+            self._metrics.observe_decisions(outcomes)
+            decided += len(outcomes)
+            if len(ids) < batch:
+                break
+        if decided:
+            self._on_decided()
+        return decided
+
+    def _judge_due(self, session: Session, ids: list[str], now: datetime) -> list[Outcome]:
+        result = decisions.judge(
+            session,
+            store.load_cms(session, ids),
+            now=now,
+            ack_grace=self._config.ack_grace,
+            instance=self._instance,
+            secret=self._store.secret,
+        )
+        return result.outcomes
+
+    def _judge_due_apart(
+        self, session: Session, ids: list[str], now: datetime, failure: Exception
+    ) -> list[Outcome]:
+        """Judge claimed CMs one at a time (each in a SAVEPOINT) after their batch failed:
+        a CM that cannot be judged (a stored condition that no longer decodes, a bug) is
+        parked for :data:`PARK_S` and logged, so that it never holds back the CMs due with
+        it."""
+        log.warning("sweep of %d due CMs failed (%s); judging them one by one", len(ids), failure)
+        outcomes: list[Outcome] = []
+        for cm_id in ids:
+            try:
+                with session.begin_nested():
+                    outcomes += self._judge_due(session, [cm_id], now)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                log.error(
+                    "CM %s cannot be judged (%s); looked at again in %.0f s",
+                    cm_id,
+                    describe(exc),
+                    PARK_S,
+                )
+                store.set_next_checks(session, [(cm_id, now + timedelta(seconds=PARK_S))])
+                self._metrics.parked.inc()
+        return outcomes
+
+    # -- retention ------------------------------------------------------------------------
+
+    def _schedule_retention(self) -> None:
+        if self._config.retention is None:
+            return
+        interval_s = self._config.retention_interval_s
+        self._scheduler.add_job(
+            self._retention_job,
+            "interval",
+            seconds=interval_s,
+            id="retention",
+            # Added when the scheduler starts, so that this instant is not already past.
+            next_run_time=utcnow() + timedelta(seconds=min(interval_s, RETENTION_FIRST_RUN_S)),
+            max_instances=1,  # a long pass is never run twice at once in one process
+            coalesce=True,
+        )
+
+    def _retention_job(self) -> None:
+        try:
+            self.retain()
+        except Exception:
+            self._metrics.retention_failures.inc()
+            log.exception(
+                "retention pass failed (its failed batch is rolled back); the next run retries"
+            )
+
+    def retain(self) -> int:
+        """One retention pass now (archive, then delete, CMs decided before ``now -
+        retention``); returns the rows archived and deleted. Stops between batches when
+        the service stops."""
+        policy = self._config.retention_policy
+        if policy is None:
+            raise ConfigError("retention is not configured (--retention, CONDMSG_RETENTION)")
+        archived = retain(
+            self._store.engine,
+            policy,
+            clock=self._clock,
+            instance=self._instance,
+            should_stop=self._stop.is_set,
+            on_archived=self._archived,
+        )
+        return sum(a.total for a in archived)
+
+    def _archived(self, archived: Archived) -> None:
+        self._metrics.observe_archived(archived)
+        log.info(
+            "retention: archived and deleted %d rows in %s", archived.total, archived.directory
+        )

@@ -1,0 +1,85 @@
+"""The sender's store as the evaluator works on it, made ready once: tables and secret."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from condmsg import sender_tables
+from condmsg.errors import ConfigError
+from condmsg.sender import create_tables, store_secret
+from evaluator.failures import Backoff, first_line
+
+log = logging.getLogger(__name__)
+
+
+class SenderStore:
+    """The engine of a sender store, and its secret once known.
+
+    Building one does not touch the database: :meth:`prepare` creates the tables (with
+    ``create``; else checks that they exist) and reads the secret if none was given, and
+    :meth:`wait_until_prepared` retries it while the database is unreachable, so a
+    service started during a database outage waits for it instead of exiting.
+    """
+
+    def __init__(
+        self, engine: Engine, *, secret: bytes | None, create: bool, stop: threading.Event
+    ) -> None:
+        self.engine = engine
+        self._secret = secret or None
+        self._create = create
+        self._stop = stop
+        self._prepared = threading.Event()
+        self._preparing = threading.Lock()
+
+    @property
+    def secret(self) -> bytes:
+        """The key of the copies' tokens: the one given, else the store's."""
+        if self._secret is None:
+            self.prepare()
+        assert self._secret is not None
+        return self._secret
+
+    @property
+    def name(self) -> str:
+        """The database URL without its password, for the log."""
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def prepare(self) -> None:
+        """Make the store ready once (its tables, the secret); raises if the database
+        cannot be reached (:meth:`wait_until_prepared` retries)."""
+        if self._prepared.is_set():  # every batch asks: no lock once it is done
+            return
+        with self._preparing:
+            if self._prepared.is_set():
+                return
+            if self._create:
+                create_tables(self.engine)
+            elif not sa.inspect(self.engine).has_table(sender_tables.cms.name):
+                raise ConfigError(f"no sender store at {self.name} (its tables are missing)")
+            if self._secret is None:
+                self._secret = store_secret(self.engine)
+            self._prepared.set()
+
+    def wait_until_prepared(self, stop: threading.Event | None = None) -> bool:
+        """:meth:`prepare`, retried with backoff while the database is unreachable (each
+        wait logged); False if the service was stopped (or ``stop`` set) meanwhile. A
+        configuration error (:class:`ConfigError`) is raised: no retry mends it."""
+        retries = Backoff(self._stop)
+        while True:
+            try:
+                self.prepare()
+                return True
+            except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+                if self._stop.is_set() or (stop is not None and stop.is_set()):
+                    return False
+                log.warning(
+                    "waiting for the database at %s: %s; retrying in %.1fs",
+                    self.name,
+                    first_line(exc.orig if exc.orig is not None else exc),
+                    retries.next_delay,
+                )
+                retries.wait(stop)

@@ -21,6 +21,13 @@ Exactly once for a transactional app: an original or compensation is recorded by
 RLOG row, a success notice by its inbox row, each committed with the app's transaction;
 a redelivery after a crash before the broker ack finds the row and is dropped. Plain
 messages have no such row: like any AMQP consumer's, they are at least once.
+
+Where the work is done: the read and consume loops in :mod:`ackd.reader`; the checks
+that accept a delivery or move it to the invalid queue in :mod:`ackd.intake`; the RLOG
+decision, in or beside the app's transaction, in :mod:`ackd.decisions`; commit and
+rollback in :mod:`ackd.settlement` (failed attempts in :mod:`ackd.attempts`); Message
+Sequences in :mod:`ackd.reassembly` (their store in :mod:`ackd.sequence`); the settings
+in :mod:`ackd.receiver_config`.
 """
 
 from __future__ import annotations

@@ -107,6 +107,29 @@ class AttemptCounts:
     def forget(self, key: str) -> None:
         self._unsaved.pop(key, None)
 
+    def dead_letter_reason(
+        self, session: Session, message_id: str | bytes, max_attempts: int
+    ) -> str | None:
+        """The dead-letter reason of a message whose processing failed ``max_attempts``
+        times (its count is then cleared), or None.
+
+        Runs in the transaction's own session: on SQLite a second connection would wait for
+        the write lock this transaction holds.
+        """
+        key = poison_key(message_id)
+        row = session.execute(
+            sa.select(poison.c.attempts, poison.c.last_error).where(poison.c.message_id == key)
+        ).first()
+        unsaved = self._unsaved.get(key)
+        attempts = (row.attempts if row is not None else 0) + (unsaved.attempts if unsaved else 0)
+        if attempts < max_attempts:
+            return None
+        if row is not None:
+            session.execute(sa.delete(poison).where(poison.c.message_id == key))
+        self.forget(key)
+        last_error = unsaved.error if unsaved else row.last_error if row is not None else None
+        return f"poison message: processing failed {attempts} times: {last_error}"
+
     def _write(self, counts: dict[str, Unsaved], now: datetime) -> dict[str, int]:
         totals: dict[str, int] = {}
         with Session(self._engine) as session, session.begin():

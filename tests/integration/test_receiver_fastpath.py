@@ -53,7 +53,7 @@ def test_a_forgotten_prepared_statement_falls_back_to_the_plain_one(
     later claim prepares them again."""
     # No store check for sequences after the first read: it would begin the transaction
     # before the claim (the claim then runs inside it, unprepared), hiding what is tested.
-    monkeypatch.setattr("ackd.receiver.STORE_RECHECK_S", 3600.0)
+    monkeypatch.setattr("ackd.reader.STORE_RECHECK_S", 3600.0)
     name = unique_name.replace(".", "-")
     queue = f"{unique_name}.q"
     sender = make_sender(pg_url, name)

@@ -18,8 +18,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from ackd import receiver as receiver_module
-from ackd import sequence
+from ackd import intake as intake_module
+from ackd import rlog, sequence
 from ackd.broker import Delivery
 from ackd.tables import poison
 from condmsg import Destination
@@ -162,14 +162,14 @@ def test_any_exception_while_judging_a_message_dead_letters_it_alone(
     message it happened on, never the reader or the consume loop."""
     receiver = make_receiver(db_url)
     queue = _queue(receiver, unique_name)
-    real_check = receiver_module.check_payload
+    real_check = intake_module.check_payload
 
     def buggy_check(body: bytes, content_type: str | None) -> None:
         if body == b"trigger":
             raise KeyError("codec bug")
         real_check(body, content_type)
 
-    monkeypatch.setattr(receiver_module, "check_payload", buggy_check)
+    monkeypatch.setattr(intake_module, "check_payload", buggy_check)
     bad, good = str(uuid.uuid4()), str(uuid.uuid4())
     _original(channel, queue, bad, b"trigger")
     _original(channel, queue, good)
@@ -196,15 +196,15 @@ def test_a_database_failure_is_not_the_messages_fault(
     queue = _queue(receiver, unique_name)
     cm_id = str(uuid.uuid4())
     _original(channel, queue, cm_id)
-    real_claim = receiver_module.rlog.claim_original
+    real_claim = rlog.claim_original
 
     def failing_claim(*args: Any, **kwargs: Any) -> bool:
         raise sa.exc.OperationalError("INSERT", {}, Exception("server closed the connection"))
 
-    monkeypatch.setattr(receiver_module.rlog, "claim_original", failing_claim)
+    monkeypatch.setattr(rlog, "claim_original", failing_claim)
     with pytest.raises(sa.exc.OperationalError), receiver.transaction() as tx:
         wait_for(lambda: tx.read(queue, timeout=0.5))
-    monkeypatch.setattr(receiver_module.rlog, "claim_original", real_claim)
+    monkeypatch.setattr(rlog, "claim_original", real_claim)
     with receiver.transaction() as tx:
         message = wait_for(lambda: tx.read(queue, timeout=0.5), timeout=15)
         assert message.cm_id == cm_id

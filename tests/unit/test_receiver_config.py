@@ -1,10 +1,17 @@
-"""A receiver refuses a recipient identity that its acks could not carry."""
+"""A receiver's settings: the recipient identities its acks could carry, retry settings
+that can work, and a ``ReceiverConfig`` that says the same as the keywords."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
 import pytest
 
-from ackd.receiver import Receiver
+from ackd.attempts import RetryPolicy
+from ackd.receiver import Receiver, ReceiverConfig
+from ackd.receiver_config import DEFAULT_POLL_INTERVAL_S
 from condmsg import protocol as p
 from condmsg.errors import ConfigError
 
@@ -37,3 +44,43 @@ def test_the_default_receiver_id_fits_an_ack_whatever_the_recipient() -> None:
         short.close()
     finally:
         rx.close()
+
+
+def test_keywords_and_a_config_are_the_same_settings() -> None:
+    config = ReceiverConfig(amqp_url="amqp://unused", db_url="sqlite://", max_attempts=3)
+    from_config = Receiver(config, recipient="alice", poll_interval_s=0.5)
+    from_keywords = Receiver(
+        amqp_url="amqp://unused", db_url="sqlite://", recipient="alice", max_attempts=3
+    )
+    assert from_config.config == replace(config, poll_interval_s=0.5)
+    assert from_config.retry == from_keywords.retry == RetryPolicy(max_attempts=3)
+    assert from_keywords.poll_interval_s == DEFAULT_POLL_INTERVAL_S
+
+
+def test_from_env_reads_the_connection_settings_and_keeps_the_secret_out_of_the_repr() -> None:
+    environ = {"CONDMSG_DB_URL": "sqlite://", "CONDMSG_SECRET": "s3cret"}
+    config = ReceiverConfig.from_env(environ, invalid_queue="rejects")
+    assert (config.db_url, config.secret, config.invalid_queue) == (
+        "sqlite://",
+        b"s3cret",
+        "rejects",
+    )
+    assert "s3cret" not in repr(config)
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"retry_backoff": timedelta(seconds=10)}, "retry_backoff"),
+        ({"retry_backoff": timedelta(seconds=-1)}, "retry_backoff"),
+    ],
+)
+def test_retry_settings_that_cannot_work_are_refused(settings: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        ReceiverConfig(amqp_url="amqp://unused", **settings)
+
+
+def test_a_receiver_needs_a_store() -> None:
+    with pytest.raises(ConfigError, match="db_url"):
+        Receiver(amqp_url="amqp://unused", recipient="alice")

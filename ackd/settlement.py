@@ -1,0 +1,94 @@
+"""The end of an app's transaction: commit with the acks it owes, then ack the AMQP
+messages; or roll back, count a failed attempt of each message the app had and give
+them back after their backoff."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from ackd.attempts import AttemptCounts, RetryPolicy, poison_key
+from ackd.broker import Broker
+from ackd.emit import commit_with_acks
+from ackd.incoming import PendingSequences, ReceiverStats, ReceiverTransaction
+from condmsg.protocol import MessageKind
+
+
+class Settlement:
+    """Commits and rolls back the transactions of one receiver."""
+
+    def __init__(
+        self,
+        *,
+        broker: Broker,
+        stats: ReceiverStats,
+        pending: PendingSequences,
+        attempts: AttemptCounts,
+        retry: RetryPolicy,
+        clock: Callable[[], datetime],
+        recipient: str,
+        receiver_id: str,
+    ) -> None:
+        self._broker = broker
+        self._stats = stats
+        self._pending = pending
+        self._attempts = attempts
+        self._retry = retry
+        self._clock = clock
+        self._recipient = recipient
+        self._receiver_id = receiver_id
+
+    def commit(self, tx: ReceiverTransaction) -> None:
+        try:
+            commit_with_acks(
+                tx.session,
+                [
+                    (taken.inbound, taken.read_at)
+                    for taken in tx.taken_messages
+                    if taken.delivered and taken.inbound.kind is MessageKind.ORIGINAL
+                ],
+                committed_at=self._clock(),
+                recipient=self._recipient,
+                receiver=self._receiver_id,
+            )
+            if any(t.inbound.seq_id is not None for t in tx.taken_messages):
+                # Parts stored by this transaction are visible now: the sequence may be
+                # complete (another consumer's check may have run before this commit).
+                self._pending.maybe_complete = True
+        except BaseException as exc:
+            self.rollback(tx, exc)
+            raise
+        # Only now: a crash before these acks makes RabbitMQ redeliver, and the RLOG row (a
+        # success notice's inbox row) committed above drops the redelivery (the app never
+        # sees a copy, compensation or notice twice). That is also why the acks of
+        # conditional messages may be deferred and batched; plain messages and sequence
+        # parts have no such row and are acked at once.
+        for taken in tx.taken_messages:
+            if taken.incoming.delivery is not None:
+                rlog_backed = taken.inbound.kind is not None and taken.inbound.seq_id is None
+                self._broker.ack(taken.incoming.delivery, deferred=rlog_backed)
+
+    def rollback(self, tx: ReceiverTransaction, exc: BaseException) -> None:
+        tx.session.rollback()
+        self._stats.rolled_back += 1
+        # The messages the app had: delivered originals and plain messages (a plain one is
+        # taken with ``delivered`` False, as it holds no RLOG row, but the app had it too).
+        # Each failure counts as one attempt of each, and holds it back for its backoff.
+        failed = [t for t in tx.taken_messages if t.delivered or t.inbound.kind is None]
+        keys = [poison_key(t.incoming.message_id) for t in failed if t.incoming.message_id]
+        totals = self._attempts.record(keys, repr(exc)[:500], self._clock()) if keys else {}
+        for taken in tx.taken_messages:
+            delay = 0.0
+            if any(taken is t for t in failed):
+                message_id = taken.incoming.message_id
+                # An id-less message cannot be counted; it still waits the first pause.
+                attempts = totals[poison_key(message_id)] if message_id else 1
+                delay = self._retry.delay_s(attempts)
+            if taken.incoming.delivery is not None:
+                self._broker.requeue(taken.incoming.delivery, after_s=delay)
+            else:
+                self._pending.maybe_complete = True  # a reassembled sequence is back in the store
+                if delay > 0 and taken.incoming.message_id:
+                    due = time.monotonic() + delay
+                    self._pending.retry_due[str(taken.incoming.message_id)] = due

@@ -51,15 +51,10 @@ from bench._common import emit_result, log
 from condmsg.archive_layout import ACKS, ANOMALIES
 from spark_audit.generate import Injected, generate
 from spark_audit.generate_spec import GenerateSpec
-from spark_audit.job import (
-    AuditOptions,
-    audit_settings,
-    least_partitions,
-    partitions_for,
-    run_audit,
-)
+from spark_audit.job import AuditOptions, run_audit
 from spark_audit.readers import Window, read_parquet
 from spark_audit.session import SessionOptions, build_session
+from spark_audit.settings import audit_settings, least_partitions, partitions_for
 from spark_audit.templates import default_templates
 
 TARGET_AUDIT_VS_SCAN = 3.0
@@ -133,7 +128,7 @@ def floor(spark: SparkSession, directory: Path, partitions: int) -> None:
     destination and recipient. Two queries, as a Spark plan is a tree: the join is
     computed once for each consumer, with no cache. No window, no plans, no detail
     tables. It runs under the audit's settings
-    (:func:`spark_audit.job.audit_settings`: adaptive execution off, the shuffles on
+    (:func:`spark_audit.settings.audit_settings`: adaptive execution off, the shuffles on
     ``partitions``, the audit's number for the store, see ``measure``).
     """
     data = read_parquet(spark, directory)
@@ -292,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=8,
         help="the session's spark.sql.shuffle.partitions (the baseline's groupBy; the audit "
-        "sets its own, see spark_audit.job.partitions_for)",
+        "sets its own, see spark_audit.settings.partitions_for)",
     )
     parser.add_argument(
         "--reuse", action="store_true", help="reuse generated data from an earlier run"

@@ -10,7 +10,7 @@ the skeleton, see :mod:`spark_audit.plans`); its *parameters* are read from the 
 arrays (``node_pickup_ms[k]``, ``node_min_process[k]``, ...), so one expression judges every
 condition of a skeleton whatever its names, deadlines and counts. The inputs are a CM's
 facts per destination slot ``i`` and per topic probe ``j``
-(:func:`spark_audit.transforms.enrich.cm_facts`), for one set of acks (the *variant*: the
+(:func:`spark_audit.transforms.facts.cm_facts`), for one set of acks (the *variant*: the
 counted acks, or every well-formed ack):
 
 * ``{v}_n{i}``: matching acks (only whether there are any is read: the audit gives 1 or

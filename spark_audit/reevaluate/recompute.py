@@ -17,13 +17,13 @@ from spark_audit.transforms.conditions import PlanSet, plan_set
 from spark_audit.transforms.enrich import (
     COUNTED_STATUS,
     STATES,
-    cm_facts,
     cm_ranks,
     cut_cms,
     enrich_acks,
-    judge,
     judging_acks,
 )
+from spark_audit.transforms.facts import cm_facts
+from spark_audit.transforms.judge import judge
 
 
 def python_cases(cms_cut: DataFrame, plans: PlanSet) -> DataFrame:
@@ -58,7 +58,7 @@ def judge_cut(
     until: datetime | None,
     stale_grace: timedelta,
 ) -> DataFrame:
-    """:func:`spark_audit.transforms.enrich.judge` of the cut's CMs over their enriched
+    """:func:`spark_audit.transforms.judge.judge` of the cut's CMs over their enriched
     acks, with ``evaluate``'s verdicts (:func:`python_cases`) where the plans need it
     (``enriched`` then needs its text columns)."""
     python = None

@@ -1,7 +1,7 @@
 """Outcome, compensation and deadline-miss rates (by sender, condition shape, destination,
 and over time), the per-CM totals, and the CMs the per-CM detail tables list.
 
-One aggregation over the judged CMs (:func:`spark_audit.transforms.enrich.judge`), grouped
+One aggregation over the judged CMs (:func:`spark_audit.transforms.judge.judge`), grouped
 by plan, sender and ``sent_at`` bucket, gives partial counts that the driver folds into
 every table: per shape (a plan's), per sender, per bucket, per destination (a plan's slot
 ``i`` is the destination ``leaf_names[i]``) and overall. A CM that a detail table lists (a
@@ -21,7 +21,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from spark_audit.transforms.conditions import PlanSet
-from spark_audit.transforms.enrich import discrepant, with_late_acks
+from spark_audit.transforms.judge import discrepant, with_late_acks
 
 OUTCOMES = ("satisfied", "violated", "pending")
 #: The per-CM counts summed into ``overall`` by :func:`fold`.
@@ -78,7 +78,7 @@ def candidate() -> Column:
 def rollup_frame(judged: DataFrame, plans: PlanSet, bucket_seconds: int) -> DataFrame:
     """Partial counts per (plan, sender code, ``sent_at`` bucket, candidate CM), and
     ``collided``: rows of the judged CMs that stand for several CMs (``n_cm > 1``, see
-    :func:`spark_audit.transforms.enrich.cm_facts`)."""
+    :func:`spark_audit.transforms.facts.cm_facts`)."""
     seconds = F.unix_seconds("sent_at")
     bucket = F.timestamp_seconds(F.floor(seconds / bucket_seconds) * bucket_seconds)
     state, decided, late = F.col("state"), F.col("decided"), with_late_acks()

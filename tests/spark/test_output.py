@@ -8,7 +8,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from spark_audit import job
+from spark_audit import output
+from spark_audit.output import TableWriter
 from tests.spark.conftest import SPARK_MARKS
 
 pytestmark = list(SPARK_MARKS)
@@ -21,15 +22,15 @@ def _read(root: Path, name: str) -> Any:
 def test_small_tables_share_one_query_and_keep_their_schemas(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(job, "DRIVER_ROWS", 2)
+    monkeypatch.setattr(output, "DRIVER_ROWS", 2)
     ids = spark.createDataFrame([("a", 1), ("b", 2)], "ack_id string, n long")
     stamps = spark.sql("SELECT 'x' AS ack_id, TIMESTAMP'2024-01-01 00:00:00' AS at, 1.5D AS ms")
     big = spark.range(3).selectExpr("CAST(id AS INT) AS id", "array('p', 'q') AS ids")
     none = spark.createDataFrame([], "ack_id string, flag boolean")
     grouped = ids.groupBy((ids.n % 2).alias("odd")).count()
     partitions = spark.conf.get("spark.sql.shuffle.partitions")
-    output = job._Output(tmp_path)
-    output.frames(
+    writer = TableWriter(tmp_path)
+    writer.frames(
         {
             "ids": (ids, 2),
             "stamps": (stamps, 1),
@@ -40,7 +41,7 @@ def test_small_tables_share_one_query_and_keep_their_schemas(
     )
     # The union ran with one shuffle partition; the session's setting is restored.
     assert spark.conf.get("spark.sql.shuffle.partitions") == partitions
-    assert output.counts == {"ids": 2, "stamps": 1, "big": 3, "none": 0, "grouped": 2}
+    assert writer.counts == {"ids": 2, "stamps": 1, "big": 3, "none": 0, "grouped": 2}
     assert sorted(r["count"] for r in _read(tmp_path, "grouped").to_pylist()) == [1, 1]
     assert sorted(_read(tmp_path, "ids").to_pylist(), key=str) == [
         {"ack_id": "a", "n": 1},
@@ -57,8 +58,8 @@ def test_small_tables_share_one_query_and_keep_their_schemas(
 
 
 def test_one_small_table_is_collected_alone(spark: Any, tmp_path: Path) -> None:
-    output = job._Output(tmp_path)
+    writer = TableWriter(tmp_path)
     frame = spark.createDataFrame([("a",)], "ack_id string")
-    output.frames({"one": (frame, 1), "empty": (frame.limit(0), 0)})
-    assert output.counts == {"one": 1, "empty": 0}
+    writer.frames({"one": (frame, 1), "empty": (frame.limit(0), 0)})
+    assert writer.counts == {"one": 1, "empty": 0}
     assert _read(tmp_path, "one").to_pylist() == [{"ack_id": "a"}]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from spark_audit import job
+from spark_audit import job, settings
 from spark_audit.cli import main
 from spark_audit.generate import generate
 from spark_audit.generate_spec import GenerateSpec
@@ -51,11 +51,11 @@ def _audit(spark: Any, store: Path, out: Path, partitions: int | None, progress:
 
 
 def test_one_partition_per_core_in_local_mode_and_more_for_many_cms(session_at_7: Any) -> None:
-    assert job.least_partitions(session_at_7) == 2  # not the session's 7
-    assert job.partitions_for(0, 2) == 2
-    assert job.partitions_for(2 * job.CMS_PER_PARTITION, 2) == 2
-    assert job.partitions_for(5 * job.CMS_PER_PARTITION + 1, 2) == 6
-    assert job.partitions_for(5 * job.CMS_PER_PARTITION + 1, 8) == 8
+    assert settings.least_partitions(session_at_7) == 2  # not the session's 7
+    assert settings.partitions_for(0, 2) == 2
+    assert settings.partitions_for(2 * settings.CMS_PER_PARTITION, 2) == 2
+    assert settings.partitions_for(5 * settings.CMS_PER_PARTITION + 1, 2) == 6
+    assert settings.partitions_for(5 * settings.CMS_PER_PARTITION + 1, 8) == 8
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, "2"), (3, "3")])
@@ -94,7 +94,9 @@ def test_partitions_below_one_are_refused(tmp_path: Path) -> None:
 SPLITS = "spark.sql.files.minPartitionNum"
 
 
-@pytest.mark.parametrize(("session", "expected"), [(None, str(job.READ_SPLITS * 2)), ("5", "5")])
+@pytest.mark.parametrize(
+    ("session", "expected"), [(None, str(settings.READ_SPLITS * 2)), ("5", "5")]
+)
 def test_the_run_reads_in_read_splits_per_partition_unless_the_session_says(
     session_at_7: Any, store: Path, tmp_path: Path, session: str | None, expected: str
 ) -> None:
@@ -125,9 +127,9 @@ def test_more_read_splits_make_more_scan_tasks(spark: Any, store: Path) -> None:
     # are a few kB.
     spark.conf.set("spark.sql.files.openCostInBytes", "1")
     try:
-        with job.audit_settings(spark, 1):
+        with settings.audit_settings(spark, 1):
             few = tasks()
-        with job.audit_settings(spark, 4):
+        with settings.audit_settings(spark, 4):
             more = tasks()
     finally:
         spark.conf.unset("spark.sql.files.openCostInBytes")

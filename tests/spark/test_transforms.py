@@ -29,11 +29,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from condmsg.conditions import Destination, DestinationSet
-from spark_audit.job import AuditOptions, _beside, run_audit
+from spark_audit.alongside import run_alongside
+from spark_audit.job import AuditOptions, run_audit
 from spark_audit.readers import AuditInput, Window, apply_window
+from spark_audit.transforms.ack_flags import FLAG_COLUMNS, pack_flags, unpack_flags
 from spark_audit.transforms.anomalies import COUNTERS
 from spark_audit.transforms.conditions import plan_set
-from spark_audit.transforms.enrich import FLAG_COLUMNS, pack_flags, unpack_flags
 from spark_audit.transforms.latency import CODES, Histograms, percentile
 from tests.spark.builders import T0, ack_row, at, cm_row, frame
 from tests.spark.conftest import SPARK_MARKS
@@ -156,8 +157,8 @@ def audited(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
         "spark_audit.job.Histograms",
         # The detail step: the stored reasons in their second thread, and the main side
         # while they are read.
-        "spark_audit.job._stored_reasons",
-        "spark_audit.job._late_effects",
+        "spark_audit.details._stored_reasons",
+        "spark_audit.details._late_effects",
     ],
 )
 def test_a_failure_on_either_side_of_the_two_threads_reaches_the_caller(
@@ -197,7 +198,7 @@ def test_a_job_submitted_beside_a_failed_block_is_cancelled_not_waited_for(
         return spark.range(0, 10**12, numPartitions=2).selectExpr("sum(id * 7 % 13)").collect()
 
     def block() -> None:
-        with _beside(spark, work):
+        with run_alongside(spark, work):
             raise RuntimeError("the block failed")
 
     start = time.monotonic()
@@ -211,10 +212,10 @@ def test_a_job_submitted_beside_a_failed_block_is_cancelled_not_waited_for(
     [
         # Too many flagged CMs to collect their acks: cached, and the CMs that
         # ``evaluate`` explains are judged on the executors.
-        ("DRIVER_EXPLAIN", 0),
+        ("spark_audit.details.DRIVER_EXPLAIN", 0),
         # Too many listed acks: neither collected nor cached, and every detail table
         # written by Spark.
-        ("DRIVER_ROWS", 0),
+        ("spark_audit.output.DRIVER_ROWS", 0),
     ],
 )
 def test_the_detail_tables_are_the_same_whichever_way_the_candidate_acks_are_held(
@@ -227,7 +228,7 @@ def test_the_detail_tables_are_the_same_whichever_way_the_candidate_acks_are_hel
 ) -> None:
     """The candidate acks are collected to the driver when they are few (the default
     here); past either bound they stay in Spark, and every table is the same."""
-    monkeypatch.setattr(f"spark_audit.job.{setting}", value)
+    monkeypatch.setattr(setting, value)
     again = _audit(spark, tmp_path)
     assert again["summary"]["metrics"] == audited["summary"]["metrics"]
     for name, rows in audited["tables"].items():

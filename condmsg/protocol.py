@@ -233,18 +233,20 @@ ACK_FIELD_CHARS = {
 
 #: Every field of the ack document; each is required (``recipient`` and ``committed_at``
 #: may be null, but present).
-_ACK_FIELDS = {
-    "v",
-    "ack_id",
-    "cm_id",
-    "destination",
-    "recipient",
-    "receiver",
-    "kind",
-    "read_at",
-    "committed_at",
-    "token",
-}
+ACK_FIELDS = frozenset(
+    {
+        "v",
+        "ack_id",
+        "cm_id",
+        "destination",
+        "recipient",
+        "receiver",
+        "kind",
+        "read_at",
+        "committed_at",
+        "token",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -330,8 +332,8 @@ def decode_ack(body: bytes | str) -> tuple[AckMessage, Ack]:
 def _ack_from_dict(data: object) -> tuple[AckMessage, Ack]:
     if type(data) is not dict:
         raise ProtocolError("ack body must be a JSON object")
-    if data.keys() != _ACK_FIELDS:
-        missing, unknown = sorted(_ACK_FIELDS - data.keys()), sorted(data.keys() - _ACK_FIELDS)
+    if data.keys() != ACK_FIELDS:
+        missing, unknown = sorted(ACK_FIELDS - data.keys()), sorted(data.keys() - ACK_FIELDS)
         raise ProtocolError(f"ack has missing field(s) {missing} / unknown field(s) {unknown}")
     version = data["v"]
     if type(version) is not int or version != PROTOCOL_VERSION:  # not true, not 1.0

@@ -33,18 +33,7 @@ CM_ID_MAX = p.MAX_CM_ID_CHARS
 NAME_MAX = p.MAX_NAME_CHARS
 #: Fields of the ack document holding names (destination, recipient identity, receiver).
 ACK_NAME_FIELDS = ("destination", "recipient", "receiver")
-ACK_FIELDS = (
-    "v",
-    "ack_id",
-    "cm_id",
-    "destination",
-    "recipient",
-    "receiver",
-    "kind",
-    "read_at",
-    "committed_at",
-    "token",
-)
+ACK_FIELDS = tuple(sorted(p.ACK_FIELDS))
 #: The longest value of each text field of an ack.
 ACK_TEXT_MAX = {
     "ack_id": ACK_ID_MAX,

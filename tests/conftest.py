@@ -250,3 +250,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         suffix = "@" + "_".join(groups)
         if groups and not item.nodeid.endswith(suffix):
             item._id = coerce_node_id(item.nodeid + suffix)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["sqlite-portable", "postgresql-portable", "postgresql-psycopg"])
+def adapter_backend(request: pytest.FixtureRequest) -> tuple[str, bool]:
+    """For contract suites: ``(db_url, psycopg)``, one run per adapter and database.
+
+    The portable adapter runs on SQLite and on PostgreSQL, the psycopg adapter on
+    PostgreSQL; a contract suite builds the adapter ``psycopg`` names on ``db_url``.
+    """
+    database, adapter = str(request.param).split("-")
+    url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "pg_url")
+    return str(url), adapter == "psycopg"

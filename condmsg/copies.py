@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -103,41 +103,18 @@ def plan_fanouts(
         p.H_SENDER: sender,
         p.H_SENT_AT: p.format_instant(sent_at),
     }
-    plans: list[CopyPlan] = []
-    own: list[dict[str, Any]] = []
-    for dest in destinations:
-        props = delivery[dest.name]
-        message_id = os.urandom(16).hex()  # 128 random bits, as a uuid4 has 122
-        exchange = dest.exchange or ""
-        routing_key = dest.routing_key or dest.name
-        headers = {
-            p.H_DESTINATION: dest.name,
-            p.H_REQUIRES: needs[dest.name].value,
-            p.H_TOKEN: p.copy_token(secret, cm_id, dest.name, dest.recipient),
-        }
-        if dest.recipient is not None:
-            headers[p.H_RECIPIENT] = dest.recipient
-        own.append(
-            {
-                "exchange": exchange,
-                "routing_key": routing_key,
-                "message_id": message_id,
-                "priority": props.priority,
-                "expiration_ms": to_ms(props.expiry) if props.expiry is not None else None,
-                "persistent": props.persistent,
-                "headers": headers,
-            }
+    own = [_copy_fields(d, delivery[d.name], needs[d.name], secret, cm_id) for d in destinations]
+    plans = [
+        CopyPlan(
+            destination=dest,
+            message_id=fields["message_id"],
+            exchange=fields["exchange"],
+            routing_key=fields["routing_key"],
+            requires=needs[dest.name],
+            parts=len(chunks),
         )
-        plans.append(
-            CopyPlan(
-                destination=dest,
-                message_id=message_id,
-                exchange=exchange,
-                routing_key=routing_key,
-                requires=needs[dest.name],
-                parts=len(chunks),
-            )
-        )
+        for dest, fields in zip(destinations, own, strict=True)
+    ]
     first = own[0]
     if len(own) == 1 and len(chunks) == 1:
         # One destination, one part: the message itself (a fan-out of one copy that
@@ -152,22 +129,59 @@ def plan_fanouts(
         {k: v for k, v in c.items() if k in _OWN or v != first[k] or type(v) is not type(first[k])}
         for c in own
     ]
-    fanouts = []
-    for position, chunk in enumerate(chunks):
-        part_headers, part_copies = shared, copies
-        if len(chunks) > 1:
-            part_headers = shared | {p.H_SEQ_POS: position, p.H_SEQ_SIZE: len(chunks)}
-            part_copies = [
-                c
-                | {
-                    "message_id": f"{c['message_id']}.{position}",
-                    "headers": c["headers"] | {p.H_SEQ_ID: c["message_id"]},
-                }
-                for c in copies
-            ]
-        message = _original(first, cm_id, sender, content_type, chunk, part_headers, None)
-        fanouts.append(Fanout(message, tuple(part_copies)))
+    fanouts = [
+        Fanout(
+            _original(first, cm_id, sender, content_type, chunk, headers, None),
+            tuple(part_copies),
+        )
+        for chunk, headers, part_copies in _parts(chunks, shared, copies)
+    ]
     return plans, fanouts
+
+
+def _copy_fields(
+    dest: Destination, props: Delivery, requires: p.Requirement, secret: bytes, cm_id: str
+) -> dict[str, Any]:
+    """The outbox fields of one destination's copy: its address, delivery properties, a
+    fresh message id and the headers that name the destination."""
+    headers = {
+        p.H_DESTINATION: dest.name,
+        p.H_REQUIRES: requires.value,
+        p.H_TOKEN: p.copy_token(secret, cm_id, dest.name, dest.recipient),
+    }
+    if dest.recipient is not None:
+        headers[p.H_RECIPIENT] = dest.recipient
+    return {
+        "exchange": dest.exchange or "",
+        "routing_key": dest.routing_key or dest.name,
+        "message_id": os.urandom(16).hex(),  # 128 random bits, as a uuid4 has 122
+        "priority": props.priority,
+        "expiration_ms": to_ms(props.expiry) if props.expiry is not None else None,
+        "persistent": props.persistent,
+        "headers": headers,
+    }
+
+
+def _parts(
+    chunks: Sequence[bytes], shared: dict[str, Any], copies: list[dict[str, Any]]
+) -> Iterator[tuple[bytes, dict[str, Any], list[dict[str, Any]]]]:
+    """Per part of the payload: its body, its shared headers and its copies. A payload of
+    several parts numbers them, and each copy's part gets a message id of its own under
+    the copy's (the sequence id the receiver reassembles by)."""
+    if len(chunks) == 1:
+        yield chunks[0], shared, copies
+        return
+    for position, chunk in enumerate(chunks):
+        headers = shared | {p.H_SEQ_POS: position, p.H_SEQ_SIZE: len(chunks)}
+        part_copies = [
+            c
+            | {
+                "message_id": f"{c['message_id']}.{position}",
+                "headers": c["headers"] | {p.H_SEQ_ID: c["message_id"]},
+            }
+            for c in copies
+        ]
+        yield chunk, headers, part_copies
 
 
 def _original(

@@ -60,7 +60,53 @@ def inject(
     )
     final = _final_cms(cms, picked, until_us, grace_us)
 
-    late_acks = late.select(
+    late_acks = _late_acks(late)
+    visible = acks.where(F.col("received_at") <= F.timestamp_micros(F.lit(until_us)))
+    topics = {d for t in spec.templates for d, _, topic in t.slots() if topic}
+    queue_acks = visible.where(~F.col("destination").isin(*topics)) if topics else visible
+    again = _ranked(
+        queue_acks, _u(seed, 32, "ack_id"), spec.multiple_consumptions, "second acks"
+    ).drop("rank")
+    again = again.withColumn("ack_id", F.concat(F.col("ack_id"), F.lit("-again")))
+    orphans = _orphans(spark, spec)
+    duplicates = _ranked(
+        visible.where(F.col("received_at") <= F.timestamp_micros(F.lit(until_us - 2_000_000))),
+        _u(seed, 33, "ack_id"),
+        spec.duplicates,
+        "duplicate anomalies",
+    )
+    anomalies = _anomalies(duplicates, orphans, spec.duplicates)
+    all_acks = (
+        visible.unionByName(conform(late_acks, ACKS))
+        .unionByName(conform(again, ACKS))
+        .unionByName(conform(orphans, ACKS))
+    )
+    tables = {
+        "cms": conform(final, CMS),
+        "copies": conform(_copies(cms), COPIES),
+        "acks": conform(all_acks, ACKS),
+        "compensations": conform(_compensations(final, cms, until_us), COMPENSATIONS),
+        "anomalies": conform(anomalies, ANOMALIES),
+    }
+    counts = {
+        name: getattr(spec, name)
+        for name in (
+            "wrong_verdicts",
+            "late_harmless",
+            "late_changing",
+            "duplicates",
+            "orphans",
+            "multiple_consumptions",
+            "stale_pending",
+        )
+    }
+    return tables, counts
+
+
+def _late_acks(late: DataFrame) -> DataFrame:
+    """One read ack per late CM on its first destination, received after the decision:
+    read in time where it changes the verdict, after the evaluation instant otherwise."""
+    return late.select(
         F.concat(F.col("cm_id"), F.lit("-late")).alias("ack_id"),
         "cm_id",
         F.col("slots")[0]["destination"].alias("destination"),
@@ -78,21 +124,11 @@ def inject(
         .otherwise(F.lit("after_decision"))
         .alias("status"),
     )
-    visible = acks.where(F.col("received_at") <= F.timestamp_micros(F.lit(until_us)))
-    topics = {d for t in spec.templates for d, _, topic in t.slots() if topic}
-    queue_acks = visible.where(~F.col("destination").isin(*topics)) if topics else visible
-    again = _ranked(
-        queue_acks, _u(seed, 32, "ack_id"), spec.multiple_consumptions, "second acks"
-    ).drop("rank")
-    again = again.withColumn("ack_id", F.concat(F.col("ack_id"), F.lit("-again")))
-    orphans = _orphans(spark, spec)
-    duplicates = _ranked(
-        visible.where(F.col("received_at") <= F.timestamp_micros(F.lit(until_us - 2_000_000))),
-        _u(seed, 33, "ack_id"),
-        spec.duplicates,
-        "duplicate anomalies",
-    )
-    anomalies = duplicates.select(
+
+
+def _anomalies(duplicates: DataFrame, orphans: DataFrame, n_duplicates: int) -> DataFrame:
+    """The anomaly rows of the redelivered acks and of the acks for unknown CMs."""
+    return duplicates.select(
         F.col("rank").cast("long").alias("id"),
         F.lit("duplicate").alias("kind"),
         "cm_id",
@@ -103,7 +139,7 @@ def inject(
         (F.col("received_at") + F.expr("INTERVAL 1 SECOND")).alias("recorded_at"),
     ).unionByName(
         orphans.select(
-            (F.col("n") + spec.duplicates + 1).cast("long").alias("id"),
+            (F.col("n") + n_duplicates + 1).cast("long").alias("id"),
             F.lit("unknown_cm").alias("kind"),
             "cm_id",
             "ack_id",
@@ -113,28 +149,6 @@ def inject(
             (F.col("received_at") + F.expr("INTERVAL 1 MILLISECOND")).alias("recorded_at"),
         )
     )
-    all_acks = (
-        visible.unionByName(conform(late_acks, ACKS))
-        .unionByName(conform(again, ACKS))
-        .unionByName(conform(orphans, ACKS))
-    )
-    tables = {
-        "cms": conform(final, CMS),
-        "copies": conform(_copies(cms), COPIES),
-        "acks": conform(all_acks, ACKS),
-        "compensations": conform(_compensations(final, cms, until_us), COMPENSATIONS),
-        "anomalies": conform(anomalies, ANOMALIES),
-    }
-    counts = {
-        "wrong_verdicts": spec.wrong_verdicts,
-        "late_harmless": spec.late_harmless,
-        "late_changing": spec.late_changing,
-        "duplicates": spec.duplicates,
-        "orphans": spec.orphans,
-        "multiple_consumptions": spec.multiple_consumptions,
-        "stale_pending": spec.stale_pending,
-    }
-    return tables, counts
 
 
 def _final_cms(cms: DataFrame, picked: DataFrame, until_us: int, grace_us: int) -> DataFrame:

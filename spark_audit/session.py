@@ -56,14 +56,14 @@ def session_config(options: SessionOptions) -> dict[str, str]:
         "spark.driver.extraJavaOptions": HUGE_METHODS,
         "spark.executor.extraJavaOptions": HUGE_METHODS,
         # One audit generates about 160 classes (whole-stage code, the compiled verdicts);
-        # with Spark's default cache of 100, a second audit in the same JVM compiled 140
-        # of them again with Janino (1M acks: 14.4 s warm, 10.5 s with this). Static: it
-        # takes effect where this session starts the JVM.
+        # with Spark's default cache of 100, a second audit in the same JVM would compile
+        # most of them again with Janino, a large part of a warm audit's time (figures in
+        # bench/RESULTS.md). Static: it takes effect where this session starts the JVM.
         "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
         # PySpark's DataFrame debugging records the Python call site in the JVM around
         # every DataFrame and Column call: about five Py4J round trips each (the active
-        # session, the origin class, a config read, set and clear). Off, a warm 1M-ack
-        # audit makes 6,600 Py4J calls instead of 17,800. Spark's error messages then name
+        # session, the origin class, a config read, set and clear). Off, an audit makes
+        # about a third of the Py4J calls. Spark's error messages then name
         # the failing expression but not the Python line that built it.
         "spark.python.sql.dataFrameDebugging.enabled": "false",
     }

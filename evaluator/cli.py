@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import threading
 from datetime import timedelta
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from condmsg.errors import ConfigError
@@ -23,6 +20,7 @@ from condmsg.settings import (
     ENV_RETENTION_INTERVAL_S,
     parse_duration,
 )
+from condmsg.stopping import StopSignals
 
 if TYPE_CHECKING:
     from evaluator.config import EvaluatorConfig
@@ -126,14 +124,9 @@ def run(args: argparse.Namespace) -> int:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port, registry=service.registry)
-    stopping = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stopping = StopSignals().install().event
     service.start()
+    logging.getLogger(__name__).info("evaluator for sender %s started", args.sender)
     # The service waits for the database and the broker itself; its thread ends on its
     # own only for a configuration error (logged), which no restart mends.
     while not stopping.wait(1.0):

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
 import threading
 from datetime import timedelta
 from typing import IO, Any
 
 from condmsg.errors import ConfigError
+from condmsg.stopping import StopSignals
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from evaluator.workers import WorkerConfig
@@ -58,9 +58,7 @@ def main() -> int:
         return 0  # the service went away before saying anything
     config = WorkerConfig(**json.loads(line))
 
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _s, _f: done.set())
-    signal.signal(signal.SIGINT, lambda _s, _f: done.set())
+    done = StopSignals().install().event
 
     def leash() -> None:
         sys.stdin.read()  # until the service closes it or dies

@@ -82,6 +82,8 @@ class Relay:
 
         self._wake_event = threading.Event()
         self._stop_event = threading.Event()
+        # Set by request_stop, which a signal handler may call: a plain attribute, no lock.
+        self._stop_requested = False
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._running = False
@@ -121,6 +123,7 @@ class Relay:
         if self._thread is not None:
             raise OutboxError("this relay is already running")
         self._stop_event.clear()
+        self._stop_requested = False
         self._thread = threading.Thread(target=self.run, name="outbox-relay", daemon=True)
         self._thread.start()
         return self
@@ -132,6 +135,15 @@ class Relay:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s if timeout_s is not None else self.config.stop_timeout_s + 15.0)
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to stop, as :meth:`stop` does, without waiting and without
+        taking a lock: safe in a signal handler (``threading.Event.set`` is not, when the
+        interrupted frame is waiting on that event). The loop sees it within half a second."""
+        self._stop_requested = True
+
+    def _stopping(self) -> bool:
+        return self._stop_requested or self._stop_event.is_set()
 
     def __enter__(self) -> Relay:
         return self.start()
@@ -148,7 +160,7 @@ class Relay:
         """Run in the current thread until :meth:`stop` (from another thread or a signal)."""
         self._open()
         try:
-            while not self._stop_event.is_set():
+            while not self._stopping():
                 self._step()
                 self._wait()
         finally:
@@ -244,7 +256,7 @@ class Relay:
         self._settle_done()
         self._check_overdue()
         self._refresh_status()
-        if self._stop_event.is_set() or not self._ensure_publisher():
+        if self._stopping() or not self._ensure_publisher():
             return
         self._claim_more()
 
@@ -291,7 +303,7 @@ class Relay:
         publisher = self._publisher
         assert publisher is not None
         most = self.config.max_batches_in_flight
-        while len(self._inflight) < most and not self._stop_event.is_set():
+        while len(self._inflight) < most and not self._stopping():
             now = time.monotonic()
             if now < self._next_claim_at:
                 return

@@ -101,13 +101,14 @@ def run(args: argparse.Namespace) -> int:
             start_http_server(args.metrics_port, registry=relay.registry)
 
         def _stop(signum: int, _frame: FrameType | None) -> None:
-            logging.getLogger(__name__).info("signal %d: stopping the relay", signum)
-            relay.stop()
+            # Only a flag: see condmsg.stopping for why a handler takes no lock.
+            relay.request_stop()
 
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
         logging.getLogger(__name__).info("relay started on table %s", args.table)
         relay.run()
+        logging.getLogger(__name__).info("relay stopped")
         return 0
     except outbox.CondmsgError as exc:
         print(f"condmsg relay: {exc}", file=sys.stderr)

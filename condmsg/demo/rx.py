@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import json
 import queue
-import signal
 import sys
 import threading
 from dataclasses import asdict, dataclass
-from types import FrameType
 from typing import Any
 
 from ackd.message import Message
 from ackd.receiver import Receiver
 from condmsg.protocol import MessageKind, format_instant
+from condmsg.stopping import StopSignals
 from condmsg.timeutil import utcnow
 
 
@@ -122,13 +121,7 @@ def _describe(message: Message) -> dict[str, Any]:
 
 
 def main(config: dict[str, Any]) -> int:
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = StopSignals().install().event
     receiver = Receiver.from_env(recipient=config["recipient"], invalid_queue=config["invalid"])
     relay = receiver.start_relay()
     inbox: queue.Queue[dict[str, Any]] = queue.Queue()

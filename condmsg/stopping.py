@@ -1,0 +1,45 @@
+"""Stopping a service on SIGTERM or SIGINT without a lock in the signal handler.
+
+Python runs a signal handler in the main thread, between two bytecodes of whatever that
+thread was doing. If the handler takes a lock (``threading.Event.set`` does, and so does
+anything that notifies a condition) while the interrupted frame holds the same lock (a
+main loop inside ``Event.wait``), the process hangs for ever. So the handler here only
+assigns an attribute; a watcher thread turns it into an ordinary :class:`threading.Event`
+that the rest of the service waits on as usual.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from types import FrameType
+
+#: How often the watcher looks at the flag (seconds): the most a stop is delayed by it.
+POLL_S = 0.1
+
+
+class StopSignals:
+    """SIGTERM and SIGINT as a :class:`threading.Event` (:attr:`event`), set from a thread
+    of its own; the handler itself only assigns :attr:`requested`."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signum: int | None = None
+        self.event = threading.Event()
+
+    def install(self) -> StopSignals:
+        """Handle SIGTERM and SIGINT from now on (call from the main thread)."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        threading.Thread(target=self._watch, name="stop-signals", daemon=True).start()
+        return self
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.signum = signum
+        self.requested = True
+
+    def _watch(self) -> None:
+        while not self.requested and not self.event.is_set():
+            time.sleep(POLL_S)
+        self.event.set()

@@ -23,6 +23,7 @@ from condmsg.errors import CondmsgError
 COMMAND_MODULES = (
     "version",
     "check_services",
+    "db",
     "relay",
     "evaluator",
     "retention",

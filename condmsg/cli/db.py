@@ -1,0 +1,74 @@
+"""``condmsg db upgrade|current|check``: the schema versions of condmsg's stores.
+
+``--store`` names the store (``sender``, ``receiver`` or ``outbox``; default ``sender``);
+``--db-url`` the database (default: ``CONDMSG_DB_URL``; one of the two must be given: this
+command never picks a database the user did not name). Exit codes: 0 done or current, 1
+the check failed, 2 a usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import sqlalchemy as sa
+
+from condmsg import migrate
+from condmsg.db import describe_db_url
+from condmsg.errors import ConfigError
+from condmsg.settings import ENV_DB_URL
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("db", help="upgrade, show or check a store's schema")
+    parser.add_argument("action", choices=("upgrade", "current", "check"))
+    parser.add_argument("--store", choices=migrate.STORES, default="sender", help="default: sender")
+    parser.add_argument("--db-url", help=f"the database (default: {ENV_DB_URL})")
+    parser.set_defaults(handler=run)
+
+
+def _url(args: argparse.Namespace) -> str:
+    url = args.db_url or os.environ.get(ENV_DB_URL)
+    if not url:
+        raise ConfigError(f"name the database: --db-url or {ENV_DB_URL}")
+    return str(url)
+
+
+def run(args: argparse.Namespace) -> int:
+    url = _url(args)
+    try:
+        engine = sa.create_engine(url)
+    except (sa.exc.ArgumentError, ImportError) as exc:
+        raise ConfigError(f"bad database URL {describe_db_url(url)}: {exc}") from None
+    try:
+        return _act(args.action, args.store, engine)
+    except sa.exc.OperationalError as exc:
+        reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+        print(
+            f"condmsg db: cannot use the database at {describe_db_url(url)}: {reason}",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        engine.dispose()
+
+
+def _act(action: str, store: str, engine: sa.Engine) -> int:
+    if action == "upgrade":
+        done = migrate.upgrade(engine, store)
+        print(f"{store}: {done.revision} (current)")
+        return 0
+    if action == "current":
+        for name, revision in migrate.revisions(engine).items():
+            found = migrate.StoreRevision(name, revision, migrate.head(name))
+            print(f"{name}: {revision or '-'} ({found.state.value}; expects {found.head})")
+        return 0
+    try:
+        migrate.check(engine, store)
+    except migrate.SchemaError as exc:
+        print(f"condmsg db: {exc}", file=sys.stderr)
+        return 1
+    print(f"{store}: current")
+    return 0

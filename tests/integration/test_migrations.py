@@ -1,0 +1,144 @@
+"""Schema migrations: the migrated schema is the models' schema, old stores are adopted,
+and a store that is missing, behind or ahead is refused with one line naming the fix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from ackd import tables as receiver_tables
+from condmsg import migrate, sender_tables
+from condmsg.sender import create_tables as create_sender_tables
+from outbox.table import create_tables as create_outbox_tables
+from outbox.table import metadata as outbox_metadata
+from outbox.table import outbox_table
+
+ROOT = Path(__file__).resolve().parents[2]
+outbox_table()  # the default outbox table, in the outbox package's metadata
+
+MODELS = {
+    "outbox": outbox_metadata,
+    "sender": sender_tables.metadata,
+    "receiver": receiver_tables.metadata,
+}
+
+
+def _drift(conn: sa.Connection, metadata: sa.MetaData) -> list[Any]:
+    """What differs between the database and ``metadata``, for ``metadata``'s tables."""
+
+    def ours(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        if type_ == "table":
+            return name in metadata.tables
+        return True
+
+    context = MigrationContext.configure(conn, opts={"include_object": ours, "compare_type": True})
+    return list(compare_metadata(context, metadata))
+
+
+@pytest.mark.parametrize("store", ["sender", "receiver"])
+def test_upgrade_creates_the_schema_the_models_declare(db_url: str, store: str) -> None:
+    engine = sa.create_engine(db_url)
+    done = migrate.upgrade(engine, store)
+    assert done.state is migrate.SchemaState.CURRENT
+    with engine.connect() as conn:
+        assert _drift(conn, MODELS[store]) == []
+        assert _drift(conn, MODELS["outbox"]) == []
+    migrate.check(engine, store)
+    assert migrate.upgrade(engine, store) == done  # again: nothing to do
+    engine.dispose()
+
+
+def test_a_store_made_before_versioning_is_adopted(db_url: str) -> None:
+    engine = sa.create_engine(db_url)
+    create_sender_tables(engine)
+    receiver_tables.metadata.create_all(engine)
+    with pytest.raises(migrate.SchemaError, match="missing"):
+        migrate.check(engine, "sender")
+    migrate.upgrade(engine, "sender")
+    migrate.upgrade(engine, "receiver")
+    assert migrate.revisions(engine) == {
+        "outbox": migrate.head("outbox"),
+        "sender": migrate.head("sender"),
+        "receiver": migrate.head("receiver"),
+    }
+    migrate.check(engine, "receiver")
+    engine.dispose()
+
+
+def test_an_old_outbox_gains_its_later_column_when_adopted(sqlite_url: str) -> None:
+    engine = sa.create_engine(sqlite_url)
+    create_outbox_tables(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE condmsg_outbox DROP COLUMN copies"))
+    migrate.upgrade(engine, "outbox")
+    with engine.connect() as conn:
+        assert _drift(conn, MODELS["outbox"]) == []
+    engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("revision", "said"),
+    [
+        (None, "missing .* create it with: condmsg db upgrade --store sender"),
+        ("sender_0000", "behind .* upgrade it with: condmsg db upgrade --store sender"),
+        ("sender_9999", "ahead .* a newer release of condmsg wrote it: upgrade condmsg"),
+    ],
+)
+def test_check_refuses_a_store_not_at_this_release(
+    db_url: str, revision: str | None, said: str
+) -> None:
+    engine = sa.create_engine(db_url)
+    migrate.upgrade(engine, "sender")
+    with engine.begin() as conn:
+        version = sa.table(migrate.VERSION_TABLE, sa.column("version_num"))
+        stored = version.c.version_num == migrate.head("sender")
+        if revision is None:
+            conn.execute(sa.delete(version).where(stored))
+        else:
+            conn.execute(sa.update(version).where(stored).values(version_num=revision))
+    with pytest.raises(migrate.SchemaError, match=said) as refused:
+        migrate.check(engine, "sender")
+    assert "\n" not in str(refused.value)
+    engine.dispose()
+
+
+def _db(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "condmsg.cli", "db", *args],
+        cwd=ROOT,
+        env={**{k: v for k, v in os.environ.items() if k != "CONDMSG_DB_URL"}, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_db_command_upgrades_checks_and_explains(tmp_path: Path, pg_url: str) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    refused = _db("check", "--db-url", url)
+    assert refused.returncode == 1
+    assert refused.stderr.count("\n") == 1 and "condmsg db upgrade" in refused.stderr
+    assert _db("upgrade", "--store", "receiver", "--db-url", url).returncode == 0
+    current = _db("current", env={"CONDMSG_DB_URL": url})
+    assert current.returncode == 0
+    assert "receiver: receiver_0001 (current" in current.stdout
+    assert "sender: - (missing" in current.stdout
+    assert _db("check", "--store", "receiver", "--db-url", url).returncode == 0
+
+    unnamed = _db("current")
+    assert unnamed.returncode == 2 and "--db-url or CONDMSG_DB_URL" in unnamed.stderr
+    assert not (ROOT / "condmsg.db").exists()
+
+    wrong = pg_url.replace("/test", "/no_such_database")
+    missing = _db("check", "--db-url", wrong)
+    assert missing.returncode == 1
+    assert missing.stderr.count("\n") == 1 and "no_such_database" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -10,14 +10,9 @@ from pika import frame, spec
 from pika.data import decode_short_string, decode_table, decode_value
 
 from outbox import frames
+from outbox.frames import encode, row_messages
 from outbox.message import OutboxMessage, StoredMessage
-from outbox.publisher import (
-    COPY_HEADER,
-    ROW_ID_HEADER,
-    encode,
-    pika_properties,
-    row_messages,
-)
+from outbox.publishing import COPY_HEADER, ROW_ID_HEADER, pika_properties
 
 FRAME_MAX = 131072
 OURS = (ROW_ID_HEADER, COPY_HEADER)

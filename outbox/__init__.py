@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from outbox.enqueueing import enqueue, enqueue_all, enqueue_fanouts, enqueue_many
     from outbox.message import Fanout, OutboxMessage, StoredMessage
     from outbox.metrics import RelayMetrics
-    from outbox.publisher import COPY_HEADER, ROW_ID_HEADER
+    from outbox.publishing import COPY_HEADER, ROW_ID_HEADER
     from outbox.relay import Relay, RelayStats
     from outbox.store import FailedRow, OutboxStatus, OutboxStore
     from outbox.table import DEFAULT_TABLE_NAME, create_tables, metadata, outbox_table
@@ -40,7 +40,7 @@ _DEFINED_IN = {
     **dict.fromkeys(("Fanout", "OutboxMessage", "StoredMessage"), "message"),
     "RelayConfig": "config",
     "RelayMetrics": "metrics",
-    **dict.fromkeys(("COPY_HEADER", "ROW_ID_HEADER"), "publisher"),
+    **dict.fromkeys(("COPY_HEADER", "ROW_ID_HEADER"), "publishing"),
     **dict.fromkeys(("Relay", "RelayStats"), "relay"),
     **dict.fromkeys(("FailedRow", "OutboxStatus", "OutboxStore"), "store"),
     **dict.fromkeys(("DEFAULT_TABLE_NAME", "create_tables", "metadata", "outbox_table"), "table"),

@@ -1,8 +1,9 @@
 """What a relay is configured with (:class:`RelayConfig`), checked when it is built.
 
 The outbox is a package of its own (it imports nothing of condmsg), so
-:meth:`RelayConfig.from_env` reads the environment key itself: ``CONDMSG_AMQP_URL``, the
-broker URL every condmsg service and ``condmsg relay`` read.
+:meth:`RelayConfig.from_env` reads the environment keys itself: ``CONDMSG_AMQP_URL``, the
+broker URL every condmsg service and ``condmsg relay`` read, and
+``CONDMSG_RELAY_PUBLISHING``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from typing import Any
 from outbox.table import DEFAULT_TABLE_NAME
 
 ENV_AMQP_URL = "CONDMSG_AMQP_URL"
+ENV_PUBLISHING = "CONDMSG_RELAY_PUBLISHING"
+#: How the relay puts messages on the channel (see :mod:`outbox.publishing`): ``frames``
+#: encoded by the outbox, or ``pika``'s ``basic_publish``.
+PUBLISHING_CHOICES = ("frames", "pika")
 #: The broker of a development machine (the same default as ``condmsg.settings``).
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
@@ -59,14 +64,31 @@ class RelayConfig:
     stop_timeout_s: float = 10.0
     #: The RabbitMQ connection name (shown in the management UI).
     connection_name: str = "outbox-relay"
+    #: How messages are put on the channel: one of :data:`PUBLISHING_CHOICES`.
+    publishing: str = "frames"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.max_batches_in_flight < 1:
             raise ValueError("batch_size and max_batches_in_flight must be at least 1")
+        if self.publishing not in PUBLISHING_CHOICES:
+            raise ValueError(
+                f"publishing must be one of {', '.join(PUBLISHING_CHOICES)}, "
+                f"got {self.publishing!r}"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **fields: Any) -> RelayConfig:
-        """The broker from ``CONDMSG_AMQP_URL`` (default: a development machine's), with
-        the ``fields`` given taking precedence."""
+        """The broker from ``CONDMSG_AMQP_URL`` (default: a development machine's) and the
+        publishing from ``CONDMSG_RELAY_PUBLISHING`` (default ``frames``), with the
+        ``fields`` given taking precedence."""
         env = os.environ if environ is None else environ
-        return cls(**({"amqp_url": env.get(ENV_AMQP_URL, DEFAULT_AMQP_URL)} | fields))
+        found: dict[str, Any] = {"amqp_url": env.get(ENV_AMQP_URL, DEFAULT_AMQP_URL)}
+        publishing = env.get(ENV_PUBLISHING)
+        if publishing is not None and "publishing" not in fields:
+            if publishing not in PUBLISHING_CHOICES:
+                raise ValueError(
+                    f"{ENV_PUBLISHING} must be one of {', '.join(PUBLISHING_CHOICES)}, "
+                    f"got {publishing!r}"
+                )
+            found["publishing"] = publishing
+        return cls(**(found | fields))

@@ -1,4 +1,5 @@
-"""AMQP 0-9-1 ``basic.publish`` frames, encoded for a whole batch at once.
+"""AMQP 0-9-1 ``basic.publish`` frames, encoded for a whole batch at once, and
+:class:`FramePublishing`, the :class:`~outbox.publishing.Publishing` that writes them.
 
 The relay publishes thousands of messages per second from one Python thread. pika's
 ``basic_publish`` builds a method object, two frame objects and a properties object per
@@ -8,16 +9,31 @@ bytes (a fan-out row's shared properties once, not once per copy), and the publi
 a batch's frames with one call. The bytes are exactly what pika sends for the same message
 (tested against pika's encoder), with one addition: float header values are encoded as
 AMQP doubles (``d``), which pika's encoder refuses.
+
+The frames reach the socket through pika's private ``Connection._adapter_emit_data``, the
+hook under ``basic_publish``, and rely on pika's frame layout and its connection's
+``params.frame_max``: pyproject.toml pins pika to the range this is tested with.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from outbox.errors import OutboxValueError
-from outbox.message import OutboxMessage
+from pika.channel import Channel
+from pika.connection import Connection
+
+from outbox.message import COPY_FIELDS, OutboxMessage, StoredMessage
+from outbox.publishing import (
+    COPY_HEADER,
+    OURS,
+    ROW_ID_HEADER,
+    AmqpEncodingError,
+    MessageKey,
+    Outcome,
+    each_message,
+)
 
 _FRAME_METHOD, _FRAME_HEADER, _FRAME_BODY, _FRAME_END = 1, 2, 3, 0xCE
 _BASIC_CLASS = 60
@@ -45,16 +61,19 @@ _I64 = struct.Struct(">q")
 _2_31 = 2**31
 _F64 = struct.Struct(">d")
 
+#: Frames handed to the socket per write (one write per message would be three).
+_WRITE_BYTES = 256 * 1024
 
-class FrameEncodingError(OutboxValueError):
-    """A value that cannot travel in an AMQP message (a name over 255 bytes, a huge int)."""
+
+class FrameEncodingError(AmqpEncodingError):
+    """A value the frame encoder cannot put in an AMQP message."""
 
 
 def shortstr(value: str) -> bytes:
     """An AMQP short string: length octet, UTF-8 bytes (at most 255)."""
     raw = value.encode()
     if len(raw) > 255:
-        raise FrameEncodingError(f"{value[:40]!r}... is longer than 255 bytes")
+        raise FrameEncodingError.too_long(value)
     return bytes((len(raw),)) + raw
 
 
@@ -72,7 +91,7 @@ def field_value(value: Any) -> bytes:
         try:
             return b"l" + _I64.pack(value)
         except struct.error:
-            raise FrameEncodingError(f"header value {value} does not fit 64 bits") from None
+            raise FrameEncodingError.too_big(value) from None
     if value is None:
         return b"V"
     if isinstance(value, float):
@@ -84,7 +103,7 @@ def field_value(value: Any) -> bytes:
         return b"A" + _U32.pack(len(items)) + items
     if isinstance(value, bytes):
         return b"x" + _U32.pack(len(value)) + value
-    raise FrameEncodingError(f"cannot encode a {type(value).__name__} as an AMQP field value")
+    raise FrameEncodingError.unsupported(value)
 
 
 def table_entries(table: Mapping[str, Any]) -> bytes:
@@ -157,3 +176,94 @@ def publish(
         chunk = body[start : start + step]
         parts += (_FRAME_START.pack(_FRAME_BODY, channel, len(chunk)), chunk, _END)
     return b"".join(parts)
+
+
+class FramePublishing:
+    """Each message encoded here; a batch's frames handed to the socket in writes of up to
+    256 KiB (pika's ``basic_publish`` makes three writes per message)."""
+
+    name = "frames"
+
+    def publish(
+        self, channel: Channel, rows: Sequence[StoredMessage], missing: Collection[str]
+    ) -> list[Outcome]:
+        conn = channel.connection
+        number, frame_max = channel.channel_number, conn.params.frame_max
+        out: list[bytes] = []
+        size = 0
+
+        def put(message: OutboxMessage, headers: bytes) -> None:
+            nonlocal size
+            data = encode(message, headers, number, frame_max)
+            out.append(data)
+            size += len(data)
+            if size >= _WRITE_BYTES:
+                _write(conn, out)
+                size = 0
+
+        outcomes = each_message(rows, missing, row_messages, put)
+        _write(conn, out)
+        return outcomes
+
+
+def row_messages(row: StoredMessage) -> list[tuple[MessageKey, OutboxMessage, bytes]]:
+    """The messages of a claimed row with their keys and encoded header entries (the
+    row's own id, and copy number, last). The headers a fan-out row's copies share are
+    encoded once for the row."""
+    base = row.message
+    if not row.copies:
+        entries = _entries(base.headers) + _entry(ROW_ID_HEADER, row.id)
+        return [((row.id, None), base, entries)]
+    common = _entries(base.headers) + _entry(ROW_ID_HEADER, row.id)
+    shared = base.headers or {}
+    out: list[tuple[MessageKey, OutboxMessage, bytes]] = []
+    for copy in row.copies:
+        n = int(copy["n"])
+        message = base
+        if len(copy) > 1 + ("headers" in copy):  # fields of its own besides n and headers
+            fields = {name: copy.get(name, getattr(base, name)) for name in COPY_FIELDS}
+            message = OutboxMessage.trusted(body=base.body, headers=None, **fields)
+        own = copy.get("headers")
+        if own and any(k in shared for k in own):
+            # A copy's header overrides a shared one (as in copy_message): one entry per
+            # name, or the broker (first entry) and consumers (last) would disagree.
+            merged = _entries({**shared, **own}) + _entry(ROW_ID_HEADER, row.id)
+            entries = merged + _entry(COPY_HEADER, n)
+        else:
+            entries = common + _entries(own) + _entry(COPY_HEADER, n)
+        out.append(((row.id, n), message, entries))
+    return out
+
+
+def encode(message: OutboxMessage, headers: bytes, channel: int, frame_max: int) -> bytes:
+    """The frames of one ``basic.publish`` of ``message`` with the encoded ``headers``."""
+    return publish(
+        channel,
+        exchange=message.exchange,
+        routing_key=message.routing_key,
+        mandatory=message.mandatory,
+        props=properties(message, headers),
+        body=message.body,
+        frame_max=frame_max,
+    )
+
+
+def _entries(headers: Any) -> bytes:
+    if not headers:
+        return b""
+    if any(k in headers for k in OURS):  # the publisher's own headers win
+        headers = {k: v for k, v in headers.items() if k not in OURS}
+    return table_entries(headers)
+
+
+def _entry(name: str, value: int) -> bytes:
+    return shortstr(name) + field_value(value)
+
+
+def _write(conn: Connection, out: list[bytes]) -> None:
+    """Hand encoded frames to the connection's socket buffer as one write."""
+    if out:
+        # pika's adapter hook under basic_publish; the channel's own bookkeeping is not
+        # needed (the publisher counts delivery tags itself).
+        conn._adapter_emit_data(b"".join(out))  # type: ignore[attr-defined]
+        out.clear()

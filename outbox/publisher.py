@@ -4,7 +4,9 @@ A :class:`Publisher` owns one pika ``SelectConnection`` and runs its I/O loop in
 its own (pika objects are touched only by that thread; other threads hand work over with
 ``add_callback_threadsafe``). Batches are published back to back on one confirm-mode
 channel and each resolves when the broker has answered for every message in it, so many
-confirms are in flight at once instead of one blocking round trip per message.
+confirms are in flight at once instead of one blocking round trip per message. How a
+batch's messages get onto the channel is a :class:`~outbox.publishing.Publishing` (frames
+encoded here, or pika's ``basic_publish``); the publisher keeps the delivery tags.
 
 Per message the broker answers with exactly one ack or nack, preceded by a ``basic.return``
 when a ``mandatory`` message could not be routed. The return carries no delivery tag, so each
@@ -29,7 +31,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 import pika
 import pika.exceptions
@@ -38,44 +39,21 @@ from pika.channel import Channel
 from pika.frame import Method
 from pika.spec import Basic, BasicProperties
 
-from outbox import frames
 from outbox.errors import BrokerError
-from outbox.message import COPY_FIELDS, OutboxMessage, StoredMessage
+from outbox.frames import FramePublishing
+from outbox.message import StoredMessage
+from outbox.publishing import COPY_HEADER, ROW_ID_HEADER, MessageKey, PikaPublishing, Publishing
 from outbox.urls import broker_address
 
 log = logging.getLogger(__name__)
 
-#: Header that carries the outbox row id on every published message.
-ROW_ID_HEADER = "x-outbox-id"
-#: Header that carries a message's copy number within a fan-out row (absent otherwise).
-COPY_HEADER = "x-outbox-copy"
-_OURS = (ROW_ID_HEADER, COPY_HEADER)
-
-#: One published message: (row id, copy number; None for a plain row).
-MessageKey = tuple[int, int | None]
-
-#: Frames handed to the socket per write (one write per message would be three).
-_WRITE_BYTES = 256 * 1024
+#: The implementations of :class:`Publishing` by the name ``RelayConfig.publishing`` gives.
+PUBLISHINGS: dict[str, type[Publishing]] = {
+    FramePublishing.name: FramePublishing,
+    PikaPublishing.name: PikaPublishing,
+}
 
 _NO_EXCHANGE = re.compile(r"no exchange '(?P<name>[^']*)'")
-
-
-def pika_properties(row_id: int, message: OutboxMessage) -> BasicProperties:
-    """The AMQP properties of ``message``, with its row id in the ``x-outbox-id`` header."""
-    headers: dict[str, Any] = dict(message.headers) if message.headers else {}
-    headers[ROW_ID_HEADER] = row_id
-    return BasicProperties(
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        headers=headers,
-        delivery_mode=2 if message.persistent else 1,
-        priority=message.priority,
-        correlation_id=message.correlation_id,
-        reply_to=message.reply_to,
-        expiration=None if message.expiration_ms is None else str(message.expiration_ms),
-        message_id=message.message_id,
-        type=message.message_type,
-    )
 
 
 def describe_connect_error(url: str, exc: BaseException) -> str:
@@ -145,8 +123,10 @@ class Publisher:
         on_done: Callable[[], None] = lambda: None,
         connect_timeout_s: float = 10.0,
         connection_name: str = "outbox-relay",
+        publishing: Publishing | None = None,
     ) -> None:
         self.amqp_url = amqp_url
+        self._publishing = publishing if publishing is not None else FramePublishing()
         self._on_done = on_done
         self._connect_timeout_s = connect_timeout_s
         self._connection_name = connection_name
@@ -364,47 +344,21 @@ class Publisher:
     # -- publishing and confirms ----------------------------------------------------------
 
     def _publish(self, batch: PendingBatch) -> None:
-        channel, conn = self._channel, self._conn
-        if channel is None or not channel.is_open or conn is None:
+        channel = self._channel
+        if channel is None or not channel.is_open:
             self._fail_in_loop("the publishing channel is closed")
             return
-        vhost_hint = "declare it before enqueueing, then requeue_failed()"
-        number, frame_max = channel.channel_number, conn.params.frame_max
-        out: list[bytes] = []
-        size = 0
-        for row in batch.rows:
-            try:
-                messages = row_messages(row)
-            except frames.FrameEncodingError as exc:
-                # Never raise in the I/O loop: the publisher would die, the row go back
-                # and stop the relay again on every claim. Park it with the reason.
-                for key in row_keys(row):
-                    batch.result.refused[key] = f"cannot be encoded as AMQP: {exc}"
+        # The channel is in confirm mode: the broker numbers its publishes 1, 2, 3...
+        for key, refusal in self._publishing.publish(channel, batch.rows, batch.missing):
+            if refusal is not None:
+                batch.result.refused[key] = refusal
                 continue
-            for key, message, headers in messages:
-                if message.exchange in batch.missing:
-                    batch.result.refused[key] = (
-                        f"exchange {message.exchange!r} does not exist (404 NOT_FOUND); "
-                        f"{vhost_hint}"
-                    )
-                    continue
-                try:
-                    data = encode(message, headers, number, frame_max)
-                except frames.FrameEncodingError as exc:
-                    batch.result.refused[key] = f"cannot be encoded as AMQP: {exc}"
-                    continue
-                out.append(data)
-                size += len(data)
-                if size >= _WRITE_BYTES:
-                    _write(conn, out)
-                    size = 0
-                tag = self._next_tag
-                self._next_tag += 1
-                self._tags[tag] = (batch, key)
-                self._tag_order.append(tag)
-                self._key_batch[key] = batch
-                batch.outstanding += 1
-        _write(conn, out)
+            tag = self._next_tag
+            self._next_tag += 1
+            self._tags[tag] = (batch, key)
+            self._tag_order.append(tag)
+            self._key_batch[key] = batch
+            batch.outstanding += 1
         if batch.outstanding == 0:
             self._finish(batch)
 
@@ -464,73 +418,3 @@ class Publisher:
             self._conn.close()
         elif self._conn is not None:
             self._conn.ioloop.stop()
-
-
-def row_messages(row: StoredMessage) -> list[tuple[MessageKey, OutboxMessage, bytes]]:
-    """The messages of a claimed row with their keys and encoded header entries (the
-    row's own id, and copy number, last). The headers a fan-out row's copies share are
-    encoded once for the row."""
-    base = row.message
-    if not row.copies:
-        entries = _entries(base.headers) + _entry(ROW_ID_HEADER, row.id)
-        return [((row.id, None), base, entries)]
-    common = _entries(base.headers) + _entry(ROW_ID_HEADER, row.id)
-    shared = base.headers or {}
-    out: list[tuple[MessageKey, OutboxMessage, bytes]] = []
-    for copy in row.copies:
-        n = int(copy["n"])
-        message = base
-        if len(copy) > 1 + ("headers" in copy):  # fields of its own besides n and headers
-            fields = {name: copy.get(name, getattr(base, name)) for name in COPY_FIELDS}
-            message = OutboxMessage.trusted(body=base.body, headers=None, **fields)
-        own = copy.get("headers")
-        if own and any(k in shared for k in own):
-            # A copy's header overrides a shared one (as in copy_message): one entry per
-            # name, or the broker (first entry) and consumers (last) would disagree.
-            merged = _entries({**shared, **own}) + _entry(ROW_ID_HEADER, row.id)
-            entries = merged + _entry(COPY_HEADER, n)
-        else:
-            entries = common + _entries(own) + _entry(COPY_HEADER, n)
-        out.append(((row.id, n), message, entries))
-    return out
-
-
-def row_keys(row: StoredMessage) -> list[MessageKey]:
-    """The keys of the messages of a claimed row (without encoding them)."""
-    if not row.copies:
-        return [(row.id, None)]
-    return [(row.id, int(copy["n"])) for copy in row.copies]
-
-
-def encode(message: OutboxMessage, headers: bytes, channel: int, frame_max: int) -> bytes:
-    """The frames of one ``basic.publish`` of ``message`` with the encoded ``headers``."""
-    return frames.publish(
-        channel,
-        exchange=message.exchange,
-        routing_key=message.routing_key,
-        mandatory=message.mandatory,
-        props=frames.properties(message, headers),
-        body=message.body,
-        frame_max=frame_max,
-    )
-
-
-def _entries(headers: Any) -> bytes:
-    if not headers:
-        return b""
-    if any(k in headers for k in _OURS):  # ours win, as they always did
-        headers = {k: v for k, v in headers.items() if k not in _OURS}
-    return frames.table_entries(headers)
-
-
-def _entry(name: str, value: int) -> bytes:
-    return frames.shortstr(name) + frames.field_value(value)
-
-
-def _write(conn: SelectConnection, out: list[bytes]) -> None:
-    """Hand encoded frames to the connection's socket buffer as one write."""
-    if out:
-        # pika's adapter hook under basic_publish; the channel's own bookkeeping is not
-        # needed (this publisher counts delivery tags itself).
-        conn._adapter_emit_data(b"".join(out))  # type: ignore[attr-defined]
-        out.clear()

@@ -32,7 +32,7 @@ from outbox.config import RelayConfig
 from outbox.errors import BrokerError, OutboxError, OutboxTimeout, StoreError
 from outbox.metrics import RelayMetrics
 from outbox.notify import Listener
-from outbox.publisher import PendingBatch, Publisher
+from outbox.publisher import PUBLISHINGS, PendingBatch, Publisher
 from outbox.store import Claim, Key, OutboxStatus, OutboxStore
 
 log = logging.getLogger(__name__)
@@ -284,6 +284,7 @@ class Relay:
                 self.config.amqp_url,
                 on_done=self._wake_event.set,
                 connection_name=self.config.connection_name,
+                publishing=PUBLISHINGS[self.config.publishing](),
             ).start()
         except BrokerError as exc:
             self._note_error(str(exc))

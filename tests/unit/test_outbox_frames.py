@@ -1,23 +1,20 @@
-"""The relay's own basic.publish encoding is byte for byte what pika sends."""
+"""The relay's own basic.publish encoding is byte for byte what pika sends, and both
+publishing implementations refuse the same rows for the same reasons."""
 
 from __future__ import annotations
 
 import struct
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 from pika import frame, spec
 from pika.data import decode_short_string, decode_table, decode_value
 
 from outbox import frames
+from outbox.frames import FramePublishing, encode, row_messages
 from outbox.message import OutboxMessage, StoredMessage
-from outbox.publisher import (
-    COPY_HEADER,
-    ROW_ID_HEADER,
-    encode,
-    pika_properties,
-    row_messages,
-)
+from outbox.publishing import COPY_HEADER, ROW_ID_HEADER, PikaPublishing, pika_properties
 
 FRAME_MAX = 131072
 OURS = (ROW_ID_HEADER, COPY_HEADER)
@@ -161,3 +158,71 @@ def test_each_copy_of_a_fanout_row_travels_as_its_expanded_message(
         # Every name once: RabbitMQ reads the first entry of a name, pika the last.
         keys = table_keys(_U32.pack(len(entries)) + entries)
         assert sorted(keys) == sorted(props.headers)
+
+
+class RecordingChannel:
+    """A channel whose connection records what is written to its socket; its
+    ``basic_publish`` marshals the frames as pika's ``Connection._send_message`` does."""
+
+    channel_number = 5
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.connection = SimpleNamespace(
+            params=SimpleNamespace(frame_max=FRAME_MAX), _adapter_emit_data=self.writes.append
+        )
+
+    def basic_publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: spec.BasicProperties,
+        mandatory: bool,
+    ) -> None:
+        publish = spec.Basic.Publish(
+            exchange=exchange, routing_key=routing_key, mandatory=mandatory
+        )
+        step = FRAME_MAX - 8
+        self.writes += [
+            frame.Method(self.channel_number, publish).marshal(),
+            frame.Header(self.channel_number, len(body), properties).marshal(),
+            *(
+                frame.Body(self.channel_number, body[i : i + step]).marshal()
+                for i in range(0, len(body), step)
+            ),
+        ]
+
+
+def test_both_publishings_write_the_same_bytes_and_refuse_the_same_rows() -> None:
+    def row(row_id: int, **fields: object) -> StoredMessage:
+        fields = {"exchange": "", "routing_key": "q", "body": b"b" * 700, **fields}
+        message = OutboxMessage(**fields)  # type: ignore[arg-type]
+        return StoredMessage(id=row_id, created_at=datetime.now(UTC), attempts=0, message=message)
+
+    rows = [
+        row(1, headers=HEADERS, message_id="m", priority=3, expiration_ms=5),
+        row(2, headers={"k" * 256: 1}),
+        *(row(i, headers={"n": i}) for i in range(3, 600)),
+        row(600, headers={"deep": [1, {"x": -(2**64)}]}),
+        row(601, exchange="gone"),
+        row(602, exchange="gone", headers={"big": 2**64}),
+    ]
+    written = {}
+    outcomes = {}
+    for publishing in (FramePublishing(), PikaPublishing()):
+        channel = RecordingChannel()
+        outcomes[publishing.name] = publishing.publish(channel, rows, {"gone"})  # type: ignore[arg-type]
+        written[publishing.name] = channel.writes
+    assert outcomes["pika"] == outcomes["frames"]
+    assert b"".join(written["pika"]) == b"".join(written["frames"])
+    # The frames go out in writes of at least 256 KiB (the last one apart).
+    assert len(written["frames"]) == 2 and len(written["frames"][0]) >= 256 * 1024
+    refused = {key: reason for key, reason in outcomes["frames"] if reason is not None}
+    assert refused == {
+        (2, None): f"cannot be encoded as AMQP: {'k' * 40!r}... is longer than 255 bytes",
+        (600, None): f"cannot be encoded as AMQP: header value {-(2**64)} does not fit 64 bits",
+        (601, None): "exchange 'gone' does not exist (404 NOT_FOUND); "
+        "declare it before enqueueing, then requeue_failed()",
+        (602, None): f"cannot be encoded as AMQP: header value {2**64} does not fit 64 bits",
+    }

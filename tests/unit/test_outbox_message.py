@@ -10,7 +10,8 @@ import pytest
 from outbox import OutboxError, OutboxMessage, OutboxTypeError, OutboxValueError
 from outbox.backoff import Backoff, retry_delay_s
 from outbox.message import Fanout
-from outbox.publisher import ROW_ID_HEADER, describe_connect_error, pika_properties
+from outbox.publisher import describe_connect_error
+from outbox.publishing import ROW_ID_HEADER, pika_properties
 from outbox.table import notify_channel
 from outbox.urls import broker_address, redact_url
 

@@ -24,6 +24,7 @@ from ackd.incoming import (
     message_for,
 )
 from ackd.message import Message
+from ackd.receiver_store import ReceiverStore, StoreTraits
 from condmsg.acks import AckKind
 from condmsg.protocol import MessageKind
 
@@ -37,12 +38,18 @@ LOCK_TIMEOUT_MS = 2000
 
 
 class RlogDecisions:
-    """Takes the RLOG decisions of one receiver and counts them in ``stats``."""
+    """Takes the RLOG decisions of one receiver and counts them in ``stats``.
+
+    ``traits`` are those of ``store`` attached to ``engine``: where rows are locked
+    (``row_locks``), a decision that delivers nothing leaves the app's transaction.
+    """
 
     def __init__(
         self,
         *,
         engine: Engine,
+        store: ReceiverStore,
+        traits: StoreTraits,
         broker: Broker,
         stats: ReceiverStats,
         pending: PendingSequences,
@@ -50,7 +57,8 @@ class RlogDecisions:
         receiver_id: str,
     ) -> None:
         self._engine = engine
-        self._postgres = engine.dialect.name == "postgresql"
+        self._store = store
+        self._row_locks = traits.row_locks
         self._broker = broker
         self._stats = stats
         self._pending = pending
@@ -86,14 +94,14 @@ class RlogDecisions:
         A delivered message's RLOG row commits with the app's transaction. A message that is
         not delivered (duplicate, discard, cancel-out) must not keep its row locked until
         the app commits: two competing consumers would each hold rows the other needs and
-        deadlock again and again. On PostgreSQL its decision is therefore tried in a
-        SAVEPOINT, rolled back (which releases the row) and redone in a short transaction
-        of its own. SQLite has one writer at a time, so there it simply stays in the app's
-        transaction.
+        deadlock again and again. Where rows are locked (PostgreSQL) its decision is
+        therefore tried in a SAVEPOINT, rolled back (which releases the row) and redone in
+        a short transaction of its own. Where one writer runs at a time (SQLite) it simply
+        stays in the app's transaction.
         """
         session = tx.session
         rlog_row = (inbound.cm_id, inbound.destination)
-        if not self._postgres:
+        if not self._row_locks:
             decision = self.rlog_decision(session, incoming, inbound, read_at, True)
             return self._keep_in_transaction(tx, incoming, inbound, read_at, decision)
         if inbound.kind is MessageKind.ORIGINAL and not tx.locked_rlog_rows:
@@ -102,6 +110,7 @@ class RlogDecisions:
             # Holding no RLOG row yet, this transaction cannot be part of a lock cycle
             # through the RLOG.
             if rlog.claim_original(
+                self._store,
                 session,
                 inbound,
                 message_id=incoming.message_id,
@@ -158,7 +167,7 @@ class RlogDecisions:
         """
         try:
             with Session(self._engine) as own, own.begin():
-                own.execute(sa.text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT_MS}ms'"))
+                self._store.limit_lock_wait(own, LOCK_TIMEOUT_MS)
                 decision = self.rlog_decision(own, incoming, inbound, read_at, True)
                 if decision is rlog.Decision.DELIVER:
                     own.rollback()
@@ -192,10 +201,13 @@ class RlogDecisions:
         """The RLOG's decision in ``session``; a non-transactional delivery's READ ack
         goes to the outbox in the same transaction."""
         if inbound.kind is MessageKind.COMPENSATION:
-            return rlog.on_compensation(session, inbound, receiver=self._receiver_id, now=read_at)
+            return rlog.on_compensation(
+                self._store, session, inbound, receiver=self._receiver_id, now=read_at
+            )
         if inbound.kind is MessageKind.SUCCESS:
-            return rlog.on_success(session, inbound, now=read_at)
+            return rlog.on_success(self._store, session, inbound, now=read_at)
         decision = rlog.on_original(
+            self._store,
             session,
             inbound,
             message_id=incoming.message_id,

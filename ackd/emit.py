@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from ackd import fastpath
 from ackd.inbound import Inbound
+from ackd.receiver_store import ReceiverStore
 from condmsg.acks import AckKind
 from condmsg.protocol import ACK_CONTENT_TYPE, ACK_TYPE, AckMessage
-from outbox.enqueueing import enqueue_all, row_values
+from outbox.enqueueing import enqueue_all
 from outbox.message import OutboxMessage
 
 
@@ -78,6 +78,7 @@ def enqueue_ack(
 
 
 def commit_with_acks(
+    store: ReceiverStore,
     session: Session,
     delivered: Sequence[tuple[Inbound, datetime]],
     *,
@@ -86,12 +87,7 @@ def commit_with_acks(
     receiver: str,
 ) -> None:
     """Commit ``session`` with a COMMIT ack for each delivered original (with its
-    ``read_at``).
-
-    On PostgreSQL with psycopg the acks and the COMMIT travel in one round trip
-    (:mod:`ackd.fastpath`); the ORM is flushed first, so the app's pending objects are
-    written before.
-    """
+    ``read_at``), through ``store``: the app's writes and the acks commit together."""
     messages = [
         ack_message(
             inbound,
@@ -103,15 +99,4 @@ def commit_with_acks(
         )
         for inbound, read_at in delivered
     ]
-    raw = fastpath.driver_connection(session) if messages else None
-    if raw is None:
-        enqueue_all(session, messages)
-        session.commit()
-        return
-    session.flush()
-    now = datetime.now(UTC)
-    statements = [fastpath.ack_statement(row_values(message, now)) for message in messages]
-    fastpath.execute_and_commit(raw, statements)
-    # The database transaction is committed; this ends the session's own bookkeeping (a
-    # COMMIT with no transaction open is not sent).
-    session.commit()
+    store.commit_with_acks(session, messages)

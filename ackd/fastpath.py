@@ -42,8 +42,9 @@ binding (``ClientCursor.mogrify``) adapts each value through its adapter registr
 0.65 µs a value against 0.1 µs here (33 values a message).
 
 Both statements run on the session's own connection, so they are part of the app's
-transaction exactly as portable SQLAlchemy statements would be (SQLite and other drivers
-use those).
+transaction exactly as portable SQLAlchemy statements would be. The receiver reaches them
+through its store's psycopg adapter (:mod:`ackd.receiver_store_psycopg`); the portable
+adapter runs the same claim and acks as plain SQLAlchemy statements, on PostgreSQL too.
 """
 
 from __future__ import annotations
@@ -64,15 +65,13 @@ import sqlalchemy as sa
 from psycopg import ClientCursor, pq
 from psycopg import errors as pg_errors
 from psycopg.pq import ExecStatus, TransactionStatus
-from sqlalchemy.orm import Session
 
 from ackd.tables import rlog
 from condmsg.errors import CondmsgError
-from outbox.pg import driver_connection as _driver_connection
 from outbox.pg import wrapped
 from outbox.table import outbox_table
 
-__all__ = ["ack_statement", "claim", "driver_connection", "execute_and_commit", "watch"]
+__all__ = ["ack_statement", "claim", "execute_and_commit", "watch"]
 
 _DONE = (ExecStatus.COMMAND_OK, ExecStatus.TUPLES_OK)
 _LOST = "26000"  # invalid_sql_statement_name: the prepared statement is not there
@@ -142,16 +141,6 @@ class _Lost(CondmsgError):
     def __init__(self, error: psycopg.Error) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def driver_connection(session: Session) -> psycopg.Connection[Any] | None:
-    """The psycopg connection under ``session`` (None for other databases and drivers),
-    looked up once per session: the claim and the commit of a transaction both ask."""
-    key = "condmsg.driver_connection"
-    if key not in session.info:
-        session.info[key] = _driver_connection(session)
-    found: psycopg.Connection[Any] | None = session.info[key]
-    return found
 
 
 def claim(raw: psycopg.Connection[Any], values: Mapping[str, Any]) -> bool:

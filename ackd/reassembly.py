@@ -1,6 +1,6 @@
 """A receiver's side of Message Sequences: keeping parts in the store, delivering complete
 sequences from it (judged like a whole message) and moving expired ones to the invalid
-queue. The store's rows and queries are in :mod:`ackd.sequence`."""
+queue. The parts' rows and queries are in :mod:`ackd.sequence`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from ackd.incoming import (
     undecodable,
 )
 from ackd.message import Message
+from ackd.receiver_store import ReceiverStore
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class SequenceReassembly:
         self,
         *,
         engine: Engine,
+        store: ReceiverStore,
         broker: Broker,
         stats: ReceiverStats,
         pending: PendingSequences,
@@ -50,6 +52,7 @@ class SequenceReassembly:
         invalid_queue: str,
     ) -> None:
         self._engine = engine
+        self._store = store
         self._broker = broker
         self._stats = stats
         self._pending = pending
@@ -72,7 +75,7 @@ class SequenceReassembly:
         """Keep a part in the store. Inside a transaction it is stored (and acked) with the
         transaction, so a rollback requeues it; otherwise at once."""
         if tx is not None:
-            sequence.store_part(tx.session, part)
+            self._store.store_part(tx.session, part)
             incoming = Incoming(
                 delivery.queue, b"", None, None, delivery.headers, delivery.redelivered, delivery
             )
@@ -81,7 +84,7 @@ class SequenceReassembly:
             )
         else:
             with Session(self._engine) as session, session.begin():
-                sequence.store_part(session, part)
+                self._store.store_part(session, part)
             self._broker.ack(delivery)
         self._stats.parts += 1
         self._pending.maybe_complete = True

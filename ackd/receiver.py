@@ -43,7 +43,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from ackd import fastpath
 from ackd.attempts import AttemptCounts
 from ackd.broker import Broker
 from ackd.decisions import RlogDecisions
@@ -54,6 +53,8 @@ from ackd.message import Message
 from ackd.reader import Handler, Reader
 from ackd.reassembly import SequenceReassembly
 from ackd.receiver_config import ReceiverConfig
+from ackd.receiver_store import ReceiverStore, SqlAlchemyReceiverStore
+from ackd.receiver_store_psycopg import PsycopgReceiverStore
 from ackd.settlement import Settlement
 from ackd.tables import metadata
 from condmsg.db import make_engine
@@ -61,6 +62,7 @@ from condmsg.errors import ConfigError
 from condmsg.relaying import OwnsOutbox
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
+from outbox import backends
 from outbox.table import create_tables as create_outbox_tables
 
 __all__ = ["Handler", "Receiver", "ReceiverConfig", "ReceiverStats", "ReceiverTransaction"]
@@ -71,8 +73,10 @@ class Receiver(OwnsOutbox):
 
     Its settings are a :class:`ReceiverConfig` (``config``), or that config's fields as
     keywords (``Receiver(amqp_url=..., db_url=..., recipient=...)``), which also override
-    the fields of a given ``config``. ``engine``, when given, is the receiver store instead
-    of ``db_url``; ``clock`` gives the read and commit times of its acks.
+    the fields of a given ``config``. ``engine``, when given, is the receiver's database
+    instead of ``db_url``; ``store``, when given, is how the receiver writes to it (else
+    the adapter for the engine's database and driver, see :mod:`ackd.receiver_store`);
+    ``clock`` gives the read and commit times of its acks.
 
     ``secret``, when given (or ``CONDMSG_SECRET``), makes the receiver verify each copy's
     token and reject forged copies; without it the evaluator still rejects their acks.
@@ -85,6 +89,7 @@ class Receiver(OwnsOutbox):
         *,
         recipient: str,
         engine: Engine | None = None,
+        store: ReceiverStore | None = None,
         clock: Callable[[], datetime] = utcnow,
         **settings: Any,
     ) -> None:
@@ -103,9 +108,14 @@ class Receiver(OwnsOutbox):
         self.engine = (
             engine if engine is not None else make_engine(str(config.db_url), pool_pre_ping=False)
         )
-        self._postgres = self.engine.dialect.name == "postgresql"
-        if self._postgres:
-            fastpath.watch(self.engine)
+        self.store: ReceiverStore = (
+            store
+            if store is not None
+            else backends.pick(
+                self.engine, psycopg=PsycopgReceiverStore(), portable=SqlAlchemyReceiverStore()
+            )
+        )
+        self._traits = self.store.attach(self.engine)
         self.secret = config.secret
         self.max_attempts = config.max_attempts
         self.retry = config.retry
@@ -132,10 +142,17 @@ class Receiver(OwnsOutbox):
         pending = PendingSequences()
         ids = {"recipient": self.recipient, "receiver_id": self.receiver_id}
         decisions = RlogDecisions(
-            engine=self.engine, broker=self._broker, stats=self.stats, pending=pending, **ids
+            engine=self.engine,
+            store=self.store,
+            traits=self._traits,
+            broker=self._broker,
+            stats=self.stats,
+            pending=pending,
+            **ids,
         )
         sequences = SequenceReassembly(
             engine=self.engine,
+            store=self.store,
             broker=self._broker,
             stats=self.stats,
             pending=pending,
@@ -160,6 +177,7 @@ class Receiver(OwnsOutbox):
             invalid_queue=self.invalid_queue,
         )
         self._settlement = Settlement(
+            store=self.store,
             broker=self._broker,
             stats=self.stats,
             pending=pending,
@@ -252,13 +270,14 @@ class Receiver(OwnsOutbox):
         return f"condmsg-receiver-relay-{self.recipient}"
 
     def _bind(self) -> Engine | Connection:
-        """What the app's transactions run on: on PostgreSQL one connection this receiver
-        keeps (for the thread that uses it), not a pool checkout and return per message.
+        """What the app's transactions run on: on a database server one connection this
+        receiver keeps (for the thread that uses it), not a pool checkout and return per
+        message (``StoreTraits.keep_connection``).
 
         A connection that failed (SQLAlchemy invalidates it on a disconnect) is replaced
         at the next transaction.
         """
-        if not self._postgres:
+        if not self._traits.keep_connection:
             return self.engine
         me = threading.get_ident()
         owner = self._thread_connection_owner

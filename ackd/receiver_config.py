@@ -20,8 +20,8 @@ DEFAULT_POLL_INTERVAL_S = 0.05
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReceiverConfig:
-    """The settings of a ``Receiver`` (its recipient identity, engine and clock are
-    arguments of its own).
+    """The settings of a ``Receiver`` (its recipient identity, engine, store and clock
+    are arguments of its own).
 
     ``db_url`` may be None when the receiver is given an engine. ``secret``, when given,
     makes the receiver verify each copy's token. ``receiver_id`` (default: host, process

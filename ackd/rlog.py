@@ -6,11 +6,12 @@ original and its compensation inserts it first decides, and every interleaving o
 concurrent consumers ends in exactly one of: the app got the original and then the
 compensation, or the app got neither.
 
-Concurrency: the insert is ``INSERT ... ON CONFLICT DO NOTHING``. On PostgreSQL a second
-transaction inserting the same key waits for the first to end (the unique index holds the
-in-progress row), then either conflicts (the first committed) or inserts (it rolled back):
-exactly the serialisation cancel-out needs, even when the original is read inside a long
-application transaction. The follow-up ``SELECT ... FOR UPDATE`` locks the row so two
+Concurrency: the insert is the store's claim (:class:`ackd.receiver_store.ReceiverStore`),
+an ``INSERT ... ON CONFLICT DO NOTHING``. On PostgreSQL a second transaction inserting the
+same key waits for the first to end (the unique index holds the in-progress row), then
+either conflicts (the first committed) or inserts (it rolled back): exactly the
+serialisation cancel-out needs, even when the original is read inside a long application
+transaction. The follow-up ``SELECT ... FOR UPDATE`` locks the row so two
 compensations cannot both be delivered. On SQLite every write transaction is serialised
 (``BEGIN IMMEDIATE``), which gives the same outcome.
 
@@ -21,17 +22,15 @@ make its unconsumed original look consumed.
 
 from __future__ import annotations
 
-import functools
 from datetime import datetime
 from enum import Enum
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from ackd import fastpath
 from ackd.inbound import Inbound
+from ackd.receiver_store import ReceiverStore
 from ackd.tables import RlogState, rlog, rx_inbox
 from condmsg.protocol import MessageKind
 
@@ -43,37 +42,16 @@ class Decision(Enum):
     CANCELLED = "cancelled"  # a compensation for an unconsumed CM: drop, cancel the original
 
 
-@functools.cache
-def _insert_statement(dialect: str, table: sa.Table = rlog) -> Any:
-    """``INSERT ... ON CONFLICT DO NOTHING RETURNING``, built once per dialect and table
-    (the values come with each execution, so SQLAlchemy's compiled cache is hit every
-    time)."""
-    module: Any = postgresql if dialect == "postgresql" else sqlite
-    return (
-        module.insert(table)
-        .on_conflict_do_nothing(index_elements=list(table.primary_key.columns))
-        # RETURNING says reliably whether this statement inserted; rowcount does not on
-        # every driver for ON CONFLICT DO NOTHING.
-        .returning(table.c.cm_id)
+def _locked_row(session: Session, cm_id: str, destination: str, *columns: Any) -> sa.Result[Any]:
+    """The row of (CM, destination) (``columns``, or all), locked until the transaction
+    ends: a second compensation waits here for the first one's decision. SQLAlchemy writes
+    no ``FOR UPDATE`` on SQLite, whose write transactions run one at a time."""
+    query = (
+        sa.select(*(columns or (rlog,)))
+        .where(rlog.c.cm_id == cm_id, rlog.c.destination == destination)
+        .with_for_update()
     )
-
-
-def _insert(session: Session, values: dict[str, Any], table: sa.Table = rlog) -> bool:
-    """Insert the row unless one with its key exists; True if this call inserted it.
-
-    Runs on the session's connection (Core, no ORM bookkeeping): this is the hot path of
-    every read. A conflict inserts nothing and locks nothing; on PostgreSQL it waits for a
-    concurrent transaction inserting the same key to end first.
-    """
-    conn = session.connection()
-    return conn.execute(_insert_statement(conn.dialect.name, table), values).first() is not None
-
-
-def _locked_row(session: Session, cm_id: str, destination: str) -> Any:
-    query = sa.select(rlog).where(rlog.c.cm_id == cm_id, rlog.c.destination == destination)
-    if session.get_bind().dialect.name == "postgresql":
-        query = query.with_for_update()
-    return session.execute(query).one()
+    return session.execute(query)
 
 
 def _key(inbound: Inbound) -> tuple[str, str]:
@@ -82,6 +60,7 @@ def _key(inbound: Inbound) -> tuple[str, str]:
 
 
 def claim_original(
+    store: ReceiverStore,
     session: Session,
     inbound: Inbound,
     *,
@@ -107,13 +86,11 @@ def claim_original(
         "transactional": transactional,
         "updated_at": read_at,
     }
-    raw = fastpath.driver_connection(session)
-    if raw is not None:
-        return fastpath.claim(raw, values)
-    return _insert(session, values)
+    return store.claim_original(session, values)
 
 
 def on_original(
+    store: ReceiverStore,
     session: Session,
     inbound: Inbound,
     *,
@@ -124,6 +101,7 @@ def on_original(
     transactional: bool,
 ) -> Decision:
     if claim_original(
+        store,
         session,
         inbound,
         message_id=message_id,
@@ -134,7 +112,7 @@ def on_original(
     ):
         return Decision.DELIVER
     cm_id, destination = _key(inbound)
-    row = _locked_row(session, cm_id, destination)
+    row = _locked_row(session, cm_id, destination).one()
     if row.state == RlogState.CONSUMED.value:
         return Decision.DUPLICATE
     if row.discarded_at is None:
@@ -143,11 +121,12 @@ def on_original(
 
 
 def on_compensation(
-    session: Session, inbound: Inbound, *, receiver: str, now: datetime
+    store: ReceiverStore, session: Session, inbound: Inbound, *, receiver: str, now: datetime
 ) -> Decision:
     cm_id, destination = _key(inbound)
-    inserted = _insert(
+    inserted = store.claim(
         session,
+        rlog,
         {
             "cm_id": cm_id,
             "destination": destination,
@@ -160,14 +139,16 @@ def on_compensation(
     )
     if inserted:
         return Decision.CANCELLED
-    row = _locked_row(session, cm_id, destination)
+    row = _locked_row(session, cm_id, destination).one()
     if row.state == RlogState.CONSUMED.value and row.compensated_at is None:
         _update(session, cm_id, destination, compensated_at=now)
         return Decision.DELIVER
     return Decision.DUPLICATE
 
 
-def on_success(session: Session, inbound: Inbound, *, now: datetime) -> Decision:
+def on_success(
+    store: ReceiverStore, session: Session, inbound: Inbound, *, now: datetime
+) -> Decision:
     """A success notice is delivered once, whether or not the original was consumed here.
 
     The inbox row, written in the delivering transaction, is what drops a redelivery (a
@@ -176,24 +157,19 @@ def on_success(session: Session, inbound: Inbound, *, now: datetime) -> Decision
     notes the notice too (a noted row also means delivered).
     """
     cm_id, destination = _key(inbound)
-    first_time = _insert(
+    first_time = store.claim(
         session,
+        rx_inbox,
         {
             "cm_id": cm_id,
             "destination": destination,
             "kind": MessageKind.SUCCESS.value,
             "delivered_at": now,
         },
-        rx_inbox,
     )
     if not first_time:
         return Decision.DUPLICATE
-    query = sa.select(rlog.c.success_at).where(
-        rlog.c.cm_id == cm_id, rlog.c.destination == destination
-    )
-    if session.get_bind().dialect.name == "postgresql":
-        query = query.with_for_update()
-    found = session.execute(query).first()
+    found = _locked_row(session, cm_id, destination, rlog.c.success_at).first()
     if found is None:
         return Decision.DELIVER
     if found.success_at is not None:

@@ -1,4 +1,5 @@
-"""Message Sequence reassembly from the receiver store.
+"""Message Sequence reassembly from the receiver store (its parts are kept by the store's
+``store_part``, :mod:`ackd.receiver_store`).
 
 Each part of a large copy is stored (and its AMQP message acked) as it arrives, so
 competing consumers can share the parts. A sequence whose parts are all stored is
@@ -15,7 +16,6 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from ackd.broker import Delivery
@@ -64,12 +64,6 @@ def part_row(
         "body": delivery.body,
         "received_at": now,
     }
-
-
-def store_part(session: Session, row: dict[str, Any]) -> None:
-    """Keep one part (:func:`part_row`; a redelivered part is ignored). Never commits."""
-    module: Any = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    session.execute(module.insert(parts).values(**row).on_conflict_do_nothing())
 
 
 def complete_ids(session: Session, queue: str, limit: int = 10) -> list[str]:

@@ -12,6 +12,7 @@ from ackd.attempts import AttemptCounts, RetryPolicy, poison_key
 from ackd.broker import Broker
 from ackd.emit import commit_with_acks
 from ackd.incoming import PendingSequences, ReceiverStats, ReceiverTransaction
+from ackd.receiver_store import ReceiverStore
 from condmsg.protocol import MessageKind
 
 
@@ -21,6 +22,7 @@ class Settlement:
     def __init__(
         self,
         *,
+        store: ReceiverStore,
         broker: Broker,
         stats: ReceiverStats,
         pending: PendingSequences,
@@ -30,6 +32,7 @@ class Settlement:
         recipient: str,
         receiver_id: str,
     ) -> None:
+        self._store = store
         self._broker = broker
         self._stats = stats
         self._pending = pending
@@ -42,6 +45,7 @@ class Settlement:
     def commit(self, tx: ReceiverTransaction) -> None:
         try:
             commit_with_acks(
+                self._store,
                 tx.session,
                 [
                     (taken.inbound, taken.read_at)

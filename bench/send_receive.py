@@ -34,8 +34,14 @@ the consumer's start (qos, consume, the first prefetch window) weighed on both s
 Sender and receiver each get a fresh PostgreSQL schema (dropped afterwards); queues are
 unique to the run and deleted afterwards.
 
+The receiver's store adapter is ``CONDMSG_BENCH_RECEIVER_STORE``: ``psycopg`` (default: the
+claim and the COMMIT ack ride on the transaction's ``BEGIN`` and ``COMMIT``) or
+``portable`` (the SQLAlchemy Core adapter, on the same PostgreSQL); two runs, one of each,
+alternated, say what the psycopg adapter gains.
+
 Run: ``python -m bench.send_receive [--cms 2000]`` (env ``CONDMSG_BENCH_PG_URL``,
-``CONDMSG_AMQP_URL``). The last line of stdout is one JSON object with every figure.
+``CONDMSG_AMQP_URL``, ``CONDMSG_BENCH_RECEIVER_STORE``). The last line of stdout is one JSON
+object with every figure (``receiver_store`` among them).
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ from sqlalchemy.orm import Session
 
 from ackd.message import Message
 from ackd.receiver import Handler, Receiver
+from ackd.receiver_store import ReceiverStore, SqlAlchemyReceiverStore
+from ackd.receiver_store_psycopg import PsycopgReceiverStore
 from bench._common import (
     emit_result,
     fresh_pg_schema,
@@ -85,6 +93,12 @@ RELAY_BATCH, RELAY_IN_FLIGHT = 500, 4  # the relay's defaults; the raw publisher
 SEND_TARGET, RECEIVE_TARGET = 0.5, 0.7
 PICKUP = timedelta(seconds=60)
 SECRET = b"bench-send-receive-secret"
+#: Which receiver store adapter the receive measurement uses.
+RECEIVER_STORE_ENV = "CONDMSG_BENCH_RECEIVER_STORE"
+RECEIVER_STORES: dict[str, Callable[[], ReceiverStore]] = {
+    "psycopg": PsycopgReceiverStore,
+    "portable": SqlAlchemyReceiverStore,
+}
 
 APP = sa.Table(
     "bench_app",
@@ -109,6 +123,7 @@ class Options:
     ack_relay: bool
     relay: str
     parts: tuple[str, ...]
+    receiver_store: str
 
 
 def parse_args() -> Options:
@@ -139,6 +154,11 @@ def parse_args() -> Options:
     parts = tuple(part.strip() for part in a.parts.split(",") if part.strip())
     if not parts or set(parts) - {"send", "receive"}:
         ap.error("--parts takes send, receive or both")
+    receiver_store = os.environ.get(RECEIVER_STORE_ENV, "psycopg")
+    if receiver_store not in RECEIVER_STORES:
+        ap.error(
+            f"{RECEIVER_STORE_ENV} takes {' or '.join(RECEIVER_STORES)}, not {receiver_store!r}"
+        )
     return Options(
         cms=a.cms,
         single_cms=a.single_cms,
@@ -151,6 +171,7 @@ def parse_args() -> Options:
         ack_relay=a.ack_relay,
         relay=a.relay,
         parts=parts,
+        receiver_store=receiver_store,
     )
 
 
@@ -484,7 +505,13 @@ def measure_send(b: Bench) -> None:
 def measure_receive(b: Bench, rcv_url: str, recipient: str) -> int:
     """Per round and mode: raw consume, then the CM mode; returns the acks written."""
     o, rx = b.o, b.rx
-    receiver = Receiver(amqp_url=AMQP_URL, db_url=rcv_url, recipient=recipient, secret=SECRET)
+    receiver = Receiver(
+        amqp_url=AMQP_URL,
+        db_url=rcv_url,
+        recipient=recipient,
+        secret=SECRET,
+        store=RECEIVER_STORES[o.receiver_store](),
+    )
     APP.metadata.create_all(receiver.engine)
     ack_relay = receiver.start_relay() if o.ack_relay else None
     modes: dict[str, Callable[[Receiver, str, int, int], float]] = {
@@ -573,6 +600,7 @@ def report(o: Options, samples: dict[str, list[float]], acks_written: int) -> No
         "send_ratio_target": SEND_TARGET,
         "receive_ratio_target": RECEIVE_TARGET,
         "parts": list(o.parts),
+        "receiver_store": o.receiver_store,
     }
     if "send" in o.parts:
         figures |= send_figures(med)

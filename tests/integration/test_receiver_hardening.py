@@ -513,7 +513,7 @@ def test_a_stored_sequence_with_a_forged_token_is_refused_by_a_receiver_with_the
             row = sequence.part_row(
                 delivery, seq_id=plan.message_id, position=position, size=3, now=datetime.now(UTC)
             )
-            sequence.store_part(session, row)
+            receiver.store.store_part(session, row)
 
     assert receiver.read(queue, timeout=1.0) is None
     moved = get_all(channel, receiver.invalid_queue)

@@ -8,6 +8,7 @@ message: the one definition of an outbox row, so every adapter writes what the o
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,14 +18,8 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox import OutboxMessage, OutboxTypeError, OutboxValueError
-from outbox.writer import (
-    OutboxWriter,
-    PsycopgOutboxWriter,
-    Row,
-    SqlAlchemyOutboxWriter,
-    TemplateBatch,
-    row_values,
-)
+from outbox import writer as adapters
+from outbox.writer import OutboxWriter, Row, TemplateBatch, row_values
 
 pytestmark = pytest.mark.postgres
 
@@ -43,7 +38,9 @@ def engine(adapter_backend: tuple[str, bool]) -> Iterator[sa.Engine]:
 
 @pytest.fixture
 def writer(adapter_backend: tuple[str, bool]) -> OutboxWriter:
-    return PsycopgOutboxWriter() if adapter_backend[1] else SqlAlchemyOutboxWriter()
+    if adapter_backend[1]:
+        return adapters.PsycopgOutboxWriter()
+    return adapters.SqlAlchemyOutboxWriter()
 
 
 def stored(engine: sa.Engine) -> list[dict[str, Any]]:
@@ -85,22 +82,19 @@ def various(n: int) -> list[OutboxMessage]:
 
 def shared(n: int) -> list[OutboxMessage]:
     """Messages that share every property but their bodies and message ids."""
-    return [
-        OutboxMessage(
-            exchange="",
-            routing_key="q",
-            body=f"body {i}".encode(),
-            message_id=f"m{i}",
-            correlation_id="c",
-            reply_to="acks",
-            content_type="text/plain",
-            headers={"same": "yes"},
-            priority=1,
-            expiration_ms=5000,
-            persistent=False,
-        )
-        for i in range(n)
-    ]
+    base = OutboxMessage(
+        exchange="",
+        priority=1,
+        routing_key="q",
+        headers={"same": "yes"},
+        body=b"",
+        expiration_ms=5000,
+        correlation_id="c",
+        persistent=False,
+        reply_to="acks",
+        content_type="text/plain",
+    )
+    return [replace(base, body=f"body {i}".encode(), message_id=f"m{i}") for i in range(n)]
 
 
 def insert(engine: sa.Engine, writer: OutboxWriter, rows: Sequence[Row]) -> None:

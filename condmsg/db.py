@@ -8,20 +8,14 @@ read-then-write transaction takes the write lock up front instead of failing to 
 
 from __future__ import annotations
 
-import functools
-import json
 import time
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine.url import make_url
-from sqlalchemy.orm import Session
 
 from condmsg.errors import StoreError
-from outbox import pg
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: A pooled PostgreSQL connection is pinged before it is handed out only if it sat in the
@@ -113,31 +107,3 @@ def check_reachable(engine: Engine) -> None:
             f"cannot reach the database at {describe_db_url(str(engine.url))}: "
             f"{str(exc.orig).splitlines()[0] if exc.orig else exc}; is it running?"
         ) from None
-
-
-def bulk_insert(session: Session, table: sa.Table, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Insert ``rows`` (all with the same keys) in the caller's transaction.
-
-    On PostgreSQL (psycopg) this is one ``INSERT ... SELECT * FROM unnest(...)`` statement
-    with an array per column (:mod:`outbox.pg`), whatever the batch size; elsewhere it is
-    SQLAlchemy's executemany.
-    """
-    if not rows:
-        return
-    raw = pg.driver_connection(session)
-    if raw is None:
-        session.execute(sa.insert(table), list(rows))
-        return
-    columns = tuple(rows[0])
-    arrays = {c: [row[c] for row in rows] for c in columns}
-    for column in columns:
-        if isinstance(table.c[column].type, sa.JSON):
-            arrays[column] = [None if v is None else json.dumps(v) for v in arrays[column]]
-    pg.execute(raw, _unnest_insert(table, columns), arrays)
-
-
-@functools.lru_cache(maxsize=64)
-def _unnest_insert(table: sa.Table, columns: tuple[str, ...]) -> str:
-    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
-    types = {c: str(table.c[c].type.compile(dialect=dialect)) for c in columns}
-    return pg.unnest_insert(table.name, types)

@@ -31,15 +31,22 @@ from condmsg.amqp import connect
 from condmsg.condition_codec import condition_to_json
 from condmsg.conditions import Condition
 from condmsg.copies import check_app_headers, plan_fanouts
-from condmsg.db import bulk_insert, make_engine
+from condmsg.db import make_engine
 from condmsg.errors import BrokerError, ConditionError, ConfigError
 from condmsg.evaluation import Verdict, evaluate
 from condmsg.outcome import Outcome
 from condmsg.payloads import JSON, encode_payload
 from condmsg.relaying import OwnsOutbox
+from condmsg.sender_store import (
+    PsycopgSenderStore,
+    SenderStore,
+    SendRows,
+    SqlAlchemySenderStore,
+)
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_destination, declare_service_queue
+from outbox import backends
 from outbox.enqueueing import enqueue_fanouts
 from outbox.message import Fanout
 from outbox.table import create_tables as create_outbox_tables
@@ -55,7 +62,9 @@ class Sender(OwnsOutbox):
     """The sending side of conditional messaging for one sender identity (``name``).
 
     ``name`` names the sender's ack queue (``condmsg.<name>.ack``) and outcome queue; the
-    evaluator for this sender consumes the former and writes the latter.
+    evaluator for this sender consumes the former and writes the latter. Its rows go
+    through the :class:`~condmsg.sender_store.SenderStore` adapter that serves ``engine``
+    (``store`` gives another, for tests and benchmarks).
     """
 
     def __init__(
@@ -69,6 +78,7 @@ class Sender(OwnsOutbox):
         part_bytes: int = DEFAULT_PART_BYTES,
         clock: Callable[[], datetime] = utcnow,
         declare_queues: bool = True,
+        store: SenderStore | None = None,
     ) -> None:
         if engine is None and db_url is None:
             raise ConfigError("Sender needs db_url (CONDMSG_DB_URL) or an engine")
@@ -77,6 +87,11 @@ class Sender(OwnsOutbox):
         self.name = name
         self.amqp_url = amqp_url
         self.engine = engine if engine is not None else make_engine(str(db_url))
+        if store is None:
+            store = backends.pick(
+                self.engine, psycopg=PsycopgSenderStore(), portable=SqlAlchemySenderStore()
+            )
+        self.store = store
         self.part_bytes = part_bytes
         self._clock = clock
         self._declare = declare_queues
@@ -130,29 +145,23 @@ class Sender(OwnsOutbox):
         rows of all of them go to the database as one batch per table, so a batch costs a
         handful of round trips however many CMs it holds: the way to send at volume.
         """
-        cm_rows: list[dict[str, Any]] = []
-        copy_rows: list[dict[str, Any]] = []
-        comp_rows: list[dict[str, Any]] = []
+        rows = SendRows()
         outbox: list[Fanout] = []
-        cm_ids = [self._record(m, cm_rows, copy_rows, comp_rows, outbox) for m in messages]
+        cm_ids = [self._record(m, rows, outbox) for m in messages]
         if not cm_ids:
             return []
         self._ensure_destinations(
-            sorted({row["routing_key"] for row in copy_rows if not row["exchange"]})
+            sorted({row["routing_key"] for row in rows.copies if not row["exchange"]})
         )
         with self._transaction(session) as s:
-            bulk_insert(s, t.cms, cm_rows)
-            bulk_insert(s, t.copies, copy_rows)
-            bulk_insert(s, t.compensations, comp_rows)
+            self.store.add(s, rows)
             enqueue_fanouts(s, outbox)
         return cm_ids
 
     def _record(
         self,
         item: Outgoing,
-        cm_rows: list[dict[str, Any]],
-        copy_rows: list[dict[str, Any]],
-        comp_rows: list[dict[str, Any]],
+        rows: SendRows,
         outbox: list[Fanout],
     ) -> str:
         """Add the rows and messages of one CM to the batch; return its id.
@@ -182,7 +191,7 @@ class Sender(OwnsOutbox):
             app_headers=app_headers,
             part_bytes=self.part_bytes,
         )
-        cm_rows.append(
+        rows.cms.append(
             {
                 "cm_id": cm_id,
                 "sender": self.name,
@@ -198,7 +207,7 @@ class Sender(OwnsOutbox):
             }
         )
         for plan in plans:
-            copy_rows.append(
+            rows.copies.append(
                 {
                     "cm_id": cm_id,
                     "destination": plan.destination.name,
@@ -210,7 +219,7 @@ class Sender(OwnsOutbox):
                     "parts": plan.parts,
                 }
             )
-            comp_rows.append(
+            rows.compensations.append(
                 self._compensation_row(cm_id, plan.destination.name, item.compensation)
             )
         outbox.extend(fanouts)
@@ -252,7 +261,7 @@ class Sender(OwnsOutbox):
         deadline = time.monotonic() + timeout
         while True:
             with self.engine.connect() as conn:
-                row = conn.execute(sa.select(t.cms).where(t.cms.c.cm_id == cm_id)).first()
+                row = self.store.cm(conn, cm_id)
             if row is None:
                 raise ConfigError(f"unknown conditional message {cm_id!r} in this sender's store")
             if row.state != t.CmState.PENDING.value:

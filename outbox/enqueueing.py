@@ -2,61 +2,49 @@
 
 Nothing here commits, flushes ORM objects or opens a transaction of its own: the rows become
 visible to the relay exactly when the caller's transaction commits, together with the
-business rows written in it (and vanish with them on rollback).
+business rows written in it (and vanish with them on rollback). The session's bind decides,
+with one lookup per call, which :class:`~outbox.writer.OutboxWriter` writes the rows.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from outbox import pg
+from outbox import backends
 from outbox.errors import OutboxTypeError, OutboxValueError
-from outbox.message import (
-    COPY_FIELDS,
-    Fanout,
-    HeaderValue,
-    OutboxMessage,
-    check_body,
-    check_field,
-    copy_message,
+from outbox.message import COPY_FIELDS, Fanout, HeaderValue, OutboxMessage, copy_message
+from outbox.table import DEFAULT_TABLE_NAME
+from outbox.writer import (
+    OutboxWriter,
+    PsycopgOutboxWriter,
+    Row,
+    SqlAlchemyOutboxWriter,
+    TemplateBatch,
+    row_values,
 )
-from outbox.table import DEFAULT_TABLE_NAME, PENDING, outbox_table
+
+__all__ = [
+    "enqueue",
+    "enqueue_all",
+    "enqueue_batch",
+    "enqueue_fanouts",
+    "enqueue_many",
+    "fanout_row",
+    "row_values",
+]
+
+#: One adapter of each kind serves every database (they hold no state).
+_PSYCOPG = PsycopgOutboxWriter()
+_PORTABLE = SqlAlchemyOutboxWriter()
 
 
-def row_values(
-    message: OutboxMessage, now: datetime, copies: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """The outbox row of ``message`` as column values (``created_at`` = ``now``); with
-    ``copies``, a fan-out row (``message`` holds what the copies share)."""
-    return {
-        "created_at": now,
-        "state": PENDING,
-        "exchange": message.exchange,
-        "routing_key": message.routing_key,
-        "body": message.body,
-        "message_id": message.message_id,
-        "correlation_id": message.correlation_id,
-        "reply_to": message.reply_to,
-        "content_type": message.content_type,
-        "content_encoding": message.content_encoding,
-        "message_type": message.message_type,
-        "headers": message.headers_json(),
-        "priority": message.priority,
-        "expiration_ms": message.expiration_ms,
-        "persistent": message.persistent,
-        "mandatory": message.mandatory,
-        "attempts": 0,
-        "copies": copies,
-    }
+def _writer(session: Session | Connection) -> OutboxWriter:
+    return backends.pick(session, psycopg=_PSYCOPG, portable=_PORTABLE)
 
 
 def enqueue_many(
@@ -71,15 +59,7 @@ def enqueue_many(
     copies costs one round trip, not N). Never commits.
     """
     batch = _checked(messages, "enqueue_many")
-    if not batch:
-        return []
-    table = outbox_table(table_name)
-    now = datetime.now(UTC)
-    # sort_by_parameter_order: SQLAlchemy's insertmanyvalues returns the ids in the order of
-    # the parameter list, whatever order the database produced them in.
-    stmt = sa.insert(table).returning(table.c.id, sort_by_parameter_order=True)
-    result = session.execute(stmt, [row_values(m, now) for m in batch])
-    return [int(row[0]) for row in result]
+    return _writer(session).insert_returning_ids(session, batch, table_name)
 
 
 def enqueue_all(
@@ -95,7 +75,7 @@ def enqueue_all(
     statement with one parameter per value.
     """
     batch = _checked(messages, "enqueue_all")
-    _insert(session, [(m, None) for m in batch], table_name)
+    _writer(session).insert(session, [(m, None) for m in batch], table_name)
     return len(batch)
 
 
@@ -117,43 +97,11 @@ def enqueue_batch(
     built, the bodies and ids are checked here, and on PostgreSQL the template's values
     are bound once each.
     """
-    n = len(bodies)
-    if len(message_ids) != n or len(correlation_ids) != n:
-        raise OutboxValueError("enqueue_batch needs one message id and correlation id per body")
-    for body in bodies:
-        check_body(body)
-    for name, values in (("message_id", message_ids), ("correlation_id", correlation_ids)):
-        for value in values:
-            check_field(name, value)
-    if not n:
-        return 0
-    raw = pg.driver_connection(session)
-    if raw is None:
-        rows = zip(bodies, message_ids, correlation_ids, strict=True)
-        _insert(
-            session,
-            [
-                (dataclasses.replace(template, body=b, message_id=m, correlation_id=c), None)
-                for b, m, c in rows
-            ],
-            table_name,
-        )
-        return n
-    shared = _BATCH_SHARED
-    params: dict[str, Any] = {"created_at": datetime.now(UTC)}
-    params |= {c: getattr(template, c) for c in shared}
-    params |= {
-        "body": list(bodies),
-        "message_id": list(message_ids),
-        "correlation_id": list(correlation_ids),
-        "headers": [template.headers_text()] * n,
-    }
-    pg.execute(raw, _pg_insert(table_name, shared), params)
-    return n
-
-
-#: What the messages of an :func:`enqueue_batch` share (the template's).
-_BATCH_SHARED = frozenset(_c for _c in COPY_FIELDS if _c not in ("message_id", "correlation_id"))
+    batch = TemplateBatch(
+        template=template, bodies=bodies, message_ids=message_ids, correlation_ids=correlation_ids
+    )
+    _writer(session).insert_batch(session, batch, table_name)
+    return len(bodies)
 
 
 def enqueue_fanouts(
@@ -178,7 +126,7 @@ def enqueue_fanouts(
     :class:`~outbox.message.Fanout` that already says it (cheaper for a caller that
     builds its copies from one template).
     """
-    rows: list[tuple[OutboxMessage, list[dict[str, Any]] | None]] = []
+    rows: list[Row] = []
     count = 0
     for group in fanouts:
         if isinstance(group, Fanout):
@@ -194,7 +142,7 @@ def enqueue_fanouts(
             rows.append((messages[0], None))
         elif messages:
             rows.append(fanout_row(messages))
-    _insert(session, rows, table_name)
+    _writer(session).insert(session, rows, table_name)
     return count
 
 
@@ -242,80 +190,6 @@ def _same_value(headers: Mapping[str, Any] | None, key: str, value: Any) -> bool
     if isinstance(value, dict | list):
         return json.dumps(other, sort_keys=True) == json.dumps(value, sort_keys=True)
     return bool(other == value)
-
-
-def _insert(
-    session: Session | Connection,
-    rows: Sequence[tuple[OutboxMessage, list[dict[str, Any]] | None]],
-    table_name: str,
-) -> None:
-    if not rows:
-        return
-    now = datetime.now(UTC)
-    raw = pg.driver_connection(session)
-    if raw is None:
-        session.execute(
-            sa.insert(outbox_table(table_name)), [row_values(m, now, c) for m, c in rows]
-        )
-        return
-    # One statement for the whole batch (see outbox.pg). A column whose value every row
-    # shares (the exchange, reply-to, content type ... of a batch of copies or acks) is
-    # bound once instead of as an array.
-    batch = [m for m, _ in rows]
-    columns = {c: [getattr(m, c) for m in batch] for c in _PG_ARRAYS if c != "headers"}
-    columns["headers"] = [m.headers_text() for m in batch]
-    shared = frozenset(c for c in _SHAREABLE if _same(columns[c]))
-    params: dict[str, Any] = {"created_at": now}
-    for c, values in columns.items():
-        params[c] = values[0] if c in shared else values
-    fanout = any(c is not None for _, c in rows)
-    if fanout:
-        params["copies"] = [None if c is None else _json(c) for _, c in rows]
-    pg.execute(raw, _pg_insert(table_name, shared, fanout), params)
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
-#: The PostgreSQL element types of the columns that vary between enqueued rows.
-_PG_ARRAYS = {
-    "exchange": "text",
-    "routing_key": "text",
-    "body": "bytea",
-    "message_id": "text",
-    "correlation_id": "text",
-    "reply_to": "text",
-    "content_type": "text",
-    "content_encoding": "text",
-    "message_type": "text",
-    "headers": "json",
-    "priority": "smallint",
-    "expiration_ms": "bigint",
-    "persistent": "boolean",
-    "mandatory": "boolean",
-}
-
-
-#: The properties a batch's rows often share (bodies, ids and headers are the message's own).
-_SHAREABLE = tuple(c for c in COPY_FIELDS if c != "message_id")
-
-
-def _same(values: list[Any]) -> bool:
-    first = values[0]
-    return all(v == first for v in values)
-
-
-@functools.cache
-def _pg_insert(table_name: str, shared: frozenset[str], fanout: bool = False) -> str:
-    """The batch insert, with the ``shared`` columns bound as one value each (and the
-    ``copies`` column when a row of the batch fans out)."""
-    constants = {"created_at": "%(created_at)s", "state": f"'{PENDING}'", "attempts": "0"}
-    constants |= {c: f"CAST(%({c})s AS {type_})" for c, type_ in _PG_ARRAYS.items() if c in shared}
-    arrays = {c: type_ for c, type_ in _PG_ARRAYS.items() if c not in shared}
-    if fanout:
-        arrays["copies"] = "json"
-    return pg.unnest_insert(outbox_table(table_name).name, arrays, constants=constants)
 
 
 def _checked(messages: Iterable[OutboxMessage], caller: str) -> list[OutboxMessage]:

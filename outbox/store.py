@@ -35,11 +35,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 from sqlalchemy.sql.dml import ReturningDelete
 
-from outbox.enqueueing import row_values
 from outbox.errors import StoreError
 from outbox.message import MESSAGE_FIELDS, OutboxMessage, StoredMessage
 from outbox.table import DEFAULT_TABLE_NAME, FAILED, PENDING, notify_channel, outbox_table
 from outbox.urls import redact_url
+from outbox.writer import row_values
 
 T = TypeVar("T")
 
@@ -152,6 +152,10 @@ class OutboxStore:
         self.engine = engine
         self.table = outbox_table(table_name)
         self.lease_timeout_s = lease_timeout_s
+        #: What the database can do, decided once here: row locks with SKIP LOCKED make a
+        #: claim a lease (several relays, LISTEN/NOTIFY wake-ups); without them a claim is a
+        #: plain read and one relay serves the database. All of it is SQLAlchemy Core, so
+        #: the driver does not matter (no psycopg-only form, unlike the writers).
         self.locking = engine.dialect.name == "postgresql"
         self._claim_stmt = self._build_claim()
         # Settling on SQLite (on PostgreSQL the claim itself deletes).

@@ -1,0 +1,131 @@
+"""Contract of :class:`condmsg.sender_store.SenderStore`, run against every adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from condmsg import sender_store as adapters
+from condmsg import sender_tables as t
+from condmsg.sender_store import SenderStore, SendRows
+
+pytestmark = pytest.mark.postgres
+
+#: The adapter to build, by the fixture's ``psycopg`` flag.
+ADAPTERS: dict[bool, type[SenderStore]] = {
+    False: adapters.SqlAlchemySenderStore,
+    True: adapters.PsycopgSenderStore,
+}
+SENT_AT = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+
+
+@pytest.fixture
+def engine(adapter_backend: tuple[str, bool]) -> Iterator[sa.Engine]:
+    eng = sa.create_engine(adapter_backend[0])
+    t.metadata.create_all(eng)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def store(adapter_backend: tuple[str, bool]) -> SenderStore:
+    return ADAPTERS[adapter_backend[1]]()
+
+
+def send_rows(*cm_ids: str) -> SendRows:
+    """What a sender writes for ``cm_ids``, two destinations each."""
+    rows = SendRows()
+    for i, cm_id in enumerate(cm_ids):
+        rows.cms.append(
+            {
+                "cm_id": cm_id,
+                "sender": "s",
+                "sent_at": SENT_AT,
+                "condition_json": '{"d":"q0"}',
+                "evaluation_deadline": SENT_AT + timedelta(seconds=30),
+                "content_type": None if i else "application/json",
+                "payload_size": 1000 * i,
+                "notify_success": i % 2 == 0,
+                "state": "pending",
+                "next_check_at": None if i else SENT_AT + timedelta(seconds=5),
+            }
+        )
+        for d in ("q0", "q1"):
+            copy = {"cm_id": cm_id, "destination": d, "recipient": None if i else "r"}
+            copy |= {"message_id": f"{cm_id}.{d}", "exchange": "", "routing_key": d}
+            rows.copies.append(copy | {"requires": "read", "parts": 1 + i})
+            comp = {"cm_id": cm_id, "destination": d, "body": bytes([i, 0, 255])}
+            rows.compensations.append(comp | {"content_type": None, "system_generated": i == 0})
+    return rows
+
+
+def aware(value: Any) -> Any:
+    """SQLite hands back naive datetimes; every one stored here is UTC."""
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def stored(engine: sa.Engine, table: sa.Table, columns: list[str]) -> list[dict[str, Any]]:
+    """``columns`` of every row of ``table``, ordered by them."""
+    cols = [table.c[c] for c in columns]
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(*cols).order_by(*cols)).all()
+    return [{c: aware(v) for c, v in zip(columns, row, strict=True)} for row in rows]
+
+
+def test_add_writes_every_row_as_given(engine: sa.Engine, store: SenderStore) -> None:
+    rows = send_rows("cm-a", "cm-b", "cm-c")
+    with Session(engine) as s, s.begin():
+        store.add(s, rows)
+    for table, values in rows.by_table():
+        columns = list(values[0])
+        want = sorted(values, key=lambda row: [str(row[c]) for c in columns])
+        got = stored(engine, table, columns)
+        assert sorted(got, key=lambda row: [str(row[c]) for c in columns]) == want
+    with engine.connect() as conn:  # columns a send leaves to the evaluator
+        unset = conn.execute(sa.select(t.cms.c.decided_at, t.cms.c.reasons_json)).all()
+    assert set(unset) == {(None, None)}
+
+
+def test_cm_reads_one_row_or_none(engine: sa.Engine, store: SenderStore) -> None:
+    with Session(engine) as s, s.begin():
+        store.add(s, send_rows("cm-a", "cm-b"))
+    with Session(engine) as s:
+        row = store.cm(s, "cm-b")
+        assert store.cm(s, "cm-unknown") is None
+    assert row is not None
+    assert (row.cm_id, row.payload_size, row.state, aware(row.sent_at)) == (
+        "cm-b",
+        1000,
+        "pending",
+        SENT_AT,
+    )
+    with engine.connect() as conn:  # a plain connection serves as well as a session
+        assert store.cm(conn, "cm-a") is not None
+
+
+def test_a_cm_id_stored_already_is_an_integrity_error(
+    engine: sa.Engine, store: SenderStore
+) -> None:
+    with Session(engine) as s, s.begin():
+        store.add(s, send_rows("cm-a"))
+    with Session(engine) as s, pytest.raises(sa.exc.IntegrityError), s.begin():
+        store.add(s, send_rows("cm-b", "cm-a"))
+    assert [row["cm_id"] for row in stored(engine, t.cms, ["cm_id"])] == ["cm-a"]
+    assert len(stored(engine, t.copies, ["message_id"])) == 2
+
+
+def test_nothing_is_written_until_the_caller_commits(engine: sa.Engine, store: SenderStore) -> None:
+    with Session(engine) as s:
+        s.begin()
+        store.add(s, send_rows("cm-a"))
+        store.add(s, SendRows())
+        s.rollback()
+    for table in (t.cms, t.copies, t.compensations):
+        assert stored(engine, table, ["cm_id"]) == []

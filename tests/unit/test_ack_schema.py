@@ -352,7 +352,9 @@ def schema_accepts_headers(headers: dict[str, Any]) -> bool:
         return False
     if p.H_VERSION not in headers:
         return True
-    if not _no_surrogates(headers) or _utc(headers[p.H_SENT_AT]) is None:
+    # Names hold no unpaired surrogate; the application's own headers are not checked.
+    own = {k: v for k, v in headers.items() if k.startswith("condmsg-")}
+    if not _no_surrogates(own) or _utc(headers[p.H_SENT_AT]) is None:
         return False
     if p.H_SEQ_ID in headers:
         return bool(headers[p.H_SEQ_POS] < headers[p.H_SEQ_SIZE])

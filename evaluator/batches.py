@@ -117,6 +117,7 @@ class AckBatches:
             intake = ingest(
                 session,
                 bodies,
+                store=self._store.decisions,
                 sender=self._config.sender,
                 secret=secret,
                 clock=self._clock,
@@ -126,6 +127,7 @@ class AckBatches:
             result = decisions.judge(
                 session,
                 intake.touched,
+                store=self._store.decisions,
                 now=now,
                 ack_grace=self._config.ack_grace,
                 instance=self._instance,

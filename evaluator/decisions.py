@@ -27,7 +27,7 @@ from condmsg.evaluation import Verdict, evaluate
 from condmsg.outcome import OUTCOME_CONTENT_TYPE, OUTCOME_TYPE, Outcome
 from condmsg.payloads import JSON
 from condmsg.protocol import PROTOCOL_VERSION, format_instant
-from evaluator import store
+from evaluator.store import CmRow, CopyRow, DecisionStore
 from outbox.enqueueing import enqueue_all, enqueue_batch
 from outbox.message import OutboxMessage
 
@@ -40,17 +40,18 @@ class Decided:
 
 def judge(
     session: Session,
-    cms: Mapping[str, store.CmRow],
+    cms: Mapping[str, CmRow],
     *,
+    store: DecisionStore,
     now: datetime,
     ack_grace: timedelta,
     instance: str,
     secret: bytes,
     acks: Mapping[str, Sequence[Ack]] | None = None,
-    copies: Mapping[str, Mapping[str, store.CopyRow]] | None = None,
+    copies: Mapping[str, Mapping[str, CopyRow]] | None = None,
 ) -> Decided:
-    """Evaluate the pending CMs among ``cms`` and decide those whose verdict is final
-    (``secret`` signs the compensations and success notices).
+    """Evaluate the pending CMs among ``cms`` and decide those whose verdict is final, in
+    ``store`` (``secret`` signs the compensations and success notices).
 
     ``acks`` (the counted acks per CM) and ``copies`` (per CM, by destination) spare the
     queries when the caller has them already (the ack intake does); else they are read.
@@ -91,7 +92,7 @@ def judge(
     # One statement per kind for the whole batch, not per CM (round trips dominate).
     won = store.decide_many(session, rows, instance=instance, decided_at=now)
     decided = [pending[cm_id] for cm_id in verdicts if cm_id in won]
-    _write_actions(session, decided, verdicts, now, copies, secret=secret)
+    _write_actions(session, store, decided, verdicts, now, copies, secret=secret)
     done.outcomes = [verdicts[cm.cm_id][0] for cm in decided]
     return done
 
@@ -116,10 +117,11 @@ def _outcome_body(outcome: Outcome, reasons_json: str, facts_json: str, instants
 
 def _write_actions(
     session: Session,
-    cms: list[store.CmRow],
+    store: DecisionStore,
+    cms: list[CmRow],
     outcomes: dict[str, tuple[Outcome, bytes]],
     now: datetime,
-    copies: Mapping[str, Mapping[str, store.CopyRow]] | None,
+    copies: Mapping[str, Mapping[str, CopyRow]] | None,
     *,
     secret: bytes,
 ) -> None:
@@ -186,8 +188,8 @@ def _outcome_template(sender: str) -> OutboxMessage:
 
 def _notice(
     kind: p.MessageKind,
-    cm: store.CmRow,
-    copy: store.CopyRow,
+    cm: CmRow,
+    copy: CopyRow,
     body: bytes,
     content_type: str | None,
     *,

@@ -25,7 +25,7 @@ from condmsg import sender_tables as t
 from condmsg.acks import Ack
 from condmsg.errors import ProtocolError
 from condmsg.evaluation import evaluate
-from evaluator import store
+from evaluator.store import CmRow, CopyRow, DecisionStore
 from outbox.enqueueing import enqueue_all
 from outbox.message import OutboxMessage
 
@@ -40,11 +40,11 @@ MAX_REASON = 1000
 class Intake:
     """What one batch did: CMs to re-evaluate, and counts for the metrics."""
 
-    touched: dict[str, store.CmRow] = field(default_factory=dict)
+    touched: dict[str, CmRow] = field(default_factory=dict)
     #: Per touched CM, every ack that counts (stored earlier or in this batch).
     acks: dict[str, list[Ack]] = field(default_factory=dict)
     #: Per CM of the batch, its copies by destination (for the outcome actions).
-    copies: dict[str, dict[str, store.CopyRow]] = field(default_factory=dict)
+    copies: dict[str, dict[str, CopyRow]] = field(default_factory=dict)
     stored: int = 0
     dead: int = 0
     anomalies: Counter[str] = field(default_factory=Counter)
@@ -111,12 +111,13 @@ def ingest(
     session: Session,
     bodies: Sequence[bytes],
     *,
+    store: DecisionStore,
     sender: str,
     secret: bytes,
     clock: Callable[[], datetime],
     clock_skew: timedelta,
 ) -> Intake:
-    """Take one batch of ack bodies (in delivery order) into the store.
+    """Take one batch of ack bodies (in delivery order) into ``store``.
 
     The batch's instant (``Intake.now``: every ack's ``received_at``, and the decision
     instant of what it decides) is read from ``clock`` only once the batch's CM rows are
@@ -212,7 +213,7 @@ def ingest(
     return intake
 
 
-def _decided(cm: store.CmRow) -> bool:
+def _decided(cm: CmRow) -> bool:
     return cm.state != "pending" and cm.effective_at is not None
 
 
@@ -274,7 +275,7 @@ def _token_ok(received: Received, recipient: str | None, secret: bytes) -> bool:
 
 def _row(
     received: Received,
-    cm: store.CmRow,
+    cm: CmRow,
     counted: list[Ack],
     late: _LateEvidence,
     now: datetime,

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from condmsg.errors import ConfigError
 from condmsg.outcome import Outcome
 from condmsg.timeutil import utcnow
-from evaluator import decisions, store
+from evaluator import decisions
 from evaluator.config import EvaluatorConfig
 from evaluator.failures import is_transient
 from evaluator.intake import describe
@@ -99,7 +99,7 @@ class ScheduledJobs:
         decided = 0
         while True:
             with Session(self._store.engine) as session, session.begin():
-                ids = store.claim_due(session, self._clock(), batch)
+                ids = self._store.decisions.claim_due(session, self._clock(), batch)
                 if not ids:
                     break
                 # The decision instant once the rows are claimed (locked): an intake
@@ -121,9 +121,11 @@ class ScheduledJobs:
         return decided
 
     def _judge_due(self, session: Session, ids: list[str], now: datetime) -> list[Outcome]:
+        store = self._store.decisions
         result = decisions.judge(
             session,
             store.load_cms(session, ids),
+            store=store,
             now=now,
             ack_grace=self._config.ack_grace,
             instance=self._instance,
@@ -153,7 +155,8 @@ class ScheduledJobs:
                     describe(exc),
                     PARK_S,
                 )
-                store.set_next_checks(session, [(cm_id, now + timedelta(seconds=PARK_S))])
+                parked = [(cm_id, now + timedelta(seconds=PARK_S))]
+                self._store.decisions.set_next_checks(session, parked)
                 self._metrics.parked.inc()
         return outcomes
 

@@ -158,7 +158,8 @@ def _batch(
 
 
 def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Claim:
-    postgres = conn.dialect.name == "postgresql"
+    # Every claim locks its rows ``FOR UPDATE SKIP LOCKED``: SQLAlchemy renders nothing of
+    # it on SQLite, where the transaction's write lock already keeps other writers out.
     cm = t.cms.c
     # decided_at >= sent_at, so ``sent_at < cutoff`` adds no condition but lets the scan
     # walk the sent_at index (there is none on decided_at) in order.
@@ -167,18 +168,19 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
         .where(cm.sent_at < cutoff, cm.decided_at < cutoff, cm.state != t.CmState.PENDING.value)
         .order_by(cm.sent_at)
         .limit(limit)
-    )
-    if postgres:
         # Locks the CM rows until commit: another instance's claim skips them, and intake
         # (which locks a CM before storing its acks) waits, then finds the CM gone and
         # records an unknown_cm anomaly instead of adding an ack to a deleted CM.
-        cms = cms.with_for_update(skip_locked=True)
+        .with_for_update(skip_locked=True)
+    )
     claim = _Claim(cm_ids=list(conn.scalars(cms)))
     if not orphans:
         return claim
     ack, anomaly = t.acks.c, t.anomalies.c
-    acks = sa.select(ack.ack_id).where(
-        ack.received_at < cutoff, ~sa.exists().where(cm.cm_id == ack.cm_id)
+    acks = (
+        sa.select(ack.ack_id)
+        .where(ack.received_at < cutoff, ~sa.exists().where(cm.cm_id == ack.cm_id))
+        .with_for_update(skip_locked=True, of=t.acks)
     )
     anomalies = (
         sa.select(anomaly.id)
@@ -187,10 +189,8 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
             sa.or_(anomaly.cm_id.is_(None), ~sa.exists().where(cm.cm_id == anomaly.cm_id)),
         )
         .order_by(anomaly.recorded_at)
+        .with_for_update(skip_locked=True, of=t.anomalies)
     )
-    if postgres:
-        acks = acks.with_for_update(skip_locked=True, of=t.acks)
-        anomalies = anomalies.with_for_update(skip_locked=True, of=t.anomalies)
     claim.ack_ids = list(conn.scalars(acks.limit(limit)))
     claim.anomaly_ids = list(conn.scalars(anomalies.limit(limit)))
     return claim

@@ -1,4 +1,6 @@
-"""The sender's store as the evaluator works on it, made ready once: tables and secret."""
+"""The sender's store as the evaluator works on it: made ready once (tables and secret),
+and read and written through the :class:`evaluator.store.DecisionStore` adapter that
+serves its database, chosen once, here."""
 
 from __future__ import annotations
 
@@ -6,18 +8,29 @@ import logging
 import threading
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.orm import Session
 
 from condmsg import sender_tables
 from condmsg.errors import ConfigError
 from condmsg.sender import create_tables, store_secret
 from evaluator.failures import Backoff, first_line
+from evaluator.store import DecisionStore
+from evaluator.store_psycopg import PsycopgDecisionStore
+from evaluator.store_sqlalchemy import SqlAlchemyDecisionStore
+from outbox import backends
 
 log = logging.getLogger(__name__)
 
 
+def decision_store(bind: Engine | Connection | Session) -> DecisionStore:
+    """The :class:`DecisionStore` adapter for ``bind``'s database and driver."""
+    return backends.pick(bind, psycopg=PsycopgDecisionStore(), portable=SqlAlchemyDecisionStore())
+
+
 class SenderStore:
-    """The engine of a sender store, and its secret once known.
+    """The engine of a sender store, its :class:`DecisionStore` (``decisions``: the one
+    for the engine's database, unless one is given), and its secret once known.
 
     Building one does not touch the database: :meth:`prepare` creates the tables (with
     ``create``; else checks that they exist) and reads the secret if none was given, and
@@ -26,9 +39,16 @@ class SenderStore:
     """
 
     def __init__(
-        self, engine: Engine, *, secret: bytes | None, create: bool, stop: threading.Event
+        self,
+        engine: Engine,
+        *,
+        secret: bytes | None,
+        create: bool,
+        stop: threading.Event,
+        decisions: DecisionStore | None = None,
     ) -> None:
         self.engine = engine
+        self.decisions = decisions if decisions is not None else decision_store(engine)
         self._secret = secret or None
         self._create = create
         self._stop = stop

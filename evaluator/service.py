@@ -34,6 +34,7 @@ from evaluator.consume import consume_acks
 from evaluator.jobs import ScheduledJobs
 from evaluator.metrics import EvaluatorMetrics
 from evaluator.sender_store import SenderStore
+from evaluator.store import DecisionStore
 from evaluator.workers import IntakeWorkers, WorkerConfig
 from outbox.config import RelayConfig
 from outbox.relay import Relay
@@ -52,6 +53,7 @@ class Evaluator:
     """Decides the CMs of the sender ``config.sender`` (see :class:`EvaluatorConfig`).
 
     ``engine`` is the sender store's (default: one made from ``config.db_url``);
+    ``decisions`` reads and writes it (default: the adapter for the engine's database);
     ``registry`` receives the metrics; ``clock`` gives the decision instants; ``report``,
     if given, receives what each stored batch did (an intake worker's report line).
 
@@ -65,6 +67,7 @@ class Evaluator:
         config: EvaluatorConfig,
         *,
         engine: Engine | None = None,
+        decisions: DecisionStore | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], datetime] = utcnow,
         report: Callable[[Report], None] | None = None,
@@ -79,7 +82,11 @@ class Evaluator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.store = SenderStore(
-            self.engine, secret=config.secret, create=config.create, stop=self._stop
+            self.engine,
+            secret=config.secret,
+            create=config.create,
+            stop=self._stop,
+            decisions=decisions,
         )
         self._relay = self._make_relay() if config.relay else None
         self.batches = AckBatches(

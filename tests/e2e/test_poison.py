@@ -40,6 +40,7 @@ from condmsg.acks import AckKind
 from condmsg.evaluation import evaluate
 from condmsg.timeutil import utcnow
 from evaluator import store
+from evaluator.sender_store import decision_store
 
 from .conftest import SECRET, Procs, wait_for
 
@@ -256,7 +257,7 @@ def test_valid_cms_are_decided_on_their_evidence_while_poison_flows(
         # ... and the stored verdict is evaluate() over the acks that counted.
         with Session(sender.engine) as session:
             rows = list(session.execute(sa.select(t.cms)))
-            counted = store.counted_acks(session, [r.cm_id for r in rows])
+            counted = decision_store(session).counted_acks(session, [r.cm_id for r in rows])
         for row in rows:
             cm = store.CmRow.of(row)
             assert cm.effective_at is not None

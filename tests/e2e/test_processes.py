@@ -26,6 +26,7 @@ from condmsg.evaluation import evaluate
 from condmsg.outcome import Outcome
 from condmsg.timeutil import utcnow
 from evaluator import store
+from evaluator.sender_store import decision_store
 
 from .conftest import SECRET, Procs, ack_consumers, records, wait_for
 
@@ -293,7 +294,7 @@ def test_evaluator_killed_mid_stream_and_restarted(
     # Every stored verdict is evaluate() over the stored counted acks at effective_at.
     with Session(sender.engine) as session:
         rows = list(session.execute(sa.select(t.cms)))
-        acks = store.counted_acks(session, [r.cm_id for r in rows])
+        acks = decision_store(session).counted_acks(session, [r.cm_id for r in rows])
     for row in rows:
         cm = store.CmRow.of(row)
         assert cm.effective_at is not None

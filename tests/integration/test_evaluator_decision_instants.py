@@ -51,19 +51,19 @@ def _check_invariants(engine: sa.Engine) -> int:
     for row in acks:
         by_cm.setdefault(row.cm_id, []).append(row)
     for cm in cms:
-        sent_at = evaluator_store._utc(cm.sent_at)
-        decided_at = evaluator_store._utc(cm.decided_at)
-        effective_at = evaluator_store._utc(cm.effective_at)
+        sent_at = evaluator_store.to_utc(cm.sent_at)
+        decided_at = evaluator_store.to_utc(cm.decided_at)
+        effective_at = evaluator_store.to_utc(cm.effective_at)
         assert effective_at >= sent_at, cm.cm_id
         counted = by_cm.get(cm.cm_id, [])
         for row in counted:
-            assert evaluator_store._utc(row.received_at) <= decided_at, (cm.cm_id, row.ack_id)
+            assert evaluator_store.to_utc(row.received_at) <= decided_at, (cm.cm_id, row.ack_id)
         evidence = [
             Ack(
                 destination=r.destination,
                 kind=AckKind(r.kind),
-                read_at=evaluator_store._utc(r.read_at),
-                committed_at=evaluator_store._utc(r.committed_at) if r.committed_at else None,
+                read_at=evaluator_store.to_utc(r.read_at),
+                committed_at=evaluator_store.to_utc(r.committed_at) if r.committed_at else None,
                 recipient=r.recipient,
             )
             for r in counted
@@ -90,15 +90,6 @@ def test_a_batch_that_waited_for_the_locks_decides_after_the_one_it_waited_for(
     cm = s.sender.send(b"x", both)
     read = s.clock.at + timedelta(milliseconds=500)
     waiting, go = threading.Event(), threading.Event()
-    load_cms = evaluator_store.load_cms
-
-    def held_back(session: Any, cm_ids: Any, *, lock: bool = False) -> Any:
-        if threading.current_thread().name == "batch-b":
-            waiting.set()
-            go.wait(10)
-        return load_cms(session, cm_ids, lock=lock)
-
-    monkeypatch.setattr(evaluator_store, "load_cms", held_back)
     evaluator = Evaluator(
         EvaluatorConfig(
             amqp_url="amqp://unused",
@@ -110,6 +101,16 @@ def test_a_batch_that_waited_for_the_locks_decides_after_the_one_it_waited_for(
         ),
         engine=s.engine,
     )
+    decisions = evaluator.store.decisions
+    load_cms = decisions.load_cms
+
+    def held_back(session: Any, cm_ids: Any, *, lock: bool = False) -> Any:
+        if threading.current_thread().name == "batch-b":
+            waiting.set()
+            go.wait(10)
+        return load_cms(session, cm_ids, lock=lock)
+
+    monkeypatch.setattr(decisions, "load_cms", held_back)
     decided: list[int] = []
     b = threading.Thread(
         target=lambda: decided.append(evaluator.process_bodies([ack(cm, f"{q}.b", read)])),
@@ -136,8 +137,8 @@ def test_the_effective_instant_is_never_before_the_cm_was_sent(store: Store) -> 
     assert evaluator.process_bodies([ack(cm, q, sent + GRACE / 8)]) == 1
     (row,) = s.rows(t.cms)
     assert row.state == "satisfied"
-    assert evaluator_store._utc(row.effective_at) == sent
-    assert evaluator_store._utc(row.decided_at) == s.clock.at
+    assert evaluator_store.to_utc(row.effective_at) == sent
+    assert evaluator_store.to_utc(row.decided_at) == s.clock.at
     outbox = outbox_table()
     (body,) = [r.body for r in s.rows(outbox, outbox.c.routing_key == p.outcome_queue(s.name))]
     outcome = Outcome.from_json(body)

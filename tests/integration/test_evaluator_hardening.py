@@ -144,7 +144,8 @@ def test_a_batch_failing_for_one_message_is_stored_in_halves(
     s.clock.at = sent + timedelta(seconds=1)
     bodies = [ack(c, q, sent + timedelta(milliseconds=500)) for c in cms]
     poisoned = p.AckMessage.from_json(bodies[5]).ack_id
-    insert = evaluator_store.insert_acks
+    evaluator = s.evaluator()
+    insert = evaluator.store.decisions.insert_acks
     tries: list[int] = []
 
     def failing_insert(session: Any, rows: Any) -> set[str]:
@@ -153,8 +154,7 @@ def test_a_batch_failing_for_one_message_is_stored_in_halves(
             raise ValueError("this row breaks the statement")
         return insert(session, rows)
 
-    monkeypatch.setattr(evaluator_store, "insert_acks", failing_insert)
-    evaluator = s.evaluator()
+    monkeypatch.setattr(evaluator.store.decisions, "insert_acks", failing_insert)
     assert evaluator.batches.store(bodies)
     assert len(tries) <= 5  # log2(16) + 1: 16, 8, 4, 2, 1
     states = {r.cm_id: r.state for r in s.rows(t.cms)}
@@ -181,7 +181,8 @@ def test_a_batch_failing_because_the_database_is_away_is_retried_whole(
     cms = [s.sender.send(b"x", quick) for _ in range(4)]
     s.clock.at = sent + timedelta(seconds=1)
     bodies = [ack(c, q, sent + timedelta(milliseconds=500)) for c in cms]
-    insert = evaluator_store.insert_acks
+    evaluator = s.evaluator()
+    insert = evaluator.store.decisions.insert_acks
     outages = [2]
     tries: list[int] = []
 
@@ -194,8 +195,7 @@ def test_a_batch_failing_because_the_database_is_away_is_retried_whole(
             )
         return insert(session, rows)
 
-    monkeypatch.setattr(evaluator_store, "insert_acks", blinking_insert)
-    evaluator = s.evaluator()
+    monkeypatch.setattr(evaluator.store.decisions, "insert_acks", blinking_insert)
     first_delay = evaluator.batches.retries.next_delay
     assert not evaluator.batches.store(bodies)
     evaluator.batches.retries.wait()  # what the storing thread does before handing it back

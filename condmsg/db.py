@@ -93,10 +93,6 @@ def _ping_when_idle(engine: Engine) -> None:
             raise sa.exc.DisconnectionError(f"stale pooled connection: {exc}") from exc
 
 
-def is_sqlite(engine: Engine) -> bool:
-    return engine.dialect.name == "sqlite"
-
-
 def check_reachable(engine: Engine) -> None:
     """Raise :class:`StoreError` with an actionable message if the database is down."""
     try:

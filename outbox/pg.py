@@ -15,18 +15,6 @@ from typing import Any
 
 import psycopg
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
-
-
-def driver_connection(bind: Session | Connection) -> psycopg.Connection[Any] | None:
-    """The psycopg connection under ``bind`` (checked out now), or None for other
-    databases and drivers (callers then take their portable SQLAlchemy path)."""
-    conn = bind.connection() if isinstance(bind, Session) else bind
-    if conn.dialect.name != "postgresql" or conn.dialect.driver != "psycopg":
-        return None
-    driver = conn.connection.driver_connection
-    return driver if isinstance(driver, psycopg.Connection) else None
 
 
 def execute(

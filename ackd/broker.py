@@ -17,7 +17,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from condmsg import protocol as p
+from condmsg import protocol
 from condmsg.amqp import connect
 from condmsg.errors import BrokerError
 from condmsg.topology import declare_destination, declare_service_queue
@@ -266,7 +266,7 @@ class Broker:
         """
         props = delivery.properties
         headers = dict(props.headers or {})
-        headers[p.H_REASON] = reason[:1000]
+        headers[protocol.H_REASON] = reason[:1000]
         headers["condmsg-original-queue"] = delivery.queue
         try:
             self._publish_invalid_copy(delivery, headers)
@@ -276,7 +276,7 @@ class Broker:
             dropped = f"{reason} (its headers could not be encoded: {type(exc).__name__})"
             self._publish_invalid_copy(
                 delivery,
-                {p.H_REASON: dropped[:1000], "condmsg-original-queue": delivery.queue},
+                {protocol.H_REASON: dropped[:1000], "condmsg-original-queue": delivery.queue},
             )
         self.ack(delivery)
 
@@ -304,7 +304,7 @@ class Broker:
             self.invalid_queue,
             body,
             pika.BasicProperties(
-                headers={**headers, p.H_REASON: reason[:1000]},
+                headers={**headers, protocol.H_REASON: reason[:1000]},
                 delivery_mode=pika.DeliveryMode.Persistent,
             ),
         )

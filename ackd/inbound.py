@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from condmsg import protocol as p
+from condmsg import protocol
 from condmsg.errors import CondmsgError, ProtocolError
 from condmsg.limits import forbidden_character
 from condmsg.payloads import decode_payload
@@ -20,22 +20,22 @@ from condmsg.payloads import decode_payload
 #: The longest value of a header the receiver stores (its columns in ``ackd.tables``): a
 #: longer one could never be stored on PostgreSQL, so the copy is invalid.
 _LONGEST = {
-    p.H_CM_ID: p.MAX_CM_ID_CHARS,
-    p.H_DESTINATION: p.MAX_NAME_CHARS,
-    p.H_RECIPIENT: p.MAX_NAME_CHARS,
-    p.H_SENDER: p.MAX_NAME_CHARS,
-    p.H_SEQ_ID: p.MAX_SEQ_ID_CHARS,
-    p.H_TOKEN: 64,
-    p.H_KIND: 16,
-    p.H_REQUIRES: 16,
-    p.H_SENT_AT: p.MAX_INSTANT_CHARS,
+    protocol.H_CM_ID: protocol.MAX_CM_ID_CHARS,
+    protocol.H_DESTINATION: protocol.MAX_NAME_CHARS,
+    protocol.H_RECIPIENT: protocol.MAX_NAME_CHARS,
+    protocol.H_SENDER: protocol.MAX_NAME_CHARS,
+    protocol.H_SEQ_ID: protocol.MAX_SEQ_ID_CHARS,
+    protocol.H_TOKEN: 64,
+    protocol.H_KIND: 16,
+    protocol.H_REQUIRES: 16,
+    protocol.H_SENT_AT: protocol.MAX_INSTANT_CHARS,
 }
 #: The longest AMQP message id of an original copy (its RLOG row keeps it).
 LONGEST_COPY_MESSAGE_ID = 64
 #: The largest number of parts of a Message Sequence (the store's integer columns).
 MAX_SEQ_SIZE = 2**31 - 1
-_TOKEN = re.compile(p.TOKEN_PATTERN)
-_REQUIREMENTS = frozenset(r.value for r in p.Requirement)
+_TOKEN = re.compile(protocol.TOKEN_PATTERN)
+_REQUIREMENTS = frozenset(r.value for r in protocol.Requirement)
 
 
 class InvalidMessage(CondmsgError):
@@ -46,7 +46,7 @@ class InvalidMessage(CondmsgError):
 class Inbound:
     """The condmsg facts of one incoming message (``kind`` None: a plain message)."""
 
-    kind: p.MessageKind | None
+    kind: protocol.MessageKind | None
     cm_id: str | None = None
     destination: str | None = None
     recipient: str | None = None
@@ -109,47 +109,47 @@ def parse(headers: dict[str, Any] | None, reply_to: str | None) -> Inbound:
 def _parse(headers: dict[str, Any], reply_to: str | None) -> Inbound:
     if not isinstance(headers, dict):
         raise InvalidMessage("headers must be a table")
-    if p.H_VERSION not in headers:
+    if protocol.H_VERSION not in headers:
         return Inbound(kind=None)
-    version = headers[p.H_VERSION]
-    if type(version) is not int or version != p.PROTOCOL_VERSION:  # not True, not 1.0
-        raise InvalidMessage(f"unsupported {p.H_VERSION} {_show(version)}")
-    raw_kind = _text(headers, p.H_KIND)
+    version = headers[protocol.H_VERSION]
+    if type(version) is not int or version != protocol.PROTOCOL_VERSION:  # not True, not 1.0
+        raise InvalidMessage(f"unsupported {protocol.H_VERSION} {_show(version)}")
+    raw_kind = _text(headers, protocol.H_KIND)
     try:
-        kind = p.MessageKind(str(raw_kind))
+        kind = protocol.MessageKind(str(raw_kind))
     except ValueError:
-        raise InvalidMessage(f"unknown {p.H_KIND} {raw_kind!r}") from None
-    sent_raw = _text(headers, p.H_SENT_AT)
+        raise InvalidMessage(f"unknown {protocol.H_KIND} {raw_kind!r}") from None
+    sent_raw = _text(headers, protocol.H_SENT_AT)
     try:
-        sent_at = p.parse_instant(sent_raw, p.H_SENT_AT)
+        sent_at = protocol.parse_instant(sent_raw, protocol.H_SENT_AT)
     except ProtocolError as exc:
         raise InvalidMessage(str(exc)) from None
-    token = _text(headers, p.H_TOKEN, required=kind is p.MessageKind.ORIGINAL)
+    token = _text(headers, protocol.H_TOKEN, required=kind is protocol.MessageKind.ORIGINAL)
     if token is not None and not _TOKEN.fullmatch(token):
-        raise InvalidMessage(f"header {p.H_TOKEN} is not a 64-digit hex HMAC (lowercase)")
-    requires = _text(headers, p.H_REQUIRES, required=False)
+        raise InvalidMessage(f"header {protocol.H_TOKEN} is not a 64-digit hex HMAC (lowercase)")
+    requires = _text(headers, protocol.H_REQUIRES, required=False)
     if requires is not None and requires not in _REQUIREMENTS:
-        raise InvalidMessage(f"unknown {p.H_REQUIRES} {requires!r}")
-    if kind is p.MessageKind.ORIGINAL and not reply_to:
+        raise InvalidMessage(f"unknown {protocol.H_REQUIRES} {requires!r}")
+    if kind is protocol.MessageKind.ORIGINAL and not reply_to:
         raise InvalidMessage("an original copy needs reply_to (the sender's ack queue)")
     if reply_to is not None and "\x00" in reply_to:
         raise InvalidMessage("reply_to contains a NUL character")
     inbound = Inbound(
         kind=kind,
-        cm_id=_text(headers, p.H_CM_ID),
-        destination=_text(headers, p.H_DESTINATION),
-        recipient=_text(headers, p.H_RECIPIENT, required=False),
-        sender=_text(headers, p.H_SENDER),
+        cm_id=_text(headers, protocol.H_CM_ID),
+        destination=_text(headers, protocol.H_DESTINATION),
+        recipient=_text(headers, protocol.H_RECIPIENT, required=False),
+        sender=_text(headers, protocol.H_SENDER),
         sent_at=sent_at,
         token=token,
         reply_to=reply_to,
     )
-    if p.H_SEQ_ID not in headers:
+    if protocol.H_SEQ_ID not in headers:
         return inbound
-    if kind is not p.MessageKind.ORIGINAL:
-        raise InvalidMessage(f"a {kind.value} is never split into a sequence ({p.H_SEQ_ID})")
-    seq_id = _text(headers, p.H_SEQ_ID)
-    pos, size = _int(headers, p.H_SEQ_POS), _int(headers, p.H_SEQ_SIZE)
+    if kind is not protocol.MessageKind.ORIGINAL:
+        raise InvalidMessage(f"a {kind.value} is never split into a sequence ({protocol.H_SEQ_ID})")
+    seq_id = _text(headers, protocol.H_SEQ_ID)
+    pos, size = _int(headers, protocol.H_SEQ_POS), _int(headers, protocol.H_SEQ_SIZE)
     if not 2 <= size <= MAX_SEQ_SIZE or not 0 <= pos < size:
         raise InvalidMessage(
             f"sequence position {_show(pos)} of size {_show(size)} is out of range"
@@ -172,7 +172,7 @@ def _parse(headers: dict[str, Any], reply_to: str | None) -> Inbound:
 def check_message_id(message_id: str | None, inbound: Inbound) -> None:
     """Reject an original copy whose AMQP message id its RLOG row could not hold (other
     messages' ids are only keys of the redelivery counts, which take any id)."""
-    if message_id is None or inbound.kind is not p.MessageKind.ORIGINAL:
+    if message_id is None or inbound.kind is not protocol.MessageKind.ORIGINAL:
         return
     if "\x00" in message_id:
         raise InvalidMessage("message_id contains a NUL character")
@@ -189,14 +189,16 @@ def check_token(inbound: Inbound, secret: bytes | None, body: bytes) -> None:
         return
     assert inbound.cm_id and inbound.destination
     if inbound.token is None:
-        raise InvalidMessage(f"missing header {p.H_TOKEN}: a {inbound.kind.value} must be signed")
-    if inbound.kind is p.MessageKind.ORIGINAL:
-        if not p.verify_token(
+        raise InvalidMessage(
+            f"missing header {protocol.H_TOKEN}: a {inbound.kind.value} must be signed"
+        )
+    if inbound.kind is protocol.MessageKind.ORIGINAL:
+        if not protocol.verify_token(
             secret, inbound.token, inbound.cm_id, inbound.destination, inbound.recipient
         ):
             raise InvalidMessage("bad token: the copy's HMAC does not verify")
         return
-    if not p.verify_control_token(
+    if not protocol.verify_control_token(
         secret,
         inbound.token,
         inbound.kind.value,

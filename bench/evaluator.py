@@ -38,9 +38,7 @@ import sqlalchemy as sa
 
 from ackd.receiver import Receiver
 from bench._common import emit_result, fresh_pg_schema, log, percentile, timed, wait_until
-from condmsg import Destination
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import Destination, protocol, sender_tables
 from condmsg.acks import AckKind
 from condmsg.condition_codec import condition_to_json
 from condmsg.outcome import Outcome
@@ -75,7 +73,7 @@ def _send_many(sender: Sender, condition: Any, n: int, chunk: int = 2000) -> lis
 def _ack_bodies(cm_ids: list[str], queue: str) -> list[bytes]:
     now = utcnow()
     return [
-        p.AckMessage(
+        protocol.AckMessage(
             ack_id=uuid.uuid4().hex,
             cm_id=cm_id,
             destination=queue,
@@ -84,7 +82,7 @@ def _ack_bodies(cm_ids: list[str], queue: str) -> list[bytes]:
             committed_at=None,
             recipient=None,
             receiver="bench",
-            token=p.copy_token(SECRET, cm_id, queue, None),
+            token=protocol.copy_token(SECRET, cm_id, queue, None),
         ).to_json()
         for cm_id in cm_ids
     ]
@@ -168,7 +166,7 @@ def intake(db_url: str, sender_name: str, queue: str, n: int, processes: int) ->
     bodies = _ack_bodies(cm_ids, queue)
     connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
     channel = connection.channel()
-    ack_queue = p.ack_queue(sender_name)
+    ack_queue = protocol.ack_queue(sender_name)
     log("(a) raw baseline: pika consume + batched INSERT ...")
     _publish(channel, ack_queue, bodies)
     raw_s = raw_intake(engine, ack_queue, n)
@@ -216,7 +214,7 @@ class OutcomeWatcher:
     def __init__(self, sender_name: str) -> None:
         self.arrived: dict[str, float] = {}
         self.outcomes: dict[str, Outcome] = {}
-        self._queue = p.outcome_queue(sender_name)
+        self._queue = protocol.outcome_queue(sender_name)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -294,7 +292,7 @@ def latencies(
             time.sleep(0.01)  # deadlines spread over the sweeps
         assert wait_until(lambda: all(c in watcher.arrived for c in ids), timeout_s=120)
         with engine.connect() as conn:
-            query = sa.select(t.cms.c.cm_id, t.cms.c.sent_at)
+            query = sa.select(sender_tables.cms.c.cm_id, sender_tables.cms.c.sent_at)
             sent = {r.cm_id: r.sent_at for r in conn.execute(query)}
         for cm_id in ids:
             assert watcher.outcomes[cm_id].verdict.value == "violated"

@@ -81,8 +81,7 @@ from bench._common import (
     timed,
     wait_until,
 )
-from condmsg import Condition, Destination, DestinationSet
-from condmsg import protocol as p
+from condmsg import Condition, Destination, DestinationSet, protocol
 from condmsg.sender import Outgoing, Sender
 from outbox.relay import Relay
 from outbox.table import DEFAULT_TABLE_NAME
@@ -361,7 +360,7 @@ def raw_receive(db_url: str, queue: str, n: int, prefetch: int) -> float:
             if method is None or props is None or method.delivery_tag is None:
                 break  # inactivity: the queue ran dry early
             with db.transaction():
-                db.execute(RAW_INSERT, ((props.headers or {}).get(p.H_CM_ID), body))
+                db.execute(RAW_INSERT, ((props.headers or {}).get(protocol.H_CM_ID), body))
             channel.basic_ack(method.delivery_tag)
             got += 1
             if got == n:
@@ -550,7 +549,11 @@ def main() -> None:
     name = f"bench-sr-{run}"
     dests = [f"bench.sr.{run}.d{i}" for i in range(4)]
     rx = f"bench.sr.{run}.rx"
-    service = [p.ack_queue(name), p.outcome_queue(name), p.dead_letter_queue(name)]
+    service = [
+        protocol.ack_queue(name),
+        protocol.outcome_queue(name),
+        protocol.dead_letter_queue(name),
+    ]
     admin = Queues()
     try:
         with (

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from condmsg import protocol as p
+from condmsg import protocol
 from condmsg.conditions import COMPENSATION_PRIORITY, Condition, Delivery, Destination
 from condmsg.errors import ProtocolError
 from condmsg.timeutil import to_ms
@@ -28,29 +28,29 @@ class CopyPlan:
     message_id: str
     exchange: str
     routing_key: str
-    requires: p.Requirement
+    requires: protocol.Requirement
     #: How many AMQP messages the copy travels as (more than one: a Message Sequence).
     parts: int = 1
     #: Its messages (:func:`plan_copies`; :func:`plan_fanouts` leaves them in the fan-outs).
     messages: tuple[OutboxMessage, ...] = ()
 
 
-def requirement(condition: Condition) -> dict[str, p.Requirement]:
+def requirement(condition: Condition) -> dict[str, protocol.Requirement]:
     """What the condition asks of each destination (processing beats pickup)."""
-    needs: dict[str, p.Requirement] = {}
+    needs: dict[str, protocol.Requirement] = {}
 
-    def visit(node: Condition, inherited: p.Requirement) -> None:
+    def visit(node: Condition, inherited: protocol.Requirement) -> None:
         here = inherited
         if node.process_within is not None:
-            here = p.Requirement.PROCESS
-        elif node.pickup_within is not None and here is p.Requirement.NONE:
-            here = p.Requirement.PICKUP
+            here = protocol.Requirement.PROCESS
+        elif node.pickup_within is not None and here is protocol.Requirement.NONE:
+            here = protocol.Requirement.PICKUP
         if isinstance(node, Destination):
             needs[node.name] = here
         for member in node.members:
             visit(member, here)
 
-    visit(condition, p.Requirement.NONE)
+    visit(condition, protocol.Requirement.NONE)
     return needs
 
 
@@ -97,11 +97,11 @@ def plan_fanouts(
     chunks = split(body, part_bytes)
     shared = {
         **app_headers,
-        p.H_VERSION: p.PROTOCOL_VERSION,
-        p.H_KIND: p.MessageKind.ORIGINAL.value,
-        p.H_CM_ID: cm_id,
-        p.H_SENDER: sender,
-        p.H_SENT_AT: p.format_instant(sent_at),
+        protocol.H_VERSION: protocol.PROTOCOL_VERSION,
+        protocol.H_KIND: protocol.MessageKind.ORIGINAL.value,
+        protocol.H_CM_ID: cm_id,
+        protocol.H_SENDER: sender,
+        protocol.H_SENT_AT: protocol.format_instant(sent_at),
     }
     own = [_copy_fields(d, delivery[d.name], needs[d.name], secret, cm_id) for d in destinations]
     plans = [
@@ -140,17 +140,17 @@ def plan_fanouts(
 
 
 def _copy_fields(
-    dest: Destination, props: Delivery, requires: p.Requirement, secret: bytes, cm_id: str
+    dest: Destination, props: Delivery, requires: protocol.Requirement, secret: bytes, cm_id: str
 ) -> dict[str, Any]:
     """The outbox fields of one destination's copy: its address, delivery properties, a
     fresh message id and the headers that name the destination."""
     headers = {
-        p.H_DESTINATION: dest.name,
-        p.H_REQUIRES: requires.value,
-        p.H_TOKEN: p.copy_token(secret, cm_id, dest.name, dest.recipient),
+        protocol.H_DESTINATION: dest.name,
+        protocol.H_REQUIRES: requires.value,
+        protocol.H_TOKEN: protocol.copy_token(secret, cm_id, dest.name, dest.recipient),
     }
     if dest.recipient is not None:
-        headers[p.H_RECIPIENT] = dest.recipient
+        headers[protocol.H_RECIPIENT] = dest.recipient
     return {
         "exchange": dest.exchange or "",
         "routing_key": dest.routing_key or dest.name,
@@ -172,12 +172,12 @@ def _parts(
         yield chunks[0], shared, copies
         return
     for position, chunk in enumerate(chunks):
-        headers = shared | {p.H_SEQ_POS: position, p.H_SEQ_SIZE: len(chunks)}
+        headers = shared | {protocol.H_SEQ_POS: position, protocol.H_SEQ_SIZE: len(chunks)}
         part_copies = [
             c
             | {
                 "message_id": f"{c['message_id']}.{position}",
-                "headers": c["headers"] | {p.H_SEQ_ID: c["message_id"]},
+                "headers": c["headers"] | {protocol.H_SEQ_ID: c["message_id"]},
             }
             for c in copies
         ]
@@ -201,7 +201,7 @@ def _original(
         body=body,
         message_id=message_id,
         correlation_id=cm_id,
-        reply_to=p.ack_queue(sender),
+        reply_to=protocol.ack_queue(sender),
         content_type=content_type,
         message_type=_ORIGINAL_TYPE,
         headers=headers,
@@ -211,7 +211,7 @@ def _original(
     )
 
 
-_ORIGINAL_TYPE = f"condmsg.{p.MessageKind.ORIGINAL.value}"
+_ORIGINAL_TYPE = f"condmsg.{protocol.MessageKind.ORIGINAL.value}"
 
 
 #: What every copy of a fan-out states for itself.
@@ -221,7 +221,7 @@ _OWN = frozenset({"message_id", "headers"})
 @functools.lru_cache(maxsize=1024)
 def _layout(
     condition: Condition,
-) -> tuple[tuple[Destination, ...], dict[str, Delivery], dict[str, p.Requirement]]:
+) -> tuple[tuple[Destination, ...], dict[str, Delivery], dict[str, protocol.Requirement]]:
     """What the copies take from the condition alone (conditions repeat across CMs)."""
     return condition.destinations(), condition.delivery(), requirement(condition)
 
@@ -235,7 +235,7 @@ def split(body: bytes, part_bytes: int) -> list[bytes]:
 
 def notice_message(
     *,
-    kind: p.MessageKind,
+    kind: protocol.MessageKind,
     cm_id: str,
     destination: str,
     recipient: str | None,
@@ -253,19 +253,21 @@ def notice_message(
     Compensations travel at :data:`COMPENSATION_PRIORITY`, above any application priority,
     so that they usually overtake an unread original (the receiver's RLOG then drops both).
     """
-    if kind is p.MessageKind.ORIGINAL:
+    if kind is protocol.MessageKind.ORIGINAL:
         raise ValueError("notice_message builds compensations and success notices only")
     headers: dict[str, Any] = {
-        p.H_VERSION: p.PROTOCOL_VERSION,
-        p.H_KIND: kind.value,
-        p.H_CM_ID: cm_id,
-        p.H_DESTINATION: destination,
-        p.H_SENDER: sender,
-        p.H_SENT_AT: p.format_instant(sent_at),
-        p.H_TOKEN: p.control_token(secret, kind.value, cm_id, destination, recipient, body),
+        protocol.H_VERSION: protocol.PROTOCOL_VERSION,
+        protocol.H_KIND: kind.value,
+        protocol.H_CM_ID: cm_id,
+        protocol.H_DESTINATION: destination,
+        protocol.H_SENDER: sender,
+        protocol.H_SENT_AT: protocol.format_instant(sent_at),
+        protocol.H_TOKEN: protocol.control_token(
+            secret, kind.value, cm_id, destination, recipient, body
+        ),
     }
     if recipient is not None:
-        headers[p.H_RECIPIENT] = recipient
+        headers[protocol.H_RECIPIENT] = recipient
     return OutboxMessage(
         exchange=exchange,
         routing_key=routing_key,
@@ -275,5 +277,5 @@ def notice_message(
         content_type=content_type,
         message_type=f"condmsg.{kind.value}",
         headers=headers,
-        priority=COMPENSATION_PRIORITY if kind is p.MessageKind.COMPENSATION else None,
+        priority=COMPENSATION_PRIORITY if kind is protocol.MessageKind.COMPENSATION else None,
     )

@@ -25,8 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import protocol, sender_tables
 from condmsg.amqp import connect
 from condmsg.condition_codec import condition_to_json
 from condmsg.conditions import Condition
@@ -37,11 +36,11 @@ from condmsg.evaluation import Verdict, evaluate
 from condmsg.outcome import Outcome
 from condmsg.payloads import JSON, encode_payload
 from condmsg.relaying import OwnsOutbox
-from condmsg.sender_store import (
-    PsycopgSenderStore,
-    SenderStore,
+from condmsg.send_store import (
+    PsycopgSendStore,
     SendRows,
-    SqlAlchemySenderStore,
+    SendStore,
+    SqlAlchemySendStore,
 )
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
@@ -63,7 +62,7 @@ class Sender(OwnsOutbox):
 
     ``name`` names the sender's ack queue (``condmsg.<name>.ack``) and outcome queue; the
     evaluator for this sender consumes the former and writes the latter. Its rows go
-    through the :class:`~condmsg.sender_store.SenderStore` adapter that serves ``engine``
+    through the :class:`~condmsg.send_store.SendStore` adapter that serves ``engine``
     (``store`` gives another, for tests and benchmarks).
     """
 
@@ -78,7 +77,7 @@ class Sender(OwnsOutbox):
         part_bytes: int = DEFAULT_PART_BYTES,
         clock: Callable[[], datetime] = utcnow,
         declare_queues: bool = True,
-        store: SenderStore | None = None,
+        store: SendStore | None = None,
     ) -> None:
         if engine is None and db_url is None:
             raise ConfigError("Sender needs db_url (CONDMSG_DB_URL) or an engine")
@@ -89,7 +88,7 @@ class Sender(OwnsOutbox):
         self.engine = engine if engine is not None else make_engine(str(db_url))
         if store is None:
             store = backends.pick(
-                self.engine, psycopg=PsycopgSenderStore(), portable=SqlAlchemySenderStore()
+                self.engine, psycopg=PsycopgSendStore(), portable=SqlAlchemySendStore()
             )
         self.store = store
         self.part_bytes = part_bytes
@@ -201,7 +200,7 @@ class Sender(OwnsOutbox):
                 "content_type": ctype,
                 "payload_size": len(body),
                 "notify_success": item.notify_success,
-                "state": t.CmState.PENDING.value,
+                "state": sender_tables.CmState.PENDING.value,
                 # With no ack yet, the first instant the verdict can change on its own.
                 "next_check_at": None if shape.first_check is None else sent_at + shape.first_check,
             }
@@ -264,7 +263,7 @@ class Sender(OwnsOutbox):
                 row = self.store.cm(conn, cm_id)
             if row is None:
                 raise ConfigError(f"unknown conditional message {cm_id!r} in this sender's store")
-            if row.state != t.CmState.PENDING.value:
+            if row.state != sender_tables.CmState.PENDING.value:
                 return Outcome(
                     cm_id=cm_id,
                     verdict=Verdict(row.state),
@@ -286,10 +285,10 @@ class Sender(OwnsOutbox):
         connection = connect(self.amqp_url, name=f"condmsg-outcomes-{self.name}")
         try:
             channel = connection.channel()
-            declare_service_queue(channel, p.outcome_queue(self.name))
+            declare_service_queue(channel, protocol.outcome_queue(self.name))
             channel.basic_qos(prefetch_count=100)
             for method, _props, body in channel.consume(
-                p.outcome_queue(self.name), inactivity_timeout=timeout
+                protocol.outcome_queue(self.name), inactivity_timeout=timeout
             ):
                 if method is None:
                     return
@@ -314,9 +313,9 @@ class Sender(OwnsOutbox):
         try:
             channel = connection.channel()
             for queue in (
-                p.ack_queue(self.name),
-                p.outcome_queue(self.name),
-                p.dead_letter_queue(self.name),
+                protocol.ack_queue(self.name),
+                protocol.outcome_queue(self.name),
+                protocol.dead_letter_queue(self.name),
             ):
                 declare_service_queue(channel, queue)
         finally:
@@ -392,24 +391,30 @@ def _utc(value: datetime) -> datetime:
 
 def create_tables(engine: Engine) -> None:
     """Create the sender store's tables and its outbox if missing."""
-    t.metadata.create_all(engine)
+    sender_tables.metadata.create_all(engine)
     create_outbox_tables(engine)
 
 
 def store_secret(engine: Engine) -> bytes:
     """The store's HMAC secret, generated once (first writer wins) and shared after."""
     with engine.begin() as conn:
-        found = conn.execute(sa.select(t.meta.c.value).where(t.meta.c.key == "hmac_secret"))
+        found = conn.execute(
+            sa.select(sender_tables.meta.c.value).where(sender_tables.meta.c.key == "hmac_secret")
+        )
         value = found.scalar_one_or_none()
         if value is None:
             candidate = secrets.token_hex(32)
             try:
                 with conn.begin_nested():
-                    conn.execute(sa.insert(t.meta), [{"key": "hmac_secret", "value": candidate}])
+                    conn.execute(
+                        sa.insert(sender_tables.meta), [{"key": "hmac_secret", "value": candidate}]
+                    )
                 value = candidate
             except sa.exc.IntegrityError:
                 # Another process stored one first: use theirs.
                 value = conn.execute(
-                    sa.select(t.meta.c.value).where(t.meta.c.key == "hmac_secret")
+                    sa.select(sender_tables.meta.c.value).where(
+                        sender_tables.meta.c.key == "hmac_secret"
+                    )
                 ).scalar_one()
     return bytes.fromhex(value)

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from condmsg import protocol as p
+from condmsg import protocol
 from condmsg.acks import Ack
 from condmsg.copies import notice_message
 from condmsg.evaluation import Verdict, evaluate
@@ -147,7 +147,7 @@ def _write_actions(
             cm_copies = copies.get(cm.cm_id, {})
             notice = json.dumps({"cm_id": cm.cm_id, "verdict": "satisfied"}).encode()
             messages += [
-                _notice(p.MessageKind.SUCCESS, cm, copy, notice, JSON, secret=secret)
+                _notice(protocol.MessageKind.SUCCESS, cm, copy, notice, JSON, secret=secret)
                 for copy in cm_copies.values()
             ]
         elif outcome.verdict is Verdict.VIOLATED:
@@ -159,7 +159,7 @@ def _write_actions(
                 if copy is not None:
                     messages.append(
                         _notice(
-                            p.MessageKind.COMPENSATION,
+                            protocol.MessageKind.COMPENSATION,
                             cm,
                             copy,
                             row.body,
@@ -179,7 +179,7 @@ def _outcome_template(sender: str) -> OutboxMessage:
     """What the outcome notifications to ``sender`` share (body and ids are each CM's)."""
     return OutboxMessage(
         exchange="",
-        routing_key=p.outcome_queue(sender),
+        routing_key=protocol.outcome_queue(sender),
         body=b"",
         content_type=OUTCOME_CONTENT_TYPE,
         message_type=OUTCOME_TYPE,
@@ -187,7 +187,7 @@ def _outcome_template(sender: str) -> OutboxMessage:
 
 
 def _notice(
-    kind: p.MessageKind,
+    kind: protocol.MessageKind,
     cm: CmRow,
     copy: CopyRow,
     body: bytes,

@@ -20,8 +20,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import protocol, sender_tables
 from condmsg.acks import Ack
 from condmsg.errors import ProtocolError
 from condmsg.evaluation import evaluate
@@ -29,7 +28,7 @@ from evaluator.store import CmRow, CopyRow, DecisionStore
 from outbox.enqueueing import enqueue_all
 from outbox.message import OutboxMessage
 
-Kind = t.AnomalyKind
+Kind = sender_tables.AnomalyKind
 
 _NEVER = datetime.min.replace(tzinfo=UTC)
 #: Dead-letter reasons are cut to this many characters (``condmsg-reason``).
@@ -58,7 +57,7 @@ class Received(NamedTuple):
     """One decoded ack: the document, the evaluation's view of it, and the token it
     should carry if its recipient is the copy's (the usual case; computed up front)."""
 
-    message: p.AckMessage
+    message: protocol.AckMessage
     ack: Ack
     token_if_same_recipient: str
 
@@ -77,8 +76,10 @@ def decode(bodies: Sequence[bytes], *, sender: str, secret: bytes) -> Decoded:
     decoded = Decoded()
     for body in bodies:
         try:
-            message, ack = p.decode_ack(body)
-            token = p.copy_token(secret, message.cm_id, message.destination, message.recipient)
+            message, ack = protocol.decode_ack(body)
+            token = protocol.copy_token(
+                secret, message.cm_id, message.destination, message.recipient
+            )
         except ProtocolError as exc:
             decoded.dead.append(dead_letter(body, sender, str(exc)))
             continue
@@ -100,10 +101,10 @@ def dead_letter(body: bytes, sender: str, reason: str) -> OutboxMessage:
     holds, spelled out)."""
     return OutboxMessage(
         exchange="",
-        routing_key=p.dead_letter_queue(sender),
+        routing_key=protocol.dead_letter_queue(sender),
         body=body,
         message_type="condmsg.malformed-ack",
-        headers={p.H_REASON: reason.replace("\x00", "\\x00")[:MAX_REASON]},
+        headers={protocol.H_REASON: reason.replace("\x00", "\\x00")[:MAX_REASON]},
     )
 
 
@@ -146,7 +147,7 @@ def ingest(
     anomalies: list[dict[str, Any]] = []
     seen: set[str] = set()
 
-    def anomaly(kind: Kind, ack: p.AckMessage, detail: str) -> None:
+    def anomaly(kind: Kind, ack: protocol.AckMessage, detail: str) -> None:
         intake.anomalies[kind.value] += 1
         anomalies.append(
             {
@@ -198,7 +199,7 @@ def ingest(
             if counted is None:
                 counted = intake.acks[cm.cm_id] = list(prior.get(cm.cm_id, []))
             counted.append(received.ack)
-        elif row["status"] == t.AckStatus.CHANGES_VERDICT.value:
+        elif row["status"] == sender_tables.AckStatus.CHANGES_VERDICT.value:
             if late.first_contradiction(cm.cm_id):
                 intake.contradicted += 1
             anomaly(
@@ -218,7 +219,7 @@ def _decided(cm: CmRow) -> bool:
 
 
 def _implausible(
-    ack: p.AckMessage, earliest: datetime, latest: datetime, skew: timedelta
+    ack: protocol.AckMessage, earliest: datetime, latest: datetime, skew: timedelta
 ) -> str | None:
     """Why the ack's times cannot be true within the clock-skew tolerance ``skew``: read
     before its CM was sent, or read or committed after the evaluator received it."""
@@ -234,7 +235,7 @@ def _implausible(
     return None
 
 
-_iso = p.format_instant
+_iso = protocol.format_instant
 
 
 class _LateEvidence:
@@ -246,7 +247,7 @@ class _LateEvidence:
         self._contradicted = {
             cm_id
             for cm_id, rows in stored.items()
-            if any(status == t.AckStatus.CHANGES_VERDICT.value for _, status in rows)
+            if any(status == sender_tables.AckStatus.CHANGES_VERDICT.value for _, status in rows)
         }
 
     def before(self, cm_id: str) -> list[Ack]:
@@ -269,7 +270,7 @@ def _token_ok(received: Received, recipient: str | None, secret: bytes) -> bool:
     if recipient == ack.recipient:
         expected = received.token_if_same_recipient
     else:
-        expected = p.copy_token(secret, ack.cm_id, ack.destination, recipient)
+        expected = protocol.copy_token(secret, ack.cm_id, ack.destination, recipient)
     return hmac.compare_digest(expected, ack.token)
 
 
@@ -281,10 +282,10 @@ def _row(
     now: datetime,
 ) -> dict[str, Any]:
     ack = received.message
-    status = t.AckStatus.COUNTED
+    status = sender_tables.AckStatus.COUNTED
     if _decided(cm):
         assert cm.effective_at is not None
-        status = t.AckStatus.AFTER_DECISION
+        status = sender_tables.AckStatus.AFTER_DECISION
         # The stored verdict is exactly evaluate() over the acks that counted, at the
         # decision's effective instant. Late acks are judged together: two that each
         # change nothing alone may satisfy a minimum between them, so this one is judged
@@ -293,7 +294,7 @@ def _row(
         evidence = [*counted, *before, received.ack]
         judged = evaluate(cm.condition, cm.sent_at, evidence, cm.effective_at)
         if judged.verdict.value != cm.state:
-            status = t.AckStatus.CHANGES_VERDICT
+            status = sender_tables.AckStatus.CHANGES_VERDICT
         late.add(cm.cm_id, received.ack)
     return {
         "ack_id": ack.ack_id,

@@ -37,7 +37,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from condmsg import sender_tables as t
+from condmsg import sender_tables
 from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, Table
 from condmsg.db import describe_db_url
 from condmsg.errors import ConfigError, StoreError
@@ -160,12 +160,16 @@ def _batch(
 def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Claim:
     # Every claim locks its rows ``FOR UPDATE SKIP LOCKED``: SQLAlchemy renders nothing of
     # it on SQLite, where the transaction's write lock already keeps other writers out.
-    cm = t.cms.c
+    cm = sender_tables.cms.c
     # decided_at >= sent_at, so ``sent_at < cutoff`` adds no condition but lets the scan
     # walk the sent_at index (there is none on decided_at) in order.
     cms = (
         sa.select(cm.cm_id)
-        .where(cm.sent_at < cutoff, cm.decided_at < cutoff, cm.state != t.CmState.PENDING.value)
+        .where(
+            cm.sent_at < cutoff,
+            cm.decided_at < cutoff,
+            cm.state != sender_tables.CmState.PENDING.value,
+        )
         .order_by(cm.sent_at)
         .limit(limit)
         # Locks the CM rows until commit: another instance's claim skips them, and intake
@@ -176,11 +180,11 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
     claim = _Claim(cm_ids=list(conn.scalars(cms)))
     if not orphans:
         return claim
-    ack, anomaly = t.acks.c, t.anomalies.c
+    ack, anomaly = sender_tables.acks.c, sender_tables.anomalies.c
     acks = (
         sa.select(ack.ack_id)
         .where(ack.received_at < cutoff, ~sa.exists().where(cm.cm_id == ack.cm_id))
-        .with_for_update(skip_locked=True, of=t.acks)
+        .with_for_update(skip_locked=True, of=sender_tables.acks)
     )
     anomalies = (
         sa.select(anomaly.id)
@@ -189,7 +193,7 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
             sa.or_(anomaly.cm_id.is_(None), ~sa.exists().where(cm.cm_id == anomaly.cm_id)),
         )
         .order_by(anomaly.recorded_at)
-        .with_for_update(skip_locked=True, of=t.anomalies)
+        .with_for_update(skip_locked=True, of=sender_tables.anomalies)
     )
     claim.ack_ids = list(conn.scalars(acks.limit(limit)))
     claim.anomaly_ids = list(conn.scalars(anomalies.limit(limit)))
@@ -199,7 +203,7 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
 def _projection(table: Table) -> list[sa.ColumnElement[Any]]:
     """The layout's columns of ``table`` from its store table (``body_bytes`` is the size of
     the stored compensation body, as ``condmsg export`` writes it)."""
-    store = t.metadata.tables[table.store_table]
+    store = sender_tables.metadata.tables[table.store_table]
     return [
         sa.func.length(store.c.body).label(name) if name == "body_bytes" else store.c[name]
         for name in table.column_names
@@ -208,7 +212,7 @@ def _projection(table: Table) -> list[sa.ColumnElement[Any]]:
 
 def _select(conn: Connection, table: Table, key: str, ids: Sequence[Any]) -> list[Any]:
     """The rows of ``table`` whose ``key`` is in ``ids``, in layout column order."""
-    store = t.metadata.tables[table.store_table]
+    store = sender_tables.metadata.tables[table.store_table]
     found: list[Any] = []
     for chunk in _chunks(ids):
         query = sa.select(*_projection(table)).where(store.c[key].in_(chunk))
@@ -238,7 +242,7 @@ def _delete(conn: Connection, claim: _Claim, rows: dict[str, list[Any]]) -> None
         (CMS, "cm_id", claim.cm_ids),
     ]
     for table, key, ids in keys:
-        store = t.metadata.tables[table.store_table]
+        store = sender_tables.metadata.tables[table.store_table]
         deleted = 0
         for chunk in _chunks(ids):
             deleted += conn.execute(sa.delete(store).where(store.c[key].in_(chunk))).rowcount

@@ -19,13 +19,13 @@ from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy.orm import Session
 
-from condmsg import sender_tables as t
+from condmsg import sender_tables
 from condmsg.acks import Ack
 from condmsg.condition_codec import condition_from_json
 from condmsg.conditions import Condition
 
 #: The keys of an ack row for :meth:`AckStore.insert_acks`: the ``condmsg_ack`` columns.
-ACK_ROW_KEYS = tuple(t.acks.c.keys())
+ACK_ROW_KEYS = tuple(sender_tables.acks.c.keys())
 #: The keys of a decision row for :meth:`CmStore.decide_many`: what may differ between the
 #: CMs decided by one call (the decision instant and the instance are the call's).
 DECISION_ROW_KEYS = ("cm_id", "state", "effective_at", "reasons_json", "facts_json")

@@ -20,11 +20,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from condmsg import sender_tables as t
+from condmsg import sender_tables
 from condmsg.acks import Ack, AckKind
 from evaluator.store import DECISION_ROW_KEYS, CmRow, CompensationRow, CopyRow, Rows, to_utc
 
-_PENDING = t.CmState.PENDING.value
+_PENDING = sender_tables.CmState.PENDING.value
 
 
 class CmLookup(NamedTuple):
@@ -37,8 +37,10 @@ class CmLookup(NamedTuple):
 
 
 _ACK_COLUMNS = ("cm_id", "destination", "kind", "read_at", "committed_at", "recipient")
-_COUNTED_ACKS = CmLookup(t.acks, _ACK_COLUMNS, t.AckStatus.COUNTED.value)
-_COPIES = CmLookup(t.copies, ("cm_id", "destination", "recipient", "exchange", "routing_key"))
+_COUNTED_ACKS = CmLookup(sender_tables.acks, _ACK_COLUMNS, sender_tables.AckStatus.COUNTED.value)
+_COPIES = CmLookup(
+    sender_tables.copies, ("cm_id", "destination", "recipient", "exchange", "routing_key")
+)
 
 
 class SqlAlchemyDecisionStore:
@@ -53,7 +55,11 @@ class SqlAlchemyDecisionStore:
         return self._load(session, ids, lock=lock) if ids else {}
 
     def _load(self, session: Session, ids: list[str], *, lock: bool) -> dict[str, CmRow]:
-        query = sa.select(t.cms).where(t.cms.c.cm_id.in_(ids)).order_by(t.cms.c.cm_id)
+        query = (
+            sa.select(sender_tables.cms)
+            .where(sender_tables.cms.c.cm_id.in_(ids))
+            .order_by(sender_tables.cms.c.cm_id)
+        )
         if lock:
             query = query.with_for_update()
         return {row.cm_id: CmRow.of(row) for row in session.execute(query)}
@@ -90,7 +96,7 @@ class SqlAlchemyDecisionStore:
         # instance that decided one of them first has made it not pending, one that comes
         # later waits for this transaction, then finds it decided. The UPDATE below then
         # writes exactly the rows found here.
-        cm = t.cms.c
+        cm = sender_tables.cms.c
         pending = (
             sa.select(cm.cm_id)
             .where(cm.cm_id.in_(sorted({row["cm_id"] for row in rows})), cm.state == _PENDING)
@@ -101,7 +107,7 @@ class SqlAlchemyDecisionStore:
         if not won:
             return won
         stmt = (
-            sa.update(t.cms)
+            sa.update(sender_tables.cms)
             .where(cm.cm_id == sa.bindparam("b_cm_id"), cm.state == _PENDING)
             .values(
                 {c: sa.bindparam(f"b_{c}") for c in DECISION_ROW_KEYS if c != "cm_id"}
@@ -120,8 +126,11 @@ class SqlAlchemyDecisionStore:
 
     def _reschedule(self, session: Session, rows: Sequence[tuple[str, datetime | None]]) -> None:
         stmt = (
-            sa.update(t.cms)
-            .where(t.cms.c.cm_id == sa.bindparam("b_cm_id"), t.cms.c.state == _PENDING)
+            sa.update(sender_tables.cms)
+            .where(
+                sender_tables.cms.c.cm_id == sa.bindparam("b_cm_id"),
+                sender_tables.cms.c.state == _PENDING,
+            )
             .values(next_check_at=sa.bindparam("b_at"))
         )
         session.connection().execute(stmt, [{"b_cm_id": c, "b_at": at} for c, at in rows])
@@ -129,9 +138,9 @@ class SqlAlchemyDecisionStore:
     def claim_due(self, session: Session, now: datetime, limit: int) -> list[str]:
         # Served by the partial index on next_check_at (pending CMs only).
         query = (
-            sa.select(t.cms.c.cm_id)
-            .where(t.cms.c.state == _PENDING, t.cms.c.next_check_at <= now)
-            .order_by(t.cms.c.next_check_at)
+            sa.select(sender_tables.cms.c.cm_id)
+            .where(sender_tables.cms.c.state == _PENDING, sender_tables.cms.c.next_check_at <= now)
+            .order_by(sender_tables.cms.c.next_check_at)
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
@@ -143,7 +152,7 @@ class SqlAlchemyDecisionStore:
         ids = list(set(cm_ids))
         found: dict[str, list[CompensationRow]] = defaultdict(list)
         if ids:
-            c = t.compensations.c
+            c = sender_tables.compensations.c
             query = sa.select(c.cm_id, c.destination, c.body, c.content_type).where(
                 c.cm_id.in_(ids)
             )
@@ -155,8 +164,8 @@ class SqlAlchemyDecisionStore:
         ids = list(set(cm_ids))
         if ids:
             session.execute(
-                sa.update(t.compensations)
-                .where(t.compensations.c.cm_id.in_(ids))
+                sa.update(sender_tables.compensations)
+                .where(sender_tables.compensations.c.cm_id.in_(ids))
                 .values(released_at=at)
             )
 
@@ -167,10 +176,10 @@ class SqlAlchemyDecisionStore:
 
     def _insert(self, session: Session, rows: Rows) -> set[str]:
         insert = (
-            _dialect_insert(session)(t.acks)
+            _dialect_insert(session)(sender_tables.acks)
             .values(list(rows))
-            .on_conflict_do_nothing(index_elements=[t.acks.c.ack_id])
-            .returning(t.acks.c.ack_id)
+            .on_conflict_do_nothing(index_elements=[sender_tables.acks.c.ack_id])
+            .returning(sender_tables.acks.c.ack_id)
         )
         return set(session.scalars(insert))
 
@@ -191,8 +200,11 @@ class SqlAlchemyDecisionStore:
         found: dict[str, list[tuple[Ack, str]]] = defaultdict(list)
         if not ids:
             return found
-        late = (t.AckStatus.AFTER_DECISION.value, t.AckStatus.CHANGES_VERDICT.value)
-        c = t.acks.c
+        late = (
+            sender_tables.AckStatus.AFTER_DECISION.value,
+            sender_tables.AckStatus.CHANGES_VERDICT.value,
+        )
+        c = sender_tables.acks.c
         query = (
             sa.select(*(c[name] for name in _ACK_COLUMNS), c.status)
             .where(c.cm_id.in_(ids), c.status.in_(late))
@@ -205,7 +217,7 @@ class SqlAlchemyDecisionStore:
 
     def record_anomalies(self, session: Session, rows: Rows) -> None:
         if rows:
-            session.execute(sa.insert(t.anomalies), list(rows))
+            session.execute(sa.insert(sender_tables.anomalies), list(rows))
 
 
 def _dialect_insert(session: Session) -> Any:

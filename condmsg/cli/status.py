@@ -10,7 +10,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from condmsg import sender_tables as t
+from condmsg import sender_tables
 from condmsg.acks import Ack, AckKind
 from condmsg.cli.status_view import contradiction, render
 from condmsg.condition_codec import condition_from_json
@@ -37,14 +37,18 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     engine = make_engine(args.db_url or settings.db_url)
     with engine.connect() as conn:
-        cm = conn.execute(sa.select(t.cms).where(t.cms.c.cm_id == args.cm_id)).first()
+        cm = conn.execute(
+            sa.select(sender_tables.cms).where(sender_tables.cms.c.cm_id == args.cm_id)
+        ).first()
         if cm is None:
             print(f"condmsg status: no conditional message {args.cm_id!r}", file=sys.stderr)
             return 1
         rows = conn.execute(
-            sa.select(t.acks).where(t.acks.c.cm_id == args.cm_id).order_by(t.acks.c.received_at)
+            sa.select(sender_tables.acks)
+            .where(sender_tables.acks.c.cm_id == args.cm_id)
+            .order_by(sender_tables.acks.c.received_at)
         ).all()
-    counted = t.AckStatus.COUNTED.value
+    counted = sender_tables.AckStatus.COUNTED.value
     acks = [_ack(r) for r in rows if r.status == counted]
     late = [_ack(r) for r in rows if r.status != counted]
     condition = condition_from_json(cm.condition_json)

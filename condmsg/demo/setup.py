@@ -21,7 +21,7 @@ import pika
 import pika.exceptions
 import sqlalchemy as sa
 
-from condmsg import protocol as p
+from condmsg import protocol
 from condmsg.amqp import connect
 from condmsg.errors import CondmsgError
 from condmsg.topology import declare_destination
@@ -76,8 +76,8 @@ class Names:
         return [self.schema, *(self.rx_schema(s) for s in RX_STORES)]
 
     def queues(self) -> list[str]:
-        service = [p.ack_queue(self.sender), p.outcome_queue(self.sender)]
-        service.append(p.dead_letter_queue(self.sender))
+        service = [protocol.ack_queue(self.sender), protocol.outcome_queue(self.sender)]
+        service.append(protocol.dead_letter_queue(self.sender))
         return [*(self.queue(d) for d in DESTINATIONS), self.invalid_queue, *service]
 
 

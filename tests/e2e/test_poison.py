@@ -33,9 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from ackd.receiver import Receiver
-from condmsg import Destination
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import Destination, protocol, sender_tables
 from condmsg.acks import AckKind
 from condmsg.evaluation import evaluate
 from condmsg.timeutil import utcnow
@@ -106,9 +104,9 @@ def _ack(cm_id: str, queue: str, **overrides: Any) -> dict[str, Any]:
         "recipient": None,
         "receiver": "poison",
         "kind": "read",
-        "read_at": p.format_instant(utcnow()),
+        "read_at": protocol.format_instant(utcnow()),
         "committed_at": None,
-        "token": p.copy_token(SECRET, cm_id, queue, None),
+        "token": protocol.copy_token(SECRET, cm_id, queue, None),
     }
     return doc | overrides
 
@@ -119,10 +117,14 @@ def _poison_acks(cm_id: str, unread_queue: str, sent_at: datetime) -> list[bytes
     return [
         json.dumps(_ack(cm_id, unread_queue, token="0" * 64)).encode(),  # forged
         json.dumps(
-            _ack(cm_id, unread_queue, read_at=p.format_instant(sent_at - timedelta(hours=1)))
+            _ack(cm_id, unread_queue, read_at=protocol.format_instant(sent_at - timedelta(hours=1)))
         ).encode(),  # clock-skewed: read an hour before it was sent
         json.dumps(
-            _ack(cm_id, unread_queue, read_at=p.format_instant(utcnow() + timedelta(minutes=5)))
+            _ack(
+                cm_id,
+                unread_queue,
+                read_at=protocol.format_instant(utcnow() + timedelta(minutes=5)),
+            )
         ).encode(),  # clock-skewed: read in the future
         json.dumps(_ack(cm_id, unread_queue, v=True)).encode(),
         json.dumps(_ack(cm_id, unread_queue, v=2)).encode(),
@@ -145,15 +147,15 @@ class PoisonCopy:
 
 def _headers(kind: str, cm_id: str, queue: str, token: str | None) -> dict[str, Any]:
     headers: dict[str, Any] = {
-        p.H_VERSION: p.PROTOCOL_VERSION,
-        p.H_KIND: kind,
-        p.H_CM_ID: cm_id,
-        p.H_DESTINATION: queue,
-        p.H_SENDER: "mallory",
-        p.H_SENT_AT: p.format_instant(utcnow()),
+        protocol.H_VERSION: protocol.PROTOCOL_VERSION,
+        protocol.H_KIND: kind,
+        protocol.H_CM_ID: cm_id,
+        protocol.H_DESTINATION: queue,
+        protocol.H_SENDER: "mallory",
+        protocol.H_SENT_AT: protocol.format_instant(utcnow()),
     }
     if token is not None:
-        headers[p.H_TOKEN] = token
+        headers[protocol.H_TOKEN] = token
     return headers
 
 
@@ -163,7 +165,13 @@ def _poison_copies(queue: str, consumed_cm: str | None) -> list[PoisonCopy]:
     deep = ("[" * 50_000 + "]" * 50_000).encode()
     copies = [
         ("original", fresh, "ab" * 32, b"forged copy", None),
-        ("original", fresh, p.copy_token(SECRET, fresh, queue, None), deep, "application/json"),
+        (
+            "original",
+            fresh,
+            protocol.copy_token(SECRET, fresh, queue, None),
+            deep,
+            "application/json",
+        ),
         ("success", fresh, None, b"unsigned notice", None),
     ]
     if consumed_cm is not None:
@@ -224,7 +232,11 @@ def test_valid_cms_are_decided_on_their_evidence_while_poison_flows(
                 cm_id = sender.send(b"valid", Destination(reader.queue, pickup_within=3 * DAY))
                 expected[cm_id] = "satisfied"
                 consumed = next(
-                    (m.cm_id for m in reversed(reader.got) if m.kind is p.MessageKind.ORIGINAL),
+                    (
+                        m.cm_id
+                        for m in reversed(reader.got)
+                        if m.kind is protocol.MessageKind.ORIGINAL
+                    ),
                     None,
                 )
                 for copy in _poison_copies(reader.queue, consumed):
@@ -234,16 +246,20 @@ def test_valid_cms_are_decided_on_their_evidence_while_poison_flows(
             expected[cm_id] = "violated"
             with sender.engine.connect() as conn:
                 sent_at = conn.execute(
-                    sa.select(t.cms.c.sent_at).where(t.cms.c.cm_id == cm_id)
+                    sa.select(sender_tables.cms.c.sent_at).where(sender_tables.cms.c.cm_id == cm_id)
                 ).scalar_one()
             for body in _poison_acks(cm_id, unread, sent_at):
-                channel.basic_publish("", p.ack_queue(procs.sender), body)
+                channel.basic_publish("", protocol.ack_queue(procs.sender), body)
                 poison_acks.append(body)
             time.sleep(PACE_S)  # pacing the stream, not waiting for anything
 
         def states() -> dict[str, str]:
             with sender.engine.connect() as conn:
-                return dict(conn.execute(sa.select(t.cms.c.cm_id, t.cms.c.state)).all())
+                return dict(
+                    conn.execute(
+                        sa.select(sender_tables.cms.c.cm_id, sender_tables.cms.c.state)
+                    ).all()
+                )
 
         wait_for(lambda: "pending" not in states().values(), timeout=40)
         # Every CM decided on its evidence: the scripted verdict...
@@ -256,7 +272,7 @@ def test_valid_cms_are_decided_on_their_evidence_while_poison_flows(
         )
         # ... and the stored verdict is evaluate() over the acks that counted.
         with Session(sender.engine) as session:
-            rows = list(session.execute(sa.select(t.cms)))
+            rows = list(session.execute(sa.select(sender_tables.cms)))
             counted = decision_store(session).counted_acks(session, [r.cm_id for r in rows])
         for row in rows:
             cm = store.CmRow.of(row)
@@ -269,9 +285,9 @@ def test_valid_cms_are_decided_on_their_evidence_while_poison_flows(
         dead: list[tuple[Any, bytes]] = []
 
         def accounted() -> list[bytes]:
-            dead.extend(_drain(channel, p.dead_letter_queue(procs.sender)))
+            dead.extend(_drain(channel, protocol.dead_letter_queue(procs.sender)))
             with sender.engine.connect() as conn:
-                anomalies = set(conn.execute(sa.select(t.anomalies.c.ack_id)).scalars())
+                anomalies = set(conn.execute(sa.select(sender_tables.anomalies.c.ack_id)).scalars())
             bodies = [body for _, body in dead]
             return [b for b in poison_acks if b not in bodies and _ack_id_of(b) not in anomalies]
 
@@ -280,7 +296,7 @@ def test_valid_cms_are_decided_on_their_evidence_while_poison_flows(
         while (missing := accounted()) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not missing, [m[:200] for m in missing]
-        assert all((props.headers or {}).get(p.H_REASON) for props, _ in dead)
+        assert all((props.headers or {}).get(protocol.H_REASON) for props, _ in dead)
 
         # No poison copy reached an app; each is on the invalid queue with a reason.
         invalid: dict[str, Any] = {}
@@ -291,14 +307,14 @@ def test_valid_cms_are_decided_on_their_evidence_while_poison_flows(
             return all(c.message_id in invalid for c in poison_copies)
 
         wait_for(all_invalid, timeout=20)
-        assert all(props.headers.get(p.H_REASON) for props in invalid.values())
+        assert all(props.headers.get(protocol.H_REASON) for props in invalid.values())
         poison_ids = {c.message_id for c in poison_copies}
         for reader in readers:
             assert not reader.errors, reader.errors
             leaked = [(m.kind, m.message_id) for m in reader.got if m.message_id in poison_ids]
             assert not leaked, f"the app on {reader.queue} got poison: {leaked}"
             kinds = {m.kind for m in reader.got}
-            assert kinds == {p.MessageKind.ORIGINAL}, kinds  # every CM satisfied: no notices
+            assert kinds == {protocol.MessageKind.ORIGINAL}, kinds  # every CM satisfied: no notices
         # The services still run.
         assert evaluator.poll() is None, "the evaluator process exited"
         assert all(r.thread is not None and r.thread.is_alive() for r in readers)

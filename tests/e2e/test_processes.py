@@ -18,9 +18,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from condmsg import Destination, DestinationSet, Verdict
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import Destination, DestinationSet, Verdict, protocol, sender_tables
 from condmsg.acks import AckKind
 from condmsg.evaluation import evaluate
 from condmsg.outcome import Outcome
@@ -76,7 +74,7 @@ def test_example1_success_across_processes(procs: Procs, make_sender: Any) -> No
     assert outcome is not None and outcome.verdict is Verdict.SATISFIED, outcome
     # Decided on the last needed ack, before the evaluation deadline (7 "days").
     with sender.engine.connect() as conn:
-        sent_at = conn.execute(sa.select(t.cms.c.sent_at)).scalar_one()
+        sent_at = conn.execute(sa.select(sender_tables.cms.c.sent_at)).scalar_one()
     assert outcome.decided_at < sent_at + 7 * DAY
     assert outcome.decided_at - outcome.effective_at == timedelta(milliseconds=100)
     for out in outs.values():
@@ -180,7 +178,7 @@ def _publish_acks(amqp_url: str, sender: str, queue: str, cm_ids: list[str]) -> 
         channel = connection.channel()
         channel.confirm_delivery()
         for cm_id in cm_ids:
-            ack = p.AckMessage(
+            ack = protocol.AckMessage(
                 ack_id=uuid.uuid4().hex,
                 cm_id=cm_id,
                 destination=queue,
@@ -189,10 +187,10 @@ def _publish_acks(amqp_url: str, sender: str, queue: str, cm_ids: list[str]) -> 
                 committed_at=None,
                 recipient=None,
                 receiver="e2e",
-                token=p.copy_token(SECRET, cm_id, queue, None),
+                token=protocol.copy_token(SECRET, cm_id, queue, None),
             )
             channel.basic_publish(
-                "", p.ack_queue(sender), ack.to_json(), pika.BasicProperties(delivery_mode=2)
+                "", protocol.ack_queue(sender), ack.to_json(), pika.BasicProperties(delivery_mode=2)
             )
     finally:
         connection.close()
@@ -208,7 +206,7 @@ def _drain_outcomes(amqp_url: str, sender: str, expected: int, timeout: float) -
 
         def take(quiet_s: float) -> bool:
             for method, _props, body in channel.consume(
-                p.outcome_queue(sender), auto_ack=True, inactivity_timeout=quiet_s
+                protocol.outcome_queue(sender), auto_ack=True, inactivity_timeout=quiet_s
             ):
                 if method is None or body is None:
                     break
@@ -228,7 +226,11 @@ def _drain_outcomes(amqp_url: str, sender: str, expected: int, timeout: float) -
 
 def _states(engine: Any) -> dict[str, int]:
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(t.cms.c.state, sa.func.count()).group_by(t.cms.c.state))
+        rows = conn.execute(
+            sa.select(sender_tables.cms.c.state, sa.func.count()).group_by(
+                sender_tables.cms.c.state
+            )
+        )
         return {state: int(n) for state, n in rows}
 
 
@@ -247,7 +249,9 @@ def test_two_evaluator_processes_decide_2000_cms_exactly_once(
     outcome_ids = [Outcome.from_json(b).cm_id for b in bodies]
     assert len(outcome_ids) == n and set(outcome_ids) == set(cm_ids)
     with sender.engine.connect() as conn:
-        query = sa.select(t.cms.c.decided_by, sa.func.count()).group_by(t.cms.c.decided_by)
+        query = sa.select(sender_tables.cms.c.decided_by, sa.func.count()).group_by(
+            sender_tables.cms.c.decided_by
+        )
         by = {instance: int(count) for instance, count in conn.execute(query)}
     assert len(by) == 2 and all(by.values()), by  # both instances decided some
     codes = procs.stop_all()
@@ -293,7 +297,7 @@ def test_evaluator_killed_mid_stream_and_restarted(
     assert len(bodies) == n and set(by_cm) == set(cm_ids)
     # Every stored verdict is evaluate() over the stored counted acks at effective_at.
     with Session(sender.engine) as session:
-        rows = list(session.execute(sa.select(t.cms)))
+        rows = list(session.execute(sa.select(sender_tables.cms)))
         acks = decision_store(session).counted_acks(session, [r.cm_id for r in rows])
     for row in rows:
         cm = store.CmRow.of(row)

@@ -24,16 +24,16 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from condmsg import protocol as p
+from condmsg import protocol
 
 #: The documented bounds of an ack (docs/protocol.md), as the codec defines them.
-ACK_BODY_MAX = p.MAX_ACK_BYTES
-ACK_ID_MAX = p.MAX_ACK_ID_CHARS
-CM_ID_MAX = p.MAX_CM_ID_CHARS
-NAME_MAX = p.MAX_NAME_CHARS
+ACK_BODY_MAX = protocol.MAX_ACK_BYTES
+ACK_ID_MAX = protocol.MAX_ACK_ID_CHARS
+CM_ID_MAX = protocol.MAX_CM_ID_CHARS
+NAME_MAX = protocol.MAX_NAME_CHARS
 #: Fields of the ack document holding names (destination, recipient identity, receiver).
 ACK_NAME_FIELDS = ("destination", "recipient", "receiver")
-ACK_FIELDS = tuple(sorted(p.ACK_FIELDS))
+ACK_FIELDS = tuple(sorted(protocol.ACK_FIELDS))
 #: The longest value of each text field of an ack.
 ACK_TEXT_MAX = {
     "ack_id": ACK_ID_MAX,
@@ -163,8 +163,8 @@ def valid_ack_docs(draw: st.DrawFn) -> dict[str, Any]:
         "recipient": draw(st.none() | names()),
         "receiver": draw(names()),
         "kind": kind,
-        "read_at": p.format_instant(read_at),
-        "committed_at": None if committed_at is None else p.format_instant(committed_at),
+        "read_at": protocol.format_instant(read_at),
+        "committed_at": None if committed_at is None else protocol.format_instant(committed_at),
         "token": draw(st.text(HEX, min_size=64, max_size=64)),
     }
 
@@ -290,36 +290,36 @@ def new_ack_id() -> str:
 
 #: The condmsg headers of a receiver-bound message, and the longest value of each name.
 HEADER_TEXT_MAX = {
-    p.H_CM_ID: CM_ID_MAX,
-    p.H_DESTINATION: NAME_MAX,
-    p.H_RECIPIENT: NAME_MAX,
-    p.H_SENDER: NAME_MAX,
-    p.H_SEQ_ID: 64,
+    protocol.H_CM_ID: CM_ID_MAX,
+    protocol.H_DESTINATION: NAME_MAX,
+    protocol.H_RECIPIENT: NAME_MAX,
+    protocol.H_SENDER: NAME_MAX,
+    protocol.H_SEQ_ID: 64,
 }
 HEADERS = (
-    p.H_VERSION,
-    p.H_KIND,
-    p.H_CM_ID,
-    p.H_DESTINATION,
-    p.H_RECIPIENT,
-    p.H_SENDER,
-    p.H_SENT_AT,
-    p.H_TOKEN,
-    p.H_SEQ_ID,
-    p.H_SEQ_POS,
-    p.H_SEQ_SIZE,
+    protocol.H_VERSION,
+    protocol.H_KIND,
+    protocol.H_CM_ID,
+    protocol.H_DESTINATION,
+    protocol.H_RECIPIENT,
+    protocol.H_SENDER,
+    protocol.H_SENT_AT,
+    protocol.H_TOKEN,
+    protocol.H_SEQ_ID,
+    protocol.H_SEQ_POS,
+    protocol.H_SEQ_SIZE,
 )
 
 
 #: Well-formed headers of an original copy, for explicit examples of single mutations.
 BASE_HEADERS: dict[str, Any] = {
-    p.H_VERSION: p.PROTOCOL_VERSION,
-    p.H_KIND: "original",
-    p.H_CM_ID: "6f1c0f0e-2a4b-4c8d-9e1f-0a2b3c4d5e6f",
-    p.H_DESTINATION: "orders.q",
-    p.H_SENDER: "shop",
-    p.H_SENT_AT: "2026-11-21T22:13:41.123456Z",
-    p.H_TOKEN: "ab" * 32,
+    protocol.H_VERSION: protocol.PROTOCOL_VERSION,
+    protocol.H_KIND: "original",
+    protocol.H_CM_ID: "6f1c0f0e-2a4b-4c8d-9e1f-0a2b3c4d5e6f",
+    protocol.H_DESTINATION: "orders.q",
+    protocol.H_SENDER: "shop",
+    protocol.H_SENT_AT: "2026-11-21T22:13:41.123456Z",
+    protocol.H_TOKEN: "ab" * 32,
 }
 
 
@@ -327,23 +327,23 @@ BASE_HEADERS: dict[str, Any] = {
 def valid_headers(draw: st.DrawFn) -> dict[str, Any]:
     """Well-formed condmsg headers of an original, part, compensation or notice (their
     token well-formed, not necessarily verifying)."""
-    kind = draw(st.sampled_from(list(p.MessageKind)))
+    kind = draw(st.sampled_from(list(protocol.MessageKind)))
     headers: dict[str, Any] = {
-        p.H_VERSION: p.PROTOCOL_VERSION,
-        p.H_KIND: kind.value,
-        p.H_CM_ID: str(draw(st.uuids())),
-        p.H_DESTINATION: draw(names()),
-        p.H_SENDER: draw(names()),
-        p.H_SENT_AT: p.format_instant(draw(instants())),
-        p.H_TOKEN: draw(st.text(HEX, min_size=64, max_size=64)),
+        protocol.H_VERSION: protocol.PROTOCOL_VERSION,
+        protocol.H_KIND: kind.value,
+        protocol.H_CM_ID: str(draw(st.uuids())),
+        protocol.H_DESTINATION: draw(names()),
+        protocol.H_SENDER: draw(names()),
+        protocol.H_SENT_AT: protocol.format_instant(draw(instants())),
+        protocol.H_TOKEN: draw(st.text(HEX, min_size=64, max_size=64)),
     }
     if draw(st.booleans()):
-        headers[p.H_RECIPIENT] = draw(names())
-    if kind is p.MessageKind.ORIGINAL and draw(st.booleans()):
+        headers[protocol.H_RECIPIENT] = draw(names())
+    if kind is protocol.MessageKind.ORIGINAL and draw(st.booleans()):
         size = draw(st.integers(2, 50))
-        headers[p.H_SEQ_ID] = draw(names(64))
-        headers[p.H_SEQ_POS] = draw(st.integers(0, size - 1))
-        headers[p.H_SEQ_SIZE] = size
+        headers[protocol.H_SEQ_ID] = draw(names(64))
+        headers[protocol.H_SEQ_POS] = draw(st.integers(0, size - 1))
+        headers[protocol.H_SEQ_SIZE] = size
     return headers
 
 
@@ -369,10 +369,10 @@ def mutated_headers(draw: st.DrawFn) -> dict[str, Any]:
         elif mutation == "junk":
             headers[name] = draw(header_junk())
         elif mutation == "version":
-            headers[p.H_VERSION] = draw(st.sampled_from([True, 1.0, 2, 0, "1", b"1", None]))
+            headers[protocol.H_VERSION] = draw(st.sampled_from([True, 1.0, 2, 0, "1", b"1", None]))
         elif mutation == "timestamp":
-            stamp = draw(mutated_timestamps(headers.get(p.H_SENT_AT)))
-            headers[p.H_SENT_AT] = stamp
+            stamp = draw(mutated_timestamps(headers.get(protocol.H_SENT_AT)))
+            headers[protocol.H_SENT_AT] = stamp
         elif mutation == "long":
             text_name = draw(st.sampled_from(sorted(HEADER_TEXT_MAX)))
             headers[text_name] = "x" * (HEADER_TEXT_MAX[text_name] + draw(st.integers(1, 500)))

@@ -17,7 +17,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ackd.inbound import InvalidMessage, parse
-from condmsg import protocol as p
+from condmsg import protocol
 from condmsg.condition_codec import condition_from_json, condition_to_dict, condition_to_json
 from condmsg.conditions import Condition
 from condmsg.errors import ConditionError, ProtocolError
@@ -33,11 +33,11 @@ pytestmark = [pytest.mark.fuzz]
 # -- the ack document -------------------------------------------------------------------
 
 
-def decode_or_refuse(body: bytes) -> p.AckMessage | None:
+def decode_or_refuse(body: bytes) -> protocol.AckMessage | None:
     """The decoded ack, or None if refused with a :class:`ProtocolError` (anything else
     raised fails the test)."""
     try:
-        message, _ack = p.decode_ack(body)
+        message, _ack = protocol.decode_ack(body)
     except ProtocolError as exc:
         reason = str(exc)
     else:
@@ -46,12 +46,14 @@ def decode_or_refuse(body: bytes) -> p.AckMessage | None:
     return None
 
 
-def assert_ack_schema(body: bytes, message: p.AckMessage) -> None:
+def assert_ack_schema(body: bytes, message: protocol.AckMessage) -> None:
     """What an accepted ack must satisfy (docs/protocol.md): integer version 1, every
     text field within its length and free of NUL, a body within the size limit."""
     assert len(body) <= s.ACK_BODY_MAX, f"accepted an ack body of {len(body)} bytes"
     doc = json.loads(body)
-    assert type(doc["v"]) is int and doc["v"] == p.PROTOCOL_VERSION, f"accepted v={doc['v']!r}"
+    assert type(doc["v"]) is int and doc["v"] == protocol.PROTOCOL_VERSION, (
+        f"accepted v={doc['v']!r}"
+    )
     for field, longest in s.ACK_TEXT_MAX.items():
         value = getattr(message, field)
         if value is None:
@@ -60,7 +62,7 @@ def assert_ack_schema(body: bytes, message: p.AckMessage) -> None:
         assert "\x00" not in value, f"accepted a NUL in {field}"
     assert message.read_at.tzinfo is not None
     # It round-trips: what the evaluator stores is what was sent.
-    assert p.decode_ack(message.to_json())[0] == message
+    assert protocol.decode_ack(message.to_json())[0] == message
 
 
 @UNIT
@@ -130,11 +132,11 @@ def parse_or_refuse(headers: dict[str, Any], reply_to: str | None) -> Any:
 def test_valid_headers_parse(headers: dict[str, Any], reply_to: str) -> None:
     inbound = parse_or_refuse(headers, reply_to)
     assert inbound is not None, f"refused valid headers {headers!r}"
-    assert inbound.kind.value == headers[p.H_KIND]
-    assert inbound.cm_id == headers[p.H_CM_ID]
-    assert inbound.destination == headers[p.H_DESTINATION]
-    assert inbound.recipient == headers.get(p.H_RECIPIENT)
-    assert inbound.seq_pos == headers.get(p.H_SEQ_POS)
+    assert inbound.kind.value == headers[protocol.H_KIND]
+    assert inbound.cm_id == headers[protocol.H_CM_ID]
+    assert inbound.destination == headers[protocol.H_DESTINATION]
+    assert inbound.recipient == headers.get(protocol.H_RECIPIENT)
+    assert inbound.seq_pos == headers.get(protocol.H_SEQ_POS)
 
 
 @UNIT
@@ -142,24 +144,24 @@ def test_valid_headers_parse(headers: dict[str, Any], reply_to: str) -> None:
     headers=s.mutated_headers(),
     reply_to=st.one_of(st.none(), s.names(), s.control_text()),
 )
-@example(headers={**s.BASE_HEADERS, p.H_VERSION: True}, reply_to="acks")
-@example(headers={**s.BASE_HEADERS, p.H_VERSION: 1.0}, reply_to="acks")
+@example(headers={**s.BASE_HEADERS, protocol.H_VERSION: True}, reply_to="acks")
+@example(headers={**s.BASE_HEADERS, protocol.H_VERSION: 1.0}, reply_to="acks")
 @example(
-    headers={**s.BASE_HEADERS, p.H_SENT_AT: "0001-01-01T00:00:00+05:00"},
+    headers={**s.BASE_HEADERS, protocol.H_SENT_AT: "0001-01-01T00:00:00+05:00"},
     reply_to="acks",
 )
-@example(headers={**s.BASE_HEADERS, p.H_DESTINATION: "d\x00"}, reply_to="acks")
+@example(headers={**s.BASE_HEADERS, protocol.H_DESTINATION: "d\x00"}, reply_to="acks")
 def test_mutated_headers_are_refused_with_invalid_message_or_satisfy_the_schema(
     headers: dict[str, Any], reply_to: str | None
 ) -> None:
     inbound = parse_or_refuse(headers, reply_to)
     if inbound is None:
         return
-    if p.H_VERSION not in headers:
+    if protocol.H_VERSION not in headers:
         assert inbound.kind is None  # a plain message: passes through unread
         return
-    version = headers[p.H_VERSION]
-    assert type(version) is int and version == p.PROTOCOL_VERSION, f"accepted {version!r}"
+    version = headers[protocol.H_VERSION]
+    assert type(version) is int and version == protocol.PROTOCOL_VERSION, f"accepted {version!r}"
     for name, longest in s.HEADER_TEXT_MAX.items():
         value = headers.get(name)
         if isinstance(value, str):

@@ -30,9 +30,7 @@ import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from condmsg import Destination
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import Destination, protocol, sender_tables
 from condmsg.acks import AckKind
 from condmsg.timeutil import utcnow
 from evaluator.config import EvaluatorConfig
@@ -80,7 +78,7 @@ def rig(pg_url: str, unique_name: str, make_sender: Any, amqp_url: str) -> Itera
     try:
         # The evaluator declares its queues as it starts consuming.
         deadline = time.monotonic() + 30
-        while not _consumers(channel, p.ack_queue(name)):
+        while not _consumers(channel, protocol.ack_queue(name)):
             assert time.monotonic() < deadline, "the evaluator never consumed its ack queue"
             time.sleep(0.05)
         yield Rig(sender, evaluator, channel, name, f"{unique_name}.q")
@@ -97,7 +95,7 @@ def _consumers(channel: Any, queue: str) -> int:
         return 0
 
 
-def genuine_ack(rig: Rig, cm_id: str, *, kind: AckKind, **overrides: Any) -> p.AckMessage:
+def genuine_ack(rig: Rig, cm_id: str, *, kind: AckKind, **overrides: Any) -> protocol.AckMessage:
     read_at = utcnow()
     fields: dict[str, Any] = {
         "ack_id": uuid.uuid4().hex,
@@ -108,16 +106,16 @@ def genuine_ack(rig: Rig, cm_id: str, *, kind: AckKind, **overrides: Any) -> p.A
         "committed_at": read_at if kind is AckKind.COMMIT else None,
         "recipient": None,
         "receiver": "fuzz-rx",
-        "token": p.copy_token(SECRET, cm_id, rig.queue, None),
+        "token": protocol.copy_token(SECRET, cm_id, rig.queue, None),
     }
-    return p.AckMessage(**(fields | overrides))
+    return protocol.AckMessage(**(fields | overrides))
 
 
 @dataclass
 class Batch:
-    genuine: dict[str, p.AckMessage]  # by CM id
-    forged: dict[str, p.AckMessage]
-    skewed: dict[str, p.AckMessage]
+    genuine: dict[str, protocol.AckMessage]  # by CM id
+    forged: dict[str, protocol.AckMessage]
+    skewed: dict[str, protocol.AckMessage]
     bad: list[bytes]
 
 
@@ -137,7 +135,7 @@ def make_batch(rig: Rig, data: st.DataObject) -> tuple[Batch, list[bytes]]:
         )
         for c in cm_ids[n_genuine : n_genuine + n_forged]
     }
-    skewed: dict[str, p.AckMessage] = {}
+    skewed: dict[str, protocol.AckMessage] = {}
     for c in cm_ids[n_genuine + n_forged :]:
         # An hour before the CM was sent, or a minute after it was received.
         offset = data.draw(st.sampled_from([timedelta(hours=-1), timedelta(minutes=1)]))
@@ -161,20 +159,30 @@ def snapshot(rig: Rig, batch: Batch, dead: list[tuple[bytes, str | None]]) -> Se
     with rig.sender.engine.connect() as conn:
         states = dict(
             conn.execute(
-                sa.select(t.cms.c.cm_id, t.cms.c.state).where(t.cms.c.cm_id.in_(cm_ids))
+                sa.select(sender_tables.cms.c.cm_id, sender_tables.cms.c.state).where(
+                    sender_tables.cms.c.cm_id.in_(cm_ids)
+                )
             ).all()
         )
         statuses = dict(
             conn.execute(
-                sa.select(t.acks.c.ack_id, t.acks.c.status).where(t.acks.c.cm_id.in_(cm_ids))
+                sa.select(sender_tables.acks.c.ack_id, sender_tables.acks.c.status).where(
+                    sender_tables.acks.c.cm_id.in_(cm_ids)
+                )
             ).all()
         )
-        anomalies = dict(conn.execute(sa.select(t.anomalies.c.ack_id, t.anomalies.c.kind)).all())
+        anomalies = dict(
+            conn.execute(
+                sa.select(sender_tables.anomalies.c.ack_id, sender_tables.anomalies.c.kind)
+            ).all()
+        )
     while True:
-        method, props, body = rig.channel.basic_get(p.dead_letter_queue(rig.name), auto_ack=True)
+        method, props, body = rig.channel.basic_get(
+            protocol.dead_letter_queue(rig.name), auto_ack=True
+        )
         if method is None:
             break
-        dead.append((body, (props.headers or {}).get(p.H_REASON)))
+        dead.append((body, (props.headers or {}).get(protocol.H_REASON)))
     return Seen(states, statuses, anomalies, dead)
 
 
@@ -223,7 +231,7 @@ def test_the_evaluator_takes_genuine_acks_among_poison(rig: Rig, data: st.DataOb
     batch, bodies = make_batch(rig, data)
     for body in bodies:
         rig.channel.basic_publish(
-            "", p.ack_queue(rig.name), body, pika.BasicProperties(delivery_mode=2)
+            "", protocol.ack_queue(rig.name), body, pika.BasicProperties(delivery_mode=2)
         )
     dead: list[tuple[bytes, str | None]] = []
     deadline = time.monotonic() + BATCH_DEADLINE_S

@@ -27,8 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ackd.receiver import Receiver
-from condmsg import Destination
-from condmsg import protocol as p
+from condmsg import Destination, protocol
 from tests.integration.condmsg_helpers import SECRET, get_all, publish_copy
 
 from . import strategies as s
@@ -59,25 +58,25 @@ def rig(pg_url: str, unique_name: str, make_receiver: Any, channel: Any) -> Rig:
 
 
 def control_headers(
-    kind: p.MessageKind, cm_id: str, queue: str, body: bytes, token: str | None
+    kind: protocol.MessageKind, cm_id: str, queue: str, body: bytes, token: str | None
 ) -> dict[str, Any]:
     """The headers of a compensation or success notice (signed with ``token``, if any)."""
     headers: dict[str, Any] = {
-        p.H_VERSION: p.PROTOCOL_VERSION,
-        p.H_KIND: kind.value,
-        p.H_CM_ID: cm_id,
-        p.H_DESTINATION: queue,
-        p.H_SENDER: SENDER,
-        p.H_SENT_AT: p.format_instant(datetime.now(UTC)),
+        protocol.H_VERSION: protocol.PROTOCOL_VERSION,
+        protocol.H_KIND: kind.value,
+        protocol.H_CM_ID: cm_id,
+        protocol.H_DESTINATION: queue,
+        protocol.H_SENDER: SENDER,
+        protocol.H_SENT_AT: protocol.format_instant(datetime.now(UTC)),
     }
     if token is not None:
-        headers[p.H_TOKEN] = token
+        headers[protocol.H_TOKEN] = token
     return headers
 
 
-def signed(kind: p.MessageKind, cm_id: str, queue: str, body: bytes) -> str:
+def signed(kind: protocol.MessageKind, cm_id: str, queue: str, body: bytes) -> str:
     """The control token the evaluator signs a compensation or notice with."""
-    return str(p.control_token(SECRET, kind.value, cm_id, queue, None, body))
+    return str(protocol.control_token(SECRET, kind.value, cm_id, queue, None, body))
 
 
 @dataclass
@@ -107,7 +106,7 @@ def mutated(data: st.DataObject, rig: Rig) -> Outgoing:
     """Generated headers with a mutation (the version kept, so that none is a plain
     message): malformed, or well-formed with a token that does not verify."""
     headers = data.draw(s.mutated_headers().filter(_encodable), label="mutated headers")
-    headers.setdefault(p.H_VERSION, p.PROTOCOL_VERSION)
+    headers.setdefault(protocol.H_VERSION, protocol.PROTOCOL_VERSION)
     body = data.draw(st.binary(max_size=64), label="body")
     return Outgoing(headers, body, data.draw(st.sampled_from([None, "application/json"])))
 
@@ -130,13 +129,13 @@ def deep_payload_original(data: st.DataObject, rig: Rig) -> Outgoing:
     body = s.deep_json_text(depth, kind=data.draw(st.sampled_from(["[", "{"]))).encode()
     cm_id = str(uuid.uuid4())
     headers = {
-        p.H_VERSION: p.PROTOCOL_VERSION,
-        p.H_KIND: p.MessageKind.ORIGINAL.value,
-        p.H_CM_ID: cm_id,
-        p.H_DESTINATION: rig.queue,
-        p.H_SENDER: SENDER,
-        p.H_SENT_AT: p.format_instant(datetime.now(UTC)),
-        p.H_TOKEN: p.copy_token(SECRET, cm_id, rig.queue, None),
+        protocol.H_VERSION: protocol.PROTOCOL_VERSION,
+        protocol.H_KIND: protocol.MessageKind.ORIGINAL.value,
+        protocol.H_CM_ID: cm_id,
+        protocol.H_DESTINATION: rig.queue,
+        protocol.H_SENDER: SENDER,
+        protocol.H_SENT_AT: protocol.format_instant(datetime.now(UTC)),
+        protocol.H_TOKEN: protocol.copy_token(SECRET, cm_id, rig.queue, None),
     }
     return Outgoing(headers, body, "application/json")
 
@@ -158,7 +157,9 @@ def publish_batch(rig: Rig, data: st.DataObject, *, controls: bool) -> Batch:
     if controls:
         for _ in range(min(len(rig.consumed), data.draw(st.integers(0, 3)))):
             cm_id = rig.consumed.pop(0)
-            kind = data.draw(st.sampled_from([p.MessageKind.COMPENSATION, p.MessageKind.SUCCESS]))
+            kind = data.draw(
+                st.sampled_from([protocol.MessageKind.COMPENSATION, protocol.MessageKind.SUCCESS])
+            )
             body = data.draw(st.binary(min_size=1, max_size=32))
             forgery = data.draw(st.sampled_from(["none", "unsigned", "forged", "other body"]))
             if forgery == "none":
@@ -227,7 +228,7 @@ def check_batch(rig: Rig, batch: Batch) -> None:
         if message_id not in moved
     }
     assert not not_moved, f"bad messages not on the invalid queue: {not_moved}"
-    assert all((props.headers or {}).get(p.H_REASON) for props in moved.values())
+    assert all((props.headers or {}).get(protocol.H_REASON) for props in moved.values())
     rig.consumed += batch.consumed
 
 

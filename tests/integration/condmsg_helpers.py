@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pika
 
-from condmsg import protocol as p
+from condmsg import protocol
 from condmsg.acks import AckKind
 from condmsg.conditions import Condition
 from condmsg.copies import notice_message, plan_copies
@@ -46,9 +46,9 @@ def ack_body(
         "committed_at": None,
         "recipient": None,
         "receiver": receiver,
-        "token": p.copy_token(SECRET, cm_id, destination, overrides.get("recipient")),
+        "token": protocol.copy_token(SECRET, cm_id, destination, overrides.get("recipient")),
     }
-    return p.AckMessage(**(fields | overrides)).to_json()
+    return protocol.AckMessage(**(fields | overrides)).to_json()
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02) -> T:
@@ -78,7 +78,7 @@ def get_all(channel: Any, queue: str, *, settle_s: float = 0.3) -> list[tuple[An
 
 
 def acks_in(channel: Any, sender: str) -> list[AckMessage]:
-    return [AckMessage.from_json(body) for _, body in get_all(channel, p.ack_queue(sender))]
+    return [AckMessage.from_json(body) for _, body in get_all(channel, protocol.ack_queue(sender))]
 
 
 def publish_copy(
@@ -133,7 +133,7 @@ def publish_compensation(
     publish(
         channel,
         notice_message(
-            kind=p.MessageKind.COMPENSATION,
+            kind=protocol.MessageKind.COMPENSATION,
             cm_id=cm_id,
             destination=destination,
             recipient=None,

@@ -17,9 +17,7 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination, DestinationSet
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import Destination, DestinationSet, protocol, sender_tables
 from condmsg.acks import Ack, AckKind
 from condmsg.evaluation import evaluate
 from condmsg.outcome import Outcome
@@ -43,9 +41,13 @@ store = intake_tests.store
 def _check_invariants(engine: sa.Engine) -> int:
     """Assert the invariants for every decided CM of the store; returns how many."""
     with engine.connect() as conn:
-        cms = [r for r in conn.execute(sa.select(t.cms)) if r.state != "pending"]
+        cms = [r for r in conn.execute(sa.select(sender_tables.cms)) if r.state != "pending"]
         acks = list(
-            conn.execute(sa.select(t.acks).where(t.acks.c.status == t.AckStatus.COUNTED.value))
+            conn.execute(
+                sa.select(sender_tables.acks).where(
+                    sender_tables.acks.c.status == sender_tables.AckStatus.COUNTED.value
+                )
+            )
         )
     by_cm: dict[str, list[Any]] = {}
     for row in acks:
@@ -135,12 +137,14 @@ def test_the_effective_instant_is_never_before_the_cm_was_sent(store: Store) -> 
     s.clock.at = sent + GRACE / 4
     evaluator = s.evaluator()
     assert evaluator.process_bodies([ack(cm, q, sent + GRACE / 8)]) == 1
-    (row,) = s.rows(t.cms)
+    (row,) = s.rows(sender_tables.cms)
     assert row.state == "satisfied"
     assert evaluator_store.to_utc(row.effective_at) == sent
     assert evaluator_store.to_utc(row.decided_at) == s.clock.at
     outbox = outbox_table()
-    (body,) = [r.body for r in s.rows(outbox, outbox.c.routing_key == p.outcome_queue(s.name))]
+    (body,) = [
+        r.body for r in s.rows(outbox, outbox.c.routing_key == protocol.outcome_queue(s.name))
+    ]
     outcome = Outcome.from_json(body)
     assert (outcome.effective_at, outcome.decided_at) == (sent, s.clock.at)
     assert _check_invariants(s.engine) == 1
@@ -176,11 +180,11 @@ def test_decisions_of_racing_storing_threads_and_sweeps_are_reproducible(
     count = 60
     with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
         channel = connection.channel()
-        declare_service_queue(channel, p.ack_queue(name))
+        declare_service_queue(channel, protocol.ack_queue(name))
 
         def publish(cm_id: str, destination: str) -> None:
             body = ack(cm_id, destination, utcnow())
-            channel.basic_publish("", p.ack_queue(name), body)
+            channel.basic_publish("", protocol.ack_queue(name), body)
 
         with service:
             cms = []

@@ -21,9 +21,7 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination, DestinationSet
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import Destination, DestinationSet, protocol, sender_tables
 from condmsg.acks import AckKind
 from condmsg.cli import main as cli
 from condmsg.timeutil import utcnow
@@ -49,11 +47,11 @@ NESTED = b'{"v":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
 
 def _dead_letters(s: Store) -> list[Any]:
     outbox = outbox_table()
-    return s.rows(outbox, outbox.c.routing_key == p.dead_letter_queue(s.name))
+    return s.rows(outbox, outbox.c.routing_key == protocol.dead_letter_queue(s.name))
 
 
 def _anomalies(s: Store) -> Counter[str]:
-    return Counter(r.kind for r in s.rows(t.anomalies))
+    return Counter(r.kind for r in s.rows(sender_tables.anomalies))
 
 
 # -- poison acks --------------------------------------------------------------------------
@@ -91,14 +89,14 @@ def test_poison_acks_never_hold_back_the_genuine_ones(
     )
     with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
         channel = connection.channel()
-        declare_service_queue(channel, p.ack_queue(s.name))
-        declare_service_queue(channel, p.dead_letter_queue(s.name))
+        declare_service_queue(channel, protocol.ack_queue(s.name))
+        declare_service_queue(channel, protocol.dead_letter_queue(s.name))
         channel.queue_declare(q)
         bodies = [ack(c, q, now) for c in cms]
         for i, body in enumerate(poison):  # spread over the first batches
             bodies.insert(7 * i + 3, body)
         for body in bodies:
-            channel.basic_publish("", p.ack_queue(s.name), body)
+            channel.basic_publish("", protocol.ack_queue(s.name), body)
         with service:
 
             def satisfied() -> float | None:
@@ -110,24 +108,24 @@ def test_poison_acks_never_hold_back_the_genuine_ones(
             dead: list[tuple[Any, bytes]] = []
 
             def dead_lettered() -> bool:
-                dead.extend(get_all(channel, p.dead_letter_queue(s.name), settle_s=0.1))
+                dead.extend(get_all(channel, protocol.dead_letter_queue(s.name), settle_s=0.1))
                 return len(dead) >= len(poison)
 
             wait_for(dead_lettered, timeout=30)
             assert service.running
             # Still taking acks: a CM sent now is decided by its ack.
             later = s.sender.send(b"x", quick)
-            channel.basic_publish("", p.ack_queue(s.name), ack(later, q, s.clock.at))
+            channel.basic_publish("", protocol.ack_queue(s.name), ack(later, q, s.clock.at))
             wait_for(lambda: satisfied() == len(cms) + 1, timeout=30)
-        remaining = channel.queue_declare(p.ack_queue(s.name), passive=True).method
+        remaining = channel.queue_declare(protocol.ack_queue(s.name), passive=True).method
         assert remaining.message_count == 0
-    reasons = {body: props.headers[p.H_REASON] for props, body in dead}
+    reasons = {body: props.headers[protocol.H_REASON] for props, body in dead}
     assert set(reasons) == set(poison)
     assert reasons[NESTED]  # the codec's words (or "undecodable: RecursionError...")
     assert "'ack_id'" in reasons[poison[1]] and "64" in reasons[poison[1]]
     assert "'destination'" in reasons[poison[2]] and "255" in reasons[poison[2]]
-    assert {r.state for r in s.rows(t.cms)} == {"satisfied"}
-    assert len(s.rows(t.acks)) == len(cms) + 1
+    assert {r.state for r in s.rows(sender_tables.cms)} == {"satisfied"}
+    assert len(s.rows(sender_tables.acks)) == len(cms) + 1
 
 
 def test_a_batch_failing_for_one_message_is_stored_in_halves(
@@ -143,7 +141,7 @@ def test_a_batch_failing_for_one_message_is_stored_in_halves(
     cms = [s.sender.send(b"x", quick) for _ in range(16)]
     s.clock.at = sent + timedelta(seconds=1)
     bodies = [ack(c, q, sent + timedelta(milliseconds=500)) for c in cms]
-    poisoned = p.AckMessage.from_json(bodies[5]).ack_id
+    poisoned = protocol.AckMessage.from_json(bodies[5]).ack_id
     evaluator = s.evaluator()
     insert = evaluator.store.decisions.insert_acks
     tries: list[int] = []
@@ -157,11 +155,11 @@ def test_a_batch_failing_for_one_message_is_stored_in_halves(
     monkeypatch.setattr(evaluator.store.decisions, "insert_acks", failing_insert)
     assert evaluator.batches.store(bodies)
     assert len(tries) <= 5  # log2(16) + 1: 16, 8, 4, 2, 1
-    states = {r.cm_id: r.state for r in s.rows(t.cms)}
+    states = {r.cm_id: r.state for r in s.rows(sender_tables.cms)}
     assert [c for c in cms if states[c] != "satisfied"] == [cms[5]]
     (dead,) = _dead_letters(s)
     assert dead.body == bodies[5]
-    assert dead.headers[p.H_REASON] == (
+    assert dead.headers[protocol.H_REASON] == (
         "could not be stored: ValueError: this row breaks the statement"
     )
     sample = evaluator.registry.get_sample_value
@@ -205,7 +203,7 @@ def test_a_batch_failing_because_the_database_is_away_is_retried_whole(
     assert evaluator.batches.store(bodies)
     assert evaluator.batches.retries.next_delay == first_delay
     assert not _dead_letters(s)
-    assert {r.state for r in s.rows(t.cms)} == {"satisfied"}
+    assert {r.state for r in s.rows(sender_tables.cms)} == {"satisfied"}
 
 
 def test_what_counts_as_transient() -> None:
@@ -266,14 +264,17 @@ def test_an_over_long_ack_field_is_dead_lettered_naming_it(
     read = sent + timedelta(milliseconds=500)
     fields: dict[str, Any] = {"cm_id": target, "destination": q, "recipient": None}
     fields[name] = value if value is not None else target + "-x"  # None: the CM id
-    token = p.copy_token(SECRET, fields["cm_id"], fields["destination"], fields["recipient"])
+    token = protocol.copy_token(SECRET, fields["cm_id"], fields["destination"], fields["recipient"])
     extra = {k: v for k, v in fields.items() if k not in ("cm_id", "destination")}
     bad = ack(fields["cm_id"], fields["destination"], read, token=token, **extra)
     assert s.evaluator().process_bodies([ack(good, q, read), bad]) == 1
     (dead,) = _dead_letters(s)
     assert dead.body == bad
-    assert f"{name!r}" in dead.headers[p.H_REASON] and str(limit) in dead.headers[p.H_REASON]
-    assert [r.cm_id for r in s.rows(t.acks)] == [good]
+    assert (
+        f"{name!r}" in dead.headers[protocol.H_REASON]
+        and str(limit) in dead.headers[protocol.H_REASON]
+    )
+    assert [r.cm_id for r in s.rows(sender_tables.acks)] == [good]
 
 
 # -- clock skew ---------------------------------------------------------------------------
@@ -306,9 +307,9 @@ def test_acks_with_implausible_times_do_not_count(
     if counts:
         assert not _anomalies(s)
         return
-    assert [r.state for r in s.rows(t.cms)] == ["pending"]
-    assert not s.rows(t.acks)
-    (anomaly,) = s.rows(t.anomalies)
+    assert [r.state for r in s.rows(sender_tables.cms)] == ["pending"]
+    assert not s.rows(sender_tables.acks)
+    (anomaly,) = s.rows(sender_tables.anomalies)
     assert anomaly.kind == "clock_skew"
     assert "tolerance" in anomaly.detail
 
@@ -351,10 +352,10 @@ def test_late_acks_that_change_the_verdict_together_are_flagged(
         s.clock.at += timedelta(seconds=1)
         evaluator.process_bodies(late[1:])
     evaluator.process_bodies([_commit(cm, names[2], in_time)])  # contradicts it again
-    statuses = sorted(r.status for r in s.rows(t.acks))
+    statuses = sorted(r.status for r in s.rows(sender_tables.acks))
     assert statuses == ["after_decision", "changes_verdict", "changes_verdict"]
     assert _anomalies(s) == {"after_decision": 1, "late_changes_verdict": 2}
-    assert [r.state for r in s.rows(t.cms)] == ["violated"]
+    assert [r.state for r in s.rows(sender_tables.cms)] == ["violated"]
     sample = evaluator.registry.get_sample_value
     assert sample("condmsg_evaluator_contradicted_decisions_total") == 1
     out = io.StringIO()
@@ -372,7 +373,7 @@ def test_a_late_ack_that_changes_nothing_is_not_flagged(store: Store) -> None:
     s.clock.at = sent + timedelta(seconds=30)
     assert evaluator.sweep() == 1
     evaluator.process_bodies([_commit(cm, names[0], sent + timedelta(seconds=2))])
-    assert [r.status for r in s.rows(t.acks)] == ["after_decision"]
+    assert [r.status for r in s.rows(sender_tables.acks)] == ["after_decision"]
     assert (
         evaluator.registry.get_sample_value("condmsg_evaluator_contradicted_decisions_total") == 0
     )
@@ -397,13 +398,15 @@ def test_a_due_cm_that_cannot_be_judged_never_holds_back_the_others(store: Store
     bad = s.sender.send(b"x", timeout)
     with s.engine.begin() as conn:
         conn.execute(
-            sa.update(t.cms).where(t.cms.c.cm_id == bad).values(condition_json='{"schema": 1}')
+            sa.update(sender_tables.cms)
+            .where(sender_tables.cms.c.cm_id == bad)
+            .values(condition_json='{"schema": 1}')
         )
     evaluator_store.parse_condition.cache_clear()
     s.clock.at = sent + timedelta(seconds=5)
     evaluator = s.evaluator()
     assert evaluator.sweep() == len(good)
-    states = {r.cm_id: r for r in s.rows(t.cms)}
+    states = {r.cm_id: r for r in s.rows(sender_tables.cms)}
     assert {cm: states[cm].state for cm in good} == dict.fromkeys(good, "violated")
     assert states[bad].state == "pending"
     parked_until = states[bad].next_check_at

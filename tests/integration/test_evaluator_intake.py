@@ -20,9 +20,7 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination, DestinationSet
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import Destination, DestinationSet, protocol, sender_tables
 from condmsg.acks import AckKind
 from condmsg.outcome import Outcome
 from condmsg.timeutil import utcnow
@@ -94,7 +92,7 @@ def store(db_url: str, make_store: Any) -> Store:
 
 def _outcomes(s: Store) -> list[Outcome]:
     outbox = outbox_table()
-    rows = s.rows(outbox, outbox.c.routing_key == p.outcome_queue(s.name))
+    rows = s.rows(outbox, outbox.c.routing_key == protocol.outcome_queue(s.name))
     return [Outcome.from_json(r.body) for r in rows]
 
 
@@ -129,21 +127,23 @@ def test_one_batch_with_every_kind_of_ack(store: Store) -> None:
     ]
     evaluator = s.evaluator()
     assert evaluator.process_bodies(bodies) == 3
-    states = {r.cm_id: r for r in s.rows(t.cms)}
+    states = {r.cm_id: r for r in s.rows(sender_tables.cms)}
     assert {c for c in cms if states[c].state == "satisfied"} == {cms[0], cms[1], cms[4]}
     assert all(states[c].decided_by == "ev-1" for c in (cms[0], cms[1], cms[4]))
     assert all(states[c].next_check_at is None for c in (cms[0], cms[1], cms[4]))
     assert {states[c].state for c in (cms[2], cms[3], cms[5])} == {"pending"}
-    kinds = Counter(r.kind for r in s.rows(t.anomalies))
+    kinds = Counter(r.kind for r in s.rows(sender_tables.anomalies))
     assert kinds == {"duplicate": 1, "bad_token": 1, "wrong_destination": 1, "unknown_cm": 1}
-    stored = {r.cm_id: r for r in s.rows(t.acks)}
+    stored = {r.cm_id: r for r in s.rows(sender_tables.acks)}
     assert set(stored) == {cms[0], cms[1], cms[4]}
     assert stored[cms[1]].receiver == "rx-2" and stored[cms[0]].receiver == "rx-1"
     assert stored[cms[4]].kind == "commit" and stored[cms[4]].committed_at is not None
     assert {r.status for r in stored.values()} == {"counted"}
-    dead = s.rows(outbox_table(), outbox_table().c.routing_key == p.dead_letter_queue(s.name))
+    dead = s.rows(
+        outbox_table(), outbox_table().c.routing_key == protocol.dead_letter_queue(s.name)
+    )
     assert [r.body for r in dead] == [nul_id, nul_receiver, b"{not json"]
-    assert "NUL" in dead[0].headers[p.H_REASON]
+    assert "NUL" in dead[0].headers[protocol.H_REASON]
     # One outcome per decided CM, the same document the CM row holds.
     outcomes = {o.cm_id: o for o in _outcomes(s)}
     assert set(outcomes) == {cms[0], cms[1], cms[4]}
@@ -173,11 +173,11 @@ def test_redelivered_and_late_acks(store: Store) -> None:
     assert evaluator.sweep() == 1  # b never read: violated at the deadline
     late = ack(cm, f"{q}.b", sent + timedelta(seconds=3))  # in time, but after the decision
     assert evaluator.process_bodies([late]) == 0
-    (row,) = s.rows(t.cms)
+    (row,) = s.rows(sender_tables.cms)
     assert row.state == "violated"
-    statuses = sorted(r.status for r in s.rows(t.acks))
+    statuses = sorted(r.status for r in s.rows(sender_tables.acks))
     assert statuses == ["changes_verdict", "counted"]
-    kinds = Counter(r.kind for r in s.rows(t.anomalies))
+    kinds = Counter(r.kind for r in s.rows(sender_tables.anomalies))
     assert kinds == {"duplicate": 1, "late_changes_verdict": 1}
     assert [o.verdict.value for o in _outcomes(s)] == ["violated"]
 
@@ -216,13 +216,13 @@ def test_racing_instances_decide_each_cm_once(pg_url: str, make_store: Any) -> N
         thread.join(60)
     assert not errors, errors
     assert sum(decided) == len(cms)
-    rows = s.rows(t.cms)
+    rows = s.rows(sender_tables.cms)
     assert {r.state for r in rows} == {"satisfied"}
     assert {r.decided_by for r in rows} <= {"ev-0", "ev-1", "ev-2"}
     outcomes = Counter(o.cm_id for o in _outcomes(s))
     assert outcomes == dict.fromkeys(cms, 1)
-    assert len(s.rows(t.acks)) == len(cms)
-    kinds = Counter(r.kind for r in s.rows(t.anomalies))
+    assert len(s.rows(sender_tables.acks)) == len(cms)
+    kinds = Counter(r.kind for r in s.rows(sender_tables.anomalies))
     assert kinds == {"duplicate": 2 * len(cms)}
 
 
@@ -265,11 +265,11 @@ def test_the_service_takes_in_a_stream_of_small_batches(
     )
     with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
         channel = connection.channel()
-        declare_service_queue(channel, p.ack_queue(name))
+        declare_service_queue(channel, protocol.ack_queue(name))
         service.start()
         try:
             for cm_id in cms:
-                channel.basic_publish("", p.ack_queue(name), ack(cm_id, q, now))
+                channel.basic_publish("", protocol.ack_queue(name), ack(cm_id, q, now))
 
             def decided() -> bool:
                 value = service.registry.get_sample_value(
@@ -280,9 +280,12 @@ def test_the_service_takes_in_a_stream_of_small_batches(
             wait_for(decided, timeout=60)
         finally:
             service.stop()
-        remaining = channel.queue_declare(p.ack_queue(name), passive=True).method
+        remaining = channel.queue_declare(protocol.ack_queue(name), passive=True).method
         assert remaining.message_count == 0
     with sender.engine.connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(t.anomalies)).scalar() == 0
-        states = Counter(r.state for r in conn.execute(sa.select(t.cms.c.state)))
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(sender_tables.anomalies)).scalar()
+            == 0
+        )
+        states = Counter(r.state for r in conn.execute(sa.select(sender_tables.cms.c.state)))
     assert states == {"satisfied": len(cms)}

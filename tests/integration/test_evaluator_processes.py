@@ -17,9 +17,7 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import Destination, protocol, sender_tables
 from condmsg.outcome import Outcome
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_service_queue
@@ -73,7 +71,7 @@ class Run:
         )
         self.connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
         self.channel = self.connection.channel()
-        self.ack_queue = p.ack_queue(self.name)
+        self.ack_queue = protocol.ack_queue(self.name)
         declare_service_queue(self.channel, self.ack_queue)
 
     def publish(self, cm_ids: list[str]) -> None:
@@ -113,17 +111,21 @@ class Run:
 
     def states(self) -> Counter[str]:
         with self.sender.engine.connect() as conn:
-            return Counter(r.state for r in conn.execute(sa.select(t.cms.c.state)))
+            return Counter(r.state for r in conn.execute(sa.select(sender_tables.cms.c.state)))
 
     def deciders(self) -> Counter[str]:
         with self.sender.engine.connect() as conn:
-            return Counter(r.decided_by for r in conn.execute(sa.select(t.cms.c.decided_by)))
+            return Counter(
+                r.decided_by for r in conn.execute(sa.select(sender_tables.cms.c.decided_by))
+            )
 
     def outcomes(self) -> Counter[str]:
         outbox = outbox_table()
         with self.sender.engine.connect() as conn:
             rows = conn.execute(
-                sa.select(outbox.c.body).where(outbox.c.routing_key == p.outcome_queue(self.name))
+                sa.select(outbox.c.body).where(
+                    outbox.c.routing_key == protocol.outcome_queue(self.name)
+                )
             )
             return Counter(Outcome.from_json(r.body).cm_id for r in rows)
 
@@ -222,4 +224,4 @@ def test_a_worker_pointed_at_a_database_without_the_store_exits(pg_url: str, amq
     assert "no sender store" in done.stderr
     assert done.stdout == ""
     with sa.create_engine(pg_url).connect() as conn:
-        assert not sa.inspect(conn).has_table(t.cms.name)
+        assert not sa.inspect(conn).has_table(sender_tables.cms.name)

@@ -23,9 +23,7 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import Destination, protocol, sender_tables
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_service_queue
 from evaluator.config import EvaluatorConfig
@@ -137,8 +135,10 @@ def test_an_evaluator_started_while_the_database_is_down_waits_for_it(
     caplog.set_level(logging.WARNING, logger="evaluator.sender_store")
     with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
         channel = connection.channel()
-        declare_service_queue(channel, p.ack_queue(name))
-        channel.basic_publish("", p.ack_queue(name), ack_body(cm, q, utcnow(), receiver="rx"))
+        declare_service_queue(channel, protocol.ack_queue(name))
+        channel.basic_publish(
+            "", protocol.ack_queue(name), ack_body(cm, q, utcnow(), receiver="rx")
+        )
         with service:
 
             def waits() -> list[str]:
@@ -156,7 +156,7 @@ def test_an_evaluator_started_while_the_database_is_down_waits_for_it(
 
             def decided() -> bool:
                 with sender.engine.connect() as conn:
-                    state = conn.execute(sa.select(t.cms.c.state)).scalar_one()
+                    state = conn.execute(sa.select(sender_tables.cms.c.state)).scalar_one()
                 return state == "satisfied"
 
             wait_for(decided, timeout=60)

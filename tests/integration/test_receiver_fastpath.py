@@ -16,8 +16,7 @@ import sqlalchemy as sa
 
 from ackd import fastpath
 from ackd.tables import rlog
-from condmsg import Destination
-from condmsg import protocol as p
+from condmsg import Destination, protocol
 from condmsg.acks import AckKind
 from condmsg.protocol import AckMessage
 from outbox.enqueueing import row_values
@@ -199,7 +198,9 @@ def test_the_ack_row_holds_every_column_the_portable_path_writes(
     for row in rows:
         ack = AckMessage.from_json(row["body"])
         assert ack.kind is AckKind.COMMIT
-        expected = row_values(ack_message_of(ack, reply_to=p.ack_queue(name)), row["created_at"])
+        expected = row_values(
+            ack_message_of(ack, reply_to=protocol.ack_queue(name)), row["created_at"]
+        )
         assert {c: row[c] for c in expected} == expected
 
 
@@ -210,8 +211,8 @@ def ack_message_of(ack: AckMessage, *, reply_to: str) -> OutboxMessage:
         body=ack.to_json(),
         message_id=ack.ack_id,
         correlation_id=ack.cm_id,
-        content_type=p.ACK_CONTENT_TYPE,
-        message_type=p.ACK_TYPE,
+        content_type=protocol.ACK_CONTENT_TYPE,
+        message_type=protocol.ACK_TYPE,
     )
 
 

@@ -22,8 +22,7 @@ from ackd import intake as intake_module
 from ackd import rlog, sequence
 from ackd.broker import Delivery
 from ackd.tables import poison
-from condmsg import Destination
-from condmsg import protocol as p
+from condmsg import Destination, protocol
 from condmsg.copies import notice_message, plan_copies
 
 from .condmsg_helpers import (
@@ -81,7 +80,7 @@ def _success_notice(channel: Any, queue: str, cm_id: str) -> None:
     publish(
         channel,
         notice_message(
-            kind=p.MessageKind.SUCCESS,
+            kind=protocol.MessageKind.SUCCESS,
             cm_id=cm_id,
             destination=queue,
             recipient=None,
@@ -97,7 +96,10 @@ def _success_notice(channel: Any, queue: str, cm_id: str) -> None:
 
 
 def _reasons(channel: Any, receiver: Any) -> list[str]:
-    return [str(props.headers[p.H_REASON]) for props, _ in get_all(channel, receiver.invalid_queue)]
+    return [
+        str(props.headers[protocol.H_REASON])
+        for props, _ in get_all(channel, receiver.invalid_queue)
+    ]
 
 
 def _app_rows(engine: Any) -> list[tuple[str, str]]:
@@ -147,7 +149,7 @@ def test_a_deeply_nested_reassembled_sequence_goes_to_the_invalid_queue(
         assert tx.read(queue, timeout=0.5) is None
     moved = get_all(channel, receiver.invalid_queue)
     assert [body for _, body in moved] == [DEEP_JSON]
-    assert moved[0][0].headers[p.H_REASON]
+    assert moved[0][0].headers[protocol.H_REASON]
     assert receiver.stats.invalid == 1
 
 
@@ -254,7 +256,7 @@ def test_a_success_notice_without_an_rlog_row_reaches_the_app_once_across_a_cras
     _success_notice(channel, queue, cm_id)
 
     first = _crash_before_the_broker_ack(receiver, queue, monkeypatch)
-    assert first.kind is p.MessageKind.SUCCESS
+    assert first.kind is protocol.MessageKind.SUCCESS
 
     # RabbitMQ requeued the unacked notice; a competing consumer of the same store reads.
     other = make_receiver(db_url)
@@ -518,5 +520,5 @@ def test_a_stored_sequence_with_a_forged_token_is_refused_by_a_receiver_with_the
     assert receiver.read(queue, timeout=1.0) is None
     moved = get_all(channel, receiver.invalid_queue)
     assert [body for _, body in moved] == [b"x" * 300]
-    assert "token" in moved[0][0].headers[p.H_REASON]
+    assert "token" in moved[0][0].headers[protocol.H_REASON]
     assert receiver.stats.invalid == 1

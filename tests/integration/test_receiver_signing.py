@@ -16,8 +16,7 @@ from typing import Any
 import pika
 import pytest
 
-from condmsg import Destination
-from condmsg import protocol as p
+from condmsg import Destination, protocol
 from condmsg.protocol import control_token
 
 from .condmsg_helpers import SECRET, get_all, publish_copy, wait_for
@@ -31,22 +30,22 @@ def _control(
     channel: Any,
     queue: str,
     cm_id: str,
-    kind: p.MessageKind,
+    kind: protocol.MessageKind,
     *,
     body: bytes = UNDO,
     token: str | None = None,
 ) -> None:
     """Publish a compensation or success notice as the relay would, with ``token``."""
     headers: dict[str, Any] = {
-        p.H_VERSION: p.PROTOCOL_VERSION,
-        p.H_KIND: kind.value,
-        p.H_CM_ID: cm_id,
-        p.H_DESTINATION: queue,
-        p.H_SENDER: "s",
-        p.H_SENT_AT: p.format_instant(datetime.now(UTC)),
+        protocol.H_VERSION: protocol.PROTOCOL_VERSION,
+        protocol.H_KIND: kind.value,
+        protocol.H_CM_ID: cm_id,
+        protocol.H_DESTINATION: queue,
+        protocol.H_SENDER: "s",
+        protocol.H_SENT_AT: protocol.format_instant(datetime.now(UTC)),
     }
     if token is not None:
-        headers[p.H_TOKEN] = token
+        headers[protocol.H_TOKEN] = token
     channel.basic_publish(
         "",
         queue,
@@ -73,11 +72,11 @@ def _consumed_original(receiver: Any, channel: Any, queue: str) -> str:
     )
     with receiver.transaction() as tx:
         original = wait_for(lambda: tx.read(queue, timeout=0.5))
-        assert (original.kind, original.cm_id) == (p.MessageKind.ORIGINAL, cm_id)
+        assert (original.kind, original.cm_id) == (protocol.MessageKind.ORIGINAL, cm_id)
     return cm_id
 
 
-def _signed(kind: p.MessageKind, cm_id: str, queue: str, body: bytes = UNDO) -> str:
+def _signed(kind: protocol.MessageKind, cm_id: str, queue: str, body: bytes = UNDO) -> str:
     return control_token(SECRET, kind.value, cm_id, queue, None, body)
 
 
@@ -96,7 +95,7 @@ def _refused(receiver: Any, channel: Any, queue: str) -> str:
     moved = get_all(channel, receiver.invalid_queue)
     assert len(moved) == 1
     assert receiver.stats.invalid == 1
-    reason = str(moved[0][0].headers[p.H_REASON])
+    reason = str(moved[0][0].headers[protocol.H_REASON])
     assert "token" in reason, reason
     return reason
 
@@ -104,7 +103,7 @@ def _refused(receiver: Any, channel: Any, queue: str) -> str:
 def test_an_unsigned_compensation_is_refused(setup: Any, channel: Any) -> None:
     receiver, queue = setup
     cm_id = _consumed_original(receiver, channel, queue)
-    _control(channel, queue, cm_id, p.MessageKind.COMPENSATION)
+    _control(channel, queue, cm_id, protocol.MessageKind.COMPENSATION)
     _refused(receiver, channel, queue)
 
 
@@ -112,22 +111,22 @@ def test_a_compensation_with_a_wrong_token_is_refused(setup: Any, channel: Any) 
     receiver, queue = setup
     cm_id = _consumed_original(receiver, channel, queue)
     forged = control_token(b"not the secret", "compensation", cm_id, queue, None, UNDO)
-    _control(channel, queue, cm_id, p.MessageKind.COMPENSATION, token=forged)
+    _control(channel, queue, cm_id, protocol.MessageKind.COMPENSATION, token=forged)
     _refused(receiver, channel, queue)
 
 
 def test_a_compensation_signed_for_another_body_is_refused(setup: Any, channel: Any) -> None:
     receiver, queue = setup
     cm_id = _consumed_original(receiver, channel, queue)
-    token = _signed(p.MessageKind.COMPENSATION, cm_id, queue, b"something else")
-    _control(channel, queue, cm_id, p.MessageKind.COMPENSATION, token=token)
+    token = _signed(protocol.MessageKind.COMPENSATION, cm_id, queue, b"something else")
+    _control(channel, queue, cm_id, protocol.MessageKind.COMPENSATION, token=token)
     _refused(receiver, channel, queue)
 
 
 def test_an_unsigned_success_notice_is_refused(setup: Any, channel: Any) -> None:
     receiver, queue = setup
     cm_id = _consumed_original(receiver, channel, queue)
-    _control(channel, queue, cm_id, p.MessageKind.SUCCESS, body=b"done")
+    _control(channel, queue, cm_id, protocol.MessageKind.SUCCESS, body=b"done")
     _refused(receiver, channel, queue)
 
 
@@ -135,11 +134,11 @@ def test_a_refused_compensation_is_refused_on_every_read_path(setup: Any, channe
     """Plain reads and consume judge as transactional reads do."""
     receiver, queue = setup
     cm_id = _consumed_original(receiver, channel, queue)
-    _control(channel, queue, cm_id, p.MessageKind.COMPENSATION)
-    _control(channel, queue, cm_id, p.MessageKind.SUCCESS, body=b"done")
+    _control(channel, queue, cm_id, protocol.MessageKind.COMPENSATION)
+    _control(channel, queue, cm_id, protocol.MessageKind.SUCCESS, body=b"done")
     assert receiver.read(queue, timeout=1.0) is None
     seen: list[Any] = []
-    _control(channel, queue, cm_id, p.MessageKind.COMPENSATION)
+    _control(channel, queue, cm_id, protocol.MessageKind.COMPENSATION)
     assert receiver.consume(queue, lambda m, s: seen.append(m), idle_timeout_s=1.0) == 0
     assert seen == []
     moved = get_all(channel, receiver.invalid_queue)
@@ -150,19 +149,19 @@ def test_a_refused_compensation_is_refused_on_every_read_path(setup: Any, channe
 def test_a_correctly_signed_compensation_and_notice_are_delivered(setup: Any, channel: Any) -> None:
     receiver, queue = setup
     cm_id = _consumed_original(receiver, channel, queue)
-    token = _signed(p.MessageKind.COMPENSATION, cm_id, queue)
-    _control(channel, queue, cm_id, p.MessageKind.COMPENSATION, token=token)
+    token = _signed(protocol.MessageKind.COMPENSATION, cm_id, queue)
+    _control(channel, queue, cm_id, protocol.MessageKind.COMPENSATION, token=token)
     with receiver.transaction() as tx:
         compensation = wait_for(lambda: tx.read(queue, timeout=0.5))
         assert (compensation.kind, compensation.cm_id, compensation.payload) == (
-            p.MessageKind.COMPENSATION,
+            protocol.MessageKind.COMPENSATION,
             cm_id,
             UNDO,
         )
     other = str(uuid.uuid4())
-    token = _signed(p.MessageKind.SUCCESS, other, queue, b"done")
-    _control(channel, queue, other, p.MessageKind.SUCCESS, body=b"done", token=token)
+    token = _signed(protocol.MessageKind.SUCCESS, other, queue, b"done")
+    _control(channel, queue, other, protocol.MessageKind.SUCCESS, body=b"done", token=token)
     notice = wait_for(lambda: receiver.read(queue, timeout=0.5))
-    assert (notice.kind, notice.cm_id) == (p.MessageKind.SUCCESS, other)
+    assert (notice.kind, notice.cm_id) == (protocol.MessageKind.SUCCESS, other)
     assert get_all(channel, receiver.invalid_queue, settle_s=0.1) == []
     assert receiver.stats.invalid == 0

@@ -23,8 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination
-from condmsg import sender_tables as t
+from condmsg import Destination, sender_tables
 from condmsg.archive_layout import MANIFEST, TABLES, TABLES_BY_NAME, arrow_schema
 from condmsg.cli import main
 from condmsg.errors import ConfigError
@@ -53,8 +52,12 @@ KEYS = {
     "acks": ("ack_id",),
     "anomalies": ("id",),
 }
-STORE = {"cms": t.cms, "copies": t.copies, "compensations": t.compensations}
-STORE |= {"acks": t.acks, "anomalies": t.anomalies}
+STORE = {
+    "cms": sender_tables.cms,
+    "copies": sender_tables.copies,
+    "compensations": sender_tables.compensations,
+}
+STORE |= {"acks": sender_tables.acks, "anomalies": sender_tables.anomalies}
 
 
 @dataclass
@@ -145,7 +148,7 @@ def _store(db_url: str, unique_name: str, make_sender: Any, extra_old: int) -> S
     for when in (OLD, RECENT):
         s.at(when, [s.ack(str(uuid.uuid4()), quick.name, when)])
         with s.engine.begin() as conn:
-            conn.execute(sa.insert(t.acks), [_orphan_ack(when)])
+            conn.execute(sa.insert(sender_tables.acks), [_orphan_ack(when)])
     states = _snapshot(s.engine)["cms"]
     assert {states[(c,)]["state"] for c in satisfied} == {"satisfied"}
     assert states[(violated,)]["state"] == "violated"

@@ -14,9 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-from condmsg import ConditionError, Destination, DestinationSet, evaluate
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import ConditionError, Destination, DestinationSet, evaluate, protocol, sender_tables
 from condmsg.protocol import MessageKind
 from condmsg.sender import Outgoing
 
@@ -46,7 +44,10 @@ def test_a_sender_transaction_that_rolls_back_sends_nothing(
     _relay(sender)
     assert get_all(channel, queue, settle_s=0.2) == []
     with sender.engine.connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(t.cms)).scalar_one() == 0
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(sender_tables.cms)).scalar_one()
+            == 0
+        )
 
     with Session(sender.engine) as session, session.begin():
         cm_id = sender.send(
@@ -71,9 +72,11 @@ def test_send_records_cm_copies_and_compensations_and_fans_out(
     )
     cm_id = sender.send({"meeting": "Tuesday"}, condition, compensation="meeting cancelled")
     with sender.engine.connect() as conn:
-        cm = conn.execute(sa.select(t.cms)).one()
-        copies = conn.execute(sa.select(t.copies).order_by(t.copies.c.destination)).all()
-        comps = conn.execute(sa.select(t.compensations)).all()
+        cm = conn.execute(sa.select(sender_tables.cms)).one()
+        copies = conn.execute(
+            sa.select(sender_tables.copies).order_by(sender_tables.copies.c.destination)
+        ).all()
+        comps = conn.execute(sa.select(sender_tables.compensations)).all()
     assert (cm.cm_id, cm.state, cm.sender) == (cm_id, "pending", name)
     assert cm.evaluation_deadline - cm.sent_at == timedelta(seconds=30)
     assert [c.destination for c in copies] == queues
@@ -84,8 +87,8 @@ def test_send_records_cm_copies_and_compensations_and_fans_out(
         message = receiver.read(queue, timeout=5)
         assert message is not None
         assert message.payload == {"meeting": "Tuesday"}
-        assert message.headers[p.H_REQUIRES] == "pickup"
-        assert p.verify_token(SECRET, message.headers[p.H_TOKEN], cm_id, queue, None)
+        assert message.headers[protocol.H_REQUIRES] == "pickup"
+        assert protocol.verify_token(SECRET, message.headers[protocol.H_TOKEN], cm_id, queue, None)
 
 
 @pytest.mark.parametrize(
@@ -117,16 +120,19 @@ def test_send_rejects_bad_conditions_and_reserved_headers(
         sender.send(b"x", Destination("q"))
     with pytest.raises(ConditionError, match="must be a Destination or DestinationSet"):
         sender.send(b"x", "q")  # type: ignore[arg-type]
-    with pytest.raises(p.ProtocolError, match="condmsg- prefix is reserved"):
+    with pytest.raises(protocol.ProtocolError, match="condmsg- prefix is reserved"):
         sender.send(
             b"x",
             Destination("q", pickup_within=timedelta(seconds=1)),
             headers={"condmsg-kind": "x"},
         )
-    with pytest.raises(p.ProtocolError, match="JSON-serialisable"):
+    with pytest.raises(protocol.ProtocolError, match="JSON-serialisable"):
         sender.send(object(), Destination("q", pickup_within=timedelta(seconds=1)))
     with sender.engine.connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(t.cms)).scalar_one() == 0
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(sender_tables.cms)).scalar_one()
+            == 0
+        )
 
 
 def test_a_10_mib_payload_round_trips_as_a_sequence_through_two_competing_consumers(
@@ -138,7 +144,7 @@ def test_a_10_mib_payload_round_trips_as_a_sequence_through_two_competing_consum
     payload = os.urandom(10 * 1024 * 1024)
     cm_id = sender.send(payload, Destination(queue, process_within=timedelta(seconds=60)))
     with sender.engine.connect() as conn:
-        assert conn.execute(sa.select(t.copies.c.parts)).scalar_one() == 10
+        assert conn.execute(sa.select(sender_tables.copies.c.parts)).scalar_one() == 10
     consumers = [make_receiver(pg_url, f"worker-{i}", poll_interval_s=0.01) for i in (1, 2)]
     for consumer in consumers:
         consumer._broker.ensure_queue(queue)
@@ -166,7 +172,10 @@ def test_a_10_mib_payload_round_trips_as_a_sequence_through_two_competing_consum
     assert all(c.stats.parts > 0 for c in consumers), [c.stats.parts for c in consumers]
     for consumer in consumers:
         _relay(consumer)
-    acks = [p.AckMessage.from_json(body) for _, body in get_all(channel, p.ack_queue(name))]
+    acks = [
+        protocol.AckMessage.from_json(body)
+        for _, body in get_all(channel, protocol.ack_queue(name))
+    ]
     assert [(a.cm_id, a.kind.value) for a in acks] == [(cm_id, "commit")]
 
 
@@ -189,7 +198,7 @@ def test_an_incomplete_sequence_goes_to_the_invalid_queue_after_the_timeout(
     arrived = get_all(channel, queue)
     assert len(arrived) == 3
     for props, body in arrived:
-        if props.headers[p.H_SEQ_POS] != 2:
+        if props.headers[protocol.H_SEQ_POS] != 2:
             channel.basic_publish(
                 "", queue, body, pika.BasicProperties(headers=props.headers, reply_to="r")
             )
@@ -200,18 +209,18 @@ def test_an_incomplete_sequence_goes_to_the_invalid_queue_after_the_timeout(
         timeout=15,
     )
     assert len(moved) == 2
-    assert all("incomplete sequence" in props.headers[p.H_REASON] for props, _ in moved)
+    assert all("incomplete sequence" in props.headers[protocol.H_REASON] for props, _ in moved)
 
 
 def _condmsg_headers(**overrides: Any) -> dict[str, Any]:
     headers: dict[str, Any] = {
-        p.H_VERSION: p.PROTOCOL_VERSION,
-        p.H_KIND: "original",
-        p.H_CM_ID: str(uuid.uuid4()),
-        p.H_DESTINATION: "d",
-        p.H_SENDER: "s",
-        p.H_SENT_AT: "2026-11-21T10:00:00.000000Z",
-        p.H_TOKEN: "0" * 64,
+        protocol.H_VERSION: protocol.PROTOCOL_VERSION,
+        protocol.H_KIND: "original",
+        protocol.H_CM_ID: str(uuid.uuid4()),
+        protocol.H_DESTINATION: "d",
+        protocol.H_SENDER: "s",
+        protocol.H_SENT_AT: "2026-11-21T10:00:00.000000Z",
+        protocol.H_TOKEN: "0" * 64,
     }
     headers.update(overrides)
     return {k: v for k, v in headers.items() if v is not None}
@@ -220,21 +229,30 @@ def _condmsg_headers(**overrides: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("headers", "content_type", "body", "reason"),
     [
-        (_condmsg_headers(**{p.H_KIND: None}), None, b"x", "missing header condmsg-kind"),
-        (_condmsg_headers(**{p.H_KIND: "gossip"}), None, b"x", "unknown condmsg-kind"),
-        (_condmsg_headers(**{p.H_SENT_AT: "yesterday"}), None, b"x", "not an ISO-8601"),
-        (_condmsg_headers(**{p.H_TOKEN: "forged"}), None, b"x", "64-digit hex"),
-        (_condmsg_headers(**{p.H_VERSION: 99}), None, b"x", "unsupported condmsg-version"),
-        (_condmsg_headers(**{p.H_CM_ID: "cm\x00"}), None, b"x", "condmsg-cm-id contains a NUL"),
+        (_condmsg_headers(**{protocol.H_KIND: None}), None, b"x", "missing header condmsg-kind"),
+        (_condmsg_headers(**{protocol.H_KIND: "gossip"}), None, b"x", "unknown condmsg-kind"),
+        (_condmsg_headers(**{protocol.H_SENT_AT: "yesterday"}), None, b"x", "not an ISO-8601"),
+        (_condmsg_headers(**{protocol.H_TOKEN: "forged"}), None, b"x", "64-digit hex"),
+        (_condmsg_headers(**{protocol.H_VERSION: 99}), None, b"x", "unsupported condmsg-version"),
         (
-            _condmsg_headers(**{p.H_SEQ_ID: "s\x00", p.H_SEQ_POS: 0, p.H_SEQ_SIZE: 2}),
+            _condmsg_headers(**{protocol.H_CM_ID: "cm\x00"}),
+            None,
+            b"x",
+            "condmsg-cm-id contains a NUL",
+        ),
+        (
+            _condmsg_headers(
+                **{protocol.H_SEQ_ID: "s\x00", protocol.H_SEQ_POS: 0, protocol.H_SEQ_SIZE: 2}
+            ),
             None,
             b"x",
             "contains a NUL",
         ),
         (_condmsg_headers(), "application/json", b"{not json", "does not decode"),
         (
-            _condmsg_headers(**{p.H_SEQ_ID: "s1", p.H_SEQ_POS: 5, p.H_SEQ_SIZE: 3}),
+            _condmsg_headers(
+                **{protocol.H_SEQ_ID: "s1", protocol.H_SEQ_POS: 5, protocol.H_SEQ_SIZE: 3}
+            ),
             None,
             b"x",
             "sequence position 5 of size 3",
@@ -267,7 +285,7 @@ def test_malformed_messages_go_to_the_invalid_queue_with_the_reason(
     assert len(moved) == 1
     props, moved_body = moved[0]
     assert moved_body == body
-    assert reason in props.headers[p.H_REASON]
+    assert reason in props.headers[protocol.H_REASON]
     assert props.headers["condmsg-original-queue"] == queue
     assert receiver.stats.invalid == 1
 
@@ -278,7 +296,7 @@ def test_a_receiver_with_the_secret_rejects_a_forged_copy(
     receiver = make_receiver(sqlite_url, secret=SECRET)
     queue = f"{unique_name}.q"
     receiver._broker.ensure_queue(queue)
-    forged = _condmsg_headers(**{p.H_DESTINATION: queue, p.H_TOKEN: "ab" * 32})
+    forged = _condmsg_headers(**{protocol.H_DESTINATION: queue, protocol.H_TOKEN: "ab" * 32})
     channel.basic_publish("", queue, b"x", pika.BasicProperties(headers=forged, reply_to="a"))
     publish_copy(
         channel,
@@ -292,7 +310,7 @@ def test_a_receiver_with_the_secret_rejects_a_forged_copy(
     assert message.kind is MessageKind.ORIGINAL
     assert message.payload == b"genuine"
     moved = get_all(channel, receiver.invalid_queue)
-    assert [props.headers[p.H_REASON] for props, _ in moved] == [
+    assert [props.headers[protocol.H_REASON] for props, _ in moved] == [
         "bad token: the copy's HMAC does not verify"
     ]
 
@@ -312,9 +330,14 @@ def test_send_many_records_every_cm_in_one_transaction_and_fans_each_out(
     )
     assert len(set(cm_ids)) == 3
     with sender.engine.connect() as conn:
-        cms = {r.cm_id: r for r in conn.execute(sa.select(t.cms))}
-        copies = conn.execute(sa.select(t.copies.c.cm_id, t.copies.c.destination)).all()
-        comps = {(r.cm_id, r.destination): r for r in conn.execute(sa.select(t.compensations))}
+        cms = {r.cm_id: r for r in conn.execute(sa.select(sender_tables.cms))}
+        copies = conn.execute(
+            sa.select(sender_tables.copies.c.cm_id, sender_tables.copies.c.destination)
+        ).all()
+        comps = {
+            (r.cm_id, r.destination): r
+            for r in conn.execute(sa.select(sender_tables.compensations))
+        }
     assert set(cms) == set(cm_ids)
     assert [cms[c].notify_success for c in cm_ids] == [False, False, True]
     # The first check of a CM with no ack yet is exactly what evaluate says at sent_at.
@@ -345,7 +368,10 @@ def test_send_many_is_all_or_nothing(sqlite_url: str, unique_name: str, make_sen
         sender.send_many([good, bad])
     assert sender.send_many([]) == []
     with sender.engine.connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(t.cms)).scalar_one() == 0
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(sender_tables.cms)).scalar_one()
+            == 0
+        )
         assert conn.execute(sa.text("SELECT count(*) FROM condmsg_outbox")).scalar_one() == 0
 
 
@@ -363,7 +389,10 @@ def test_a_cm_is_one_outbox_row_and_each_copy_keeps_its_id_token_and_headers(
     cm_ids = sender.send_many([Outgoing(payload=b"p", condition=condition)] * 2)
     with sender.engine.connect() as conn:
         rows = conn.execute(sa.select(outbox.outbox_table().c.copies)).scalars().all()
-        ids = {(r.cm_id, r.destination): r.message_id for r in conn.execute(sa.select(t.copies))}
+        ids = {
+            (r.cm_id, r.destination): r.message_id
+            for r in conn.execute(sa.select(sender_tables.copies))
+        }
     assert [len(copies) for copies in rows] == [3, 3]  # one row per CM, not per copy
     _relay(sender)
     for queue in queues:
@@ -373,14 +402,16 @@ def test_a_cm_is_one_outbox_row_and_each_copy_keeps_its_id_token_and_headers(
             h = props.headers
             assert (
                 body == b"p"
-                and h[p.H_DESTINATION] == queue
-                and h[p.H_CM_ID] == props.correlation_id
+                and h[protocol.H_DESTINATION] == queue
+                and h[protocol.H_CM_ID] == props.correlation_id
             )
             assert props.message_id == ids[(props.correlation_id, queue)]
             recipient = "ann" if queue == queues[0] else None
-            assert h.get(p.H_RECIPIENT) == recipient
-            assert h[p.H_TOKEN] == p.copy_token(SECRET, props.correlation_id, queue, recipient)
-            assert h[p.H_REQUIRES] == ("process" if queue == queues[1] else "pickup")
+            assert h.get(protocol.H_RECIPIENT) == recipient
+            assert h[protocol.H_TOKEN] == protocol.copy_token(
+                SECRET, props.correlation_id, queue, recipient
+            )
+            assert h[protocol.H_REQUIRES] == ("process" if queue == queues[1] else "pickup")
             assert props.priority == (4 if queue == queues[2] else 0)
 
 
@@ -394,10 +425,18 @@ def test_what_postgresql_could_not_store_is_invalid(
     receiver = make_receiver(pg_url)
     queue = f"{unique_name}.q"
     receiver._broker.ensure_queue(queue)
-    copy = _condmsg_headers(**{p.H_DESTINATION: queue})
+    copy = _condmsg_headers(**{protocol.H_DESTINATION: queue})
     for headers, reply_to, message_id in (
-        (_condmsg_headers(**{p.H_CM_ID: "cm\x00", p.H_DESTINATION: queue}), "acks", None),
-        (_condmsg_headers(**{p.H_CM_ID: "c" * 37, p.H_DESTINATION: queue}), "acks", None),
+        (
+            _condmsg_headers(**{protocol.H_CM_ID: "cm\x00", protocol.H_DESTINATION: queue}),
+            "acks",
+            None,
+        ),
+        (
+            _condmsg_headers(**{protocol.H_CM_ID: "c" * 37, protocol.H_DESTINATION: queue}),
+            "acks",
+            None,
+        ),
         (copy, "acks\x00", None),
         (copy, "acks", "m\x00"),
         (copy, "acks", "m" * 65),
@@ -409,7 +448,7 @@ def test_what_postgresql_could_not_store_is_invalid(
     message = wait_for(lambda: receiver.read(queue, timeout=0.5))
     assert message.payload == b"fine"
     moved = get_all(channel, receiver.invalid_queue)
-    assert sorted(props.headers[p.H_REASON] for props, _ in moved) == [
+    assert sorted(props.headers[protocol.H_REASON] for props, _ in moved) == [
         "header condmsg-cm-id contains a NUL character",
         "header condmsg-cm-id is longer than 36 characters",
         "message_id contains a NUL character",

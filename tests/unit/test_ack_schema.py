@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ackd.inbound import InvalidMessage, parse
-from condmsg import protocol as p
+from condmsg import protocol
 from condmsg.errors import ProtocolError
 
 EXAMPLES = int(os.environ.get("CONDMSG_FUZZ_EXAMPLES", "300"))
@@ -245,7 +245,7 @@ def schema_accepts_ack(body: str) -> bool:
 
 def python_accepts_ack(body: str) -> bool:
     try:
-        p.decode_ack(body)
+        protocol.decode_ack(body)
     except ProtocolError:
         return False
     return True
@@ -307,14 +307,17 @@ def test_examples_both_refuse(field: str, value: object) -> None:
 def test_the_schemas_share_the_codecs_patterns_and_lengths() -> None:
     for validator in (ACK_SCHEMA, HEADERS_SCHEMA):
         defs = validator.schema["$defs"]
-        assert defs["instant"]["pattern"] == p.INSTANT_PATTERN
-        assert defs["instant"]["maxLength"] == p.MAX_INSTANT_CHARS
-        assert defs["token"]["pattern"] == p.TOKEN_PATTERN
+        assert defs["instant"]["pattern"] == protocol.INSTANT_PATTERN
+        assert defs["instant"]["maxLength"] == protocol.MAX_INSTANT_CHARS
+        assert defs["token"]["pattern"] == protocol.TOKEN_PATTERN
     fields = ACK_SCHEMA.schema["properties"]
     assert {
         name: fields[name]["maxLength"] for name in ("ack_id", "cm_id", "destination", "receiver")
-    } == {name: p.ACK_FIELD_CHARS[name] for name in ("ack_id", "cm_id", "destination", "receiver")}
-    assert fields["recipient"]["anyOf"][1]["maxLength"] == p.ACK_FIELD_CHARS["recipient"]
+    } == {
+        name: protocol.ACK_FIELD_CHARS[name]
+        for name in ("ack_id", "cm_id", "destination", "receiver")
+    }
+    assert fields["recipient"]["anyOf"][1]["maxLength"] == protocol.ACK_FIELD_CHARS["recipient"]
 
 
 # -- headers ------------------------------------------------------------------------------
@@ -324,40 +327,40 @@ def test_the_schemas_share_the_codecs_patterns_and_lengths() -> None:
 def valid_headers(draw: st.DrawFn) -> dict[str, Any]:
     kind = draw(st.sampled_from(["original", "compensation", "success"]))
     headers: dict[str, Any] = {
-        p.H_VERSION: 1,
-        p.H_KIND: kind,
-        p.H_CM_ID: draw(st.text(_NAME_CHARS, min_size=1, max_size=36)),
-        p.H_DESTINATION: draw(_names(255)).strip("\x00") or "q",
-        p.H_SENDER: draw(st.text(_NAME_CHARS, min_size=1, max_size=255)),
-        p.H_SENT_AT: draw(_instants())[1],
+        protocol.H_VERSION: 1,
+        protocol.H_KIND: kind,
+        protocol.H_CM_ID: draw(st.text(_NAME_CHARS, min_size=1, max_size=36)),
+        protocol.H_DESTINATION: draw(_names(255)).strip("\x00") or "q",
+        protocol.H_SENDER: draw(st.text(_NAME_CHARS, min_size=1, max_size=255)),
+        protocol.H_SENT_AT: draw(_instants())[1],
         "app-header": draw(_JSON_VALUES),
     }
-    headers[p.H_DESTINATION] = headers[p.H_DESTINATION][:255]
+    headers[protocol.H_DESTINATION] = headers[protocol.H_DESTINATION][:255]
     if draw(st.booleans()):
-        headers[p.H_RECIPIENT] = draw(st.text(_NAME_CHARS, min_size=1, max_size=255))
+        headers[protocol.H_RECIPIENT] = draw(st.text(_NAME_CHARS, min_size=1, max_size=255))
     if kind == "original" or draw(st.booleans()):
-        headers[p.H_TOKEN] = draw(st.text("0123456789abcdef", min_size=64, max_size=64))
+        headers[protocol.H_TOKEN] = draw(st.text("0123456789abcdef", min_size=64, max_size=64))
     if kind == "original":
-        headers[p.H_REQUIRES] = draw(st.sampled_from(["none", "pickup", "process"]))
+        headers[protocol.H_REQUIRES] = draw(st.sampled_from(["none", "pickup", "process"]))
         if draw(st.booleans()):
             size = draw(st.integers(2, 2**31 - 1))
-            headers[p.H_SEQ_ID] = draw(st.text(string.hexdigits, min_size=1, max_size=64))
-            headers[p.H_SEQ_SIZE] = size
-            headers[p.H_SEQ_POS] = draw(st.integers(0, size - 1))
+            headers[protocol.H_SEQ_ID] = draw(st.text(string.hexdigits, min_size=1, max_size=64))
+            headers[protocol.H_SEQ_SIZE] = size
+            headers[protocol.H_SEQ_POS] = draw(st.integers(0, size - 1))
     return headers
 
 
 def schema_accepts_headers(headers: dict[str, Any]) -> bool:
     if not HEADERS_SCHEMA.is_valid(_decimal_floats(headers)):
         return False
-    if p.H_VERSION not in headers:
+    if protocol.H_VERSION not in headers:
         return True
     # Names hold no unpaired surrogate; the application's own headers are not checked.
     own = {k: v for k, v in headers.items() if k.startswith("condmsg-")}
-    if not _no_surrogates(own) or _utc(headers[p.H_SENT_AT]) is None:
+    if not _no_surrogates(own) or _utc(headers[protocol.H_SENT_AT]) is None:
         return False
-    if p.H_SEQ_ID in headers:
-        return bool(headers[p.H_SEQ_POS] < headers[p.H_SEQ_SIZE])
+    if protocol.H_SEQ_ID in headers:
+        return bool(headers[protocol.H_SEQ_POS] < headers[protocol.H_SEQ_SIZE])
     return True
 
 

@@ -11,8 +11,7 @@ import pytest
 
 from ackd import tables as receiver_tables
 from ackd.inbound import InvalidMessage, parse
-from condmsg import protocol as p
-from condmsg import sender_tables
+from condmsg import protocol, sender_tables
 from condmsg.condition_codec import MAX_DOCUMENT_BYTES, condition_from_json
 from condmsg.conditions import MAX_DEPTH, MAX_NODES, Destination, DestinationSet
 from condmsg.errors import ConditionError, ProtocolError
@@ -41,14 +40,14 @@ def _ack(**changes: Any) -> dict[str, Any]:
 def _refused(document: object, reason: str) -> None:
     body = document if isinstance(document, bytes) else json.dumps(document).encode()
     with pytest.raises(ProtocolError, match=reason):
-        p.decode_ack(body)
+        protocol.decode_ack(body)
 
 
 # -- the ack document ----------------------------------------------------------------------
 
 
 def test_a_genuine_ack_decodes_and_its_rendering_is_unchanged() -> None:
-    message, ack = p.decode_ack(json.dumps(_ack()))
+    message, ack = protocol.decode_ack(json.dumps(_ack()))
     assert message.to_dict() == _ack()
     assert ack.committed_at == datetime(2026, 11, 21, 22, 13, 41, 987654, tzinfo=UTC)
 
@@ -59,26 +58,26 @@ def test_a_genuine_ack_decodes_and_its_rendering_is_unchanged() -> None:
 )
 def test_a_deeply_nested_ack_body_is_a_protocol_error(body: bytes) -> None:
     with pytest.raises(ProtocolError):
-        p.decode_ack(body)
+        protocol.decode_ack(body)
 
 
 def test_an_ack_body_over_the_limit_is_refused_before_parsing() -> None:
-    padded = json.dumps(_ack()).replace(",", "," + " " * p.MAX_ACK_BYTES, 1)
-    _refused(padded.encode(), f"longer than {p.MAX_ACK_BYTES} bytes")
+    padded = json.dumps(_ack()).replace(",", "," + " " * protocol.MAX_ACK_BYTES, 1)
+    _refused(padded.encode(), f"longer than {protocol.MAX_ACK_BYTES} bytes")
 
 
 def test_the_longest_valid_ack_fits_the_body_limit() -> None:
-    wide = "\U0001f600" * p.MAX_NAME_CHARS  # escaped as a surrogate pair: 12 bytes each
+    wide = "\U0001f600" * protocol.MAX_NAME_CHARS  # escaped as a surrogate pair: 12 bytes each
     document = _ack(
-        ack_id="\U0001f600" * p.MAX_ACK_ID_CHARS,
-        cm_id="\U0001f600" * p.MAX_CM_ID_CHARS,
+        ack_id="\U0001f600" * protocol.MAX_ACK_ID_CHARS,
+        cm_id="\U0001f600" * protocol.MAX_CM_ID_CHARS,
         destination=wide,
         recipient=wide,
         receiver=wide,
     )
-    body = p.compact_json(document).encode()
-    assert len(body) <= p.MAX_ACK_BYTES
-    p.decode_ack(body)
+    body = protocol.compact_json(document).encode()
+    assert len(body) <= protocol.MAX_ACK_BYTES
+    protocol.decode_ack(body)
 
 
 @pytest.mark.parametrize(("value", "shown"), [(True, "True"), (1.0, "1.0"), ("1", "'1'")])
@@ -101,7 +100,7 @@ def test_committed_at_is_null_in_a_read_ack_and_an_instant_in_a_commit_ack() -> 
     [("ack_id", 64), ("cm_id", 36), ("destination", 255), ("recipient", 255), ("receiver", 255)],
 )
 def test_over_long_ack_fields_are_refused_naming_the_field(field: str, longest: int) -> None:
-    p.decode_ack(json.dumps(_ack(**{field: "x" * longest})))
+    protocol.decode_ack(json.dumps(_ack(**{field: "x" * longest})))
     _refused(_ack(**{field: "x" * (longest + 1)}), f"'{field}' is longer than {longest}")
 
 
@@ -137,7 +136,7 @@ def test_a_kind_of_any_other_value_is_refused(kind: object) -> None:
     ],
 )
 def test_rfc_3339_instants(text: str, expected: datetime) -> None:
-    parsed = p.parse_instant(text, "read_at")
+    parsed = protocol.parse_instant(text, "read_at")
     assert parsed == expected
     assert parsed.tzinfo is UTC
 
@@ -167,29 +166,29 @@ def test_rfc_3339_instants(text: str, expected: datetime) -> None:
 )
 def test_what_fromisoformat_takes_beyond_rfc_3339_is_refused(text: str) -> None:
     with pytest.raises(ProtocolError, match="read_at"):
-        p.parse_instant(text, "read_at")
+        protocol.parse_instant(text, "read_at")
 
 
 def test_format_instant_is_unchanged() -> None:
     at = datetime(2026, 11, 21, 22, 13, 41, 123456, tzinfo=UTC)
-    assert p.format_instant(at) == "2026-11-21T22:13:41.123456Z"
-    assert p.parse_instant(p.format_instant(at), "x") == at
+    assert protocol.format_instant(at) == "2026-11-21T22:13:41.123456Z"
+    assert protocol.parse_instant(protocol.format_instant(at), "x") == at
 
 
 def test_the_limits_are_the_store_columns() -> None:
     acks = sender_tables.acks.c
-    assert acks.ack_id.type.length == p.MAX_ACK_ID_CHARS
-    assert acks.cm_id.type.length == p.MAX_CM_ID_CHARS
+    assert acks.ack_id.type.length == protocol.MAX_ACK_ID_CHARS
+    assert acks.cm_id.type.length == protocol.MAX_CM_ID_CHARS
     for column in (acks.destination, acks.recipient, acks.receiver):
-        assert column.type.length == p.MAX_NAME_CHARS
+        assert column.type.length == protocol.MAX_NAME_CHARS
     rlog = receiver_tables.rlog.c
-    assert rlog.cm_id.type.length == p.MAX_CM_ID_CHARS
+    assert rlog.cm_id.type.length == protocol.MAX_CM_ID_CHARS
     for column in (rlog.destination, rlog.recipient, rlog.receiver, rlog.sender):
-        assert column.type.length == p.MAX_NAME_CHARS
-    assert receiver_tables.sequence_parts.c.seq_id.type.length == p.MAX_SEQ_ID_CHARS
+        assert column.type.length == protocol.MAX_NAME_CHARS
+    assert receiver_tables.sequence_parts.c.seq_id.type.length == protocol.MAX_SEQ_ID_CHARS
     copies = sender_tables.copies.c
     for column in (copies.destination, copies.recipient, copies.exchange, copies.routing_key):
-        assert column.type.length == p.MAX_NAME_CHARS
+        assert column.type.length == protocol.MAX_NAME_CHARS
 
 
 # -- inbound headers -----------------------------------------------------------------------
@@ -197,13 +196,13 @@ def test_the_limits_are_the_store_columns() -> None:
 
 def _headers(**changes: Any) -> dict[str, Any]:
     headers = {
-        p.H_VERSION: 1,
-        p.H_KIND: "original",
-        p.H_CM_ID: "c" * 36,
-        p.H_DESTINATION: "qr1",
-        p.H_SENDER: "s",
-        p.H_SENT_AT: "2026-11-21T22:13:41.123456Z",
-        p.H_TOKEN: "ab" * 32,
+        protocol.H_VERSION: 1,
+        protocol.H_KIND: "original",
+        protocol.H_CM_ID: "c" * 36,
+        protocol.H_DESTINATION: "qr1",
+        protocol.H_SENDER: "s",
+        protocol.H_SENT_AT: "2026-11-21T22:13:41.123456Z",
+        protocol.H_TOKEN: "ab" * 32,
     }
     headers.update(changes)
     return {k: v for k, v in headers.items() if v is not ...}
@@ -212,25 +211,33 @@ def _headers(**changes: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("changes", "reason"),
     [
-        ({p.H_VERSION: True}, "unsupported condmsg-version True"),
-        ({p.H_VERSION: 1.0}, "unsupported condmsg-version 1.0"),
-        ({p.H_VERSION: 10**400}, "unsupported condmsg-version a large integer"),
-        ({p.H_CM_ID: b"\xff\xfe"}, "not UTF-8"),
-        ({p.H_CM_ID: {"nested": {"table": 1}}}, "condmsg-cm-id must be a non-empty string"),
-        ({p.H_CM_ID: ["x"]}, "condmsg-cm-id must be a non-empty string"),
-        ({p.H_RECIPIENT: None}, "condmsg-recipient must be a non-empty string"),
-        ({p.H_DESTINATION: "q\x1f"}, "control character"),
-        ({p.H_SENDER: "s" * 256}, "condmsg-sender is longer than 255"),
-        ({p.H_SENT_AT: "2026-11-21 22:13:41Z"}, "RFC 3339"),
-        ({p.H_TOKEN: "AB" * 32}, "64-digit hex"),
-        ({p.H_REQUIRES: "maybe"}, "unknown condmsg-requires"),
+        ({protocol.H_VERSION: True}, "unsupported condmsg-version True"),
+        ({protocol.H_VERSION: 1.0}, "unsupported condmsg-version 1.0"),
+        ({protocol.H_VERSION: 10**400}, "unsupported condmsg-version a large integer"),
+        ({protocol.H_CM_ID: b"\xff\xfe"}, "not UTF-8"),
+        ({protocol.H_CM_ID: {"nested": {"table": 1}}}, "condmsg-cm-id must be a non-empty string"),
+        ({protocol.H_CM_ID: ["x"]}, "condmsg-cm-id must be a non-empty string"),
+        ({protocol.H_RECIPIENT: None}, "condmsg-recipient must be a non-empty string"),
+        ({protocol.H_DESTINATION: "q\x1f"}, "control character"),
+        ({protocol.H_SENDER: "s" * 256}, "condmsg-sender is longer than 255"),
+        ({protocol.H_SENT_AT: "2026-11-21 22:13:41Z"}, "RFC 3339"),
+        ({protocol.H_TOKEN: "AB" * 32}, "64-digit hex"),
+        ({protocol.H_REQUIRES: "maybe"}, "unknown condmsg-requires"),
         (
-            {p.H_SEQ_ID: "s", p.H_SEQ_POS: 0, p.H_SEQ_SIZE: 10**30},
+            {protocol.H_SEQ_ID: "s", protocol.H_SEQ_POS: 0, protocol.H_SEQ_SIZE: 10**30},
             "sequence position 0 of size a large integer",
         ),
-        ({p.H_SEQ_ID: "s", p.H_SEQ_POS: 0.0, p.H_SEQ_SIZE: 2}, "must be an integer"),
         (
-            {p.H_KIND: "compensation", p.H_SEQ_ID: "s", p.H_SEQ_POS: 0, p.H_SEQ_SIZE: 2},
+            {protocol.H_SEQ_ID: "s", protocol.H_SEQ_POS: 0.0, protocol.H_SEQ_SIZE: 2},
+            "must be an integer",
+        ),
+        (
+            {
+                protocol.H_KIND: "compensation",
+                protocol.H_SEQ_ID: "s",
+                protocol.H_SEQ_POS: 0,
+                protocol.H_SEQ_SIZE: 2,
+            },
             "never split",
         ),
     ],

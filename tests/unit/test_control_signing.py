@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ackd.inbound import Inbound, InvalidMessage, check_token, parse
-from condmsg import protocol as p
+from condmsg import protocol
 from condmsg.conditions import Destination
 from condmsg.copies import notice_message, plan_copies
 
@@ -30,7 +30,7 @@ def _documented_control_token(
 
 
 def _notice(
-    kind: p.MessageKind, body: bytes = b"undo", recipient: str | None = "alice"
+    kind: protocol.MessageKind, body: bytes = b"undo", recipient: str | None = "alice"
 ) -> dict[str, Any]:
     message = notice_message(
         kind=kind,
@@ -48,56 +48,62 @@ def _notice(
     return dict(message.headers or {})
 
 
-@pytest.mark.parametrize("kind", [p.MessageKind.COMPENSATION, p.MessageKind.SUCCESS])
+@pytest.mark.parametrize("kind", [protocol.MessageKind.COMPENSATION, protocol.MessageKind.SUCCESS])
 @pytest.mark.parametrize("recipient", ["alice", None])
 def test_compensations_and_notices_carry_the_documented_token(
-    kind: p.MessageKind, recipient: str | None
+    kind: protocol.MessageKind, recipient: str | None
 ) -> None:
     headers = _notice(kind, recipient=recipient)
     expected = _documented_control_token(
         SECRET, kind.value, "cm-1", "qr1", recipient or "", b"undo"
     )
-    assert headers[p.H_TOKEN] == expected
-    assert p.control_token(SECRET, kind.value, "cm-1", "qr1", recipient, b"undo") == expected
-    assert p.verify_control_token(SECRET, expected, kind.value, "cm-1", "qr1", recipient, b"undo")
+    assert headers[protocol.H_TOKEN] == expected
+    assert protocol.control_token(SECRET, kind.value, "cm-1", "qr1", recipient, b"undo") == expected
+    assert protocol.verify_control_token(
+        SECRET, expected, kind.value, "cm-1", "qr1", recipient, b"undo"
+    )
 
 
 def test_the_token_binds_kind_body_and_names() -> None:
-    token = p.control_token(SECRET, "compensation", "cm-1", "qr1", "alice", b"undo")
-    assert not p.verify_control_token(SECRET, token, "success", "cm-1", "qr1", "alice", b"undo")
-    assert not p.verify_control_token(
+    token = protocol.control_token(SECRET, "compensation", "cm-1", "qr1", "alice", b"undo")
+    assert not protocol.verify_control_token(
+        SECRET, token, "success", "cm-1", "qr1", "alice", b"undo"
+    )
+    assert not protocol.verify_control_token(
         SECRET, token, "compensation", "cm-1", "qr1", "alice", b"undo!"
     )
-    assert not p.verify_control_token(
+    assert not protocol.verify_control_token(
         SECRET, token, "compensation", "cm-2", "qr1", "alice", b"undo"
     )
-    assert not p.verify_control_token(SECRET, token, "compensation", "cm-1", "qr1", None, b"undo")
-    assert not p.verify_control_token(
+    assert not protocol.verify_control_token(
+        SECRET, token, "compensation", "cm-1", "qr1", None, b"undo"
+    )
+    assert not protocol.verify_control_token(
         b"other", token, "compensation", "cm-1", "qr1", "alice", b"undo"
     )
-    assert not p.verify_control_token(
+    assert not protocol.verify_control_token(
         SECRET, "é" * 64, "compensation", "cm-1", "qr1", "alice", b"undo"
     )
 
 
 def test_only_control_kinds_are_signed_with_a_control_token() -> None:
-    with pytest.raises(p.ProtocolError):
-        p.control_token(SECRET, "original", "cm-1", "qr1", None, b"")
+    with pytest.raises(protocol.ProtocolError):
+        protocol.control_token(SECRET, "original", "cm-1", "qr1", None, b"")
 
 
 def _inbound(headers: dict[str, Any]) -> Inbound:
     return parse(headers, "acks")
 
 
-@pytest.mark.parametrize("kind", [p.MessageKind.COMPENSATION, p.MessageKind.SUCCESS])
-def test_a_receiver_with_the_secret_checks_control_messages(kind: p.MessageKind) -> None:
+@pytest.mark.parametrize("kind", [protocol.MessageKind.COMPENSATION, protocol.MessageKind.SUCCESS])
+def test_a_receiver_with_the_secret_checks_control_messages(kind: protocol.MessageKind) -> None:
     genuine = _inbound(_notice(kind))
     check_token(genuine, SECRET, b"undo")
     check_token(genuine, None, b"anything")  # no secret: nothing is checked
     with pytest.raises(InvalidMessage, match=f"bad token: the {kind.value}'s HMAC"):
         check_token(genuine, SECRET, b"another body")
     unsigned = _notice(kind)
-    del unsigned[p.H_TOKEN]
+    del unsigned[protocol.H_TOKEN]
     with pytest.raises(InvalidMessage, match=f"missing header condmsg-token: a {kind.value}"):
         check_token(_inbound(unsigned), SECRET, b"undo")
     check_token(_inbound(unsigned), None, b"undo")

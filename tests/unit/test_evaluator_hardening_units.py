@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from condmsg import protocol as p
-from condmsg import sender_tables as t
+from condmsg import protocol, sender_tables
 from condmsg.acks import AckKind
 from condmsg.cli.status_view import contradiction
 from condmsg.conditions import Destination
@@ -36,47 +35,49 @@ def _ack(**overrides: Any) -> bytes:
         "receiver": "rx",
         "token": "0" * 64,
     }
-    return p.AckMessage(**(fields | overrides)).to_json()
+    return protocol.AckMessage(**(fields | overrides)).to_json()
 
 
 def test_any_exception_while_decoding_dead_letters_that_body_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     good = _ack()
-    decode_ack = p.decode_ack
+    decode_ack = protocol.decode_ack
 
     def buggy(body: bytes | str) -> Any:
         if body == b"boom":
             raise RuntimeError("a codec bug")
         return decode_ack(body)
 
-    monkeypatch.setattr(p, "decode_ack", buggy)
+    monkeypatch.setattr(protocol, "decode_ack", buggy)
     nested = b"[" * 100_000 + b"]" * 100_000
     decoded = intake.decode([b"boom", good, nested], sender="s", secret=SECRET)
     assert [r.message.to_json() for r in decoded.received] == [good]
-    reasons = [m.headers[p.H_REASON] for m in decoded.dead if m.headers is not None]
+    reasons = [m.headers[protocol.H_REASON] for m in decoded.dead if m.headers is not None]
     assert reasons[0] == "undecodable: RuntimeError: a codec bug"
     assert reasons[1]  # the codec's words, or "undecodable: RecursionError: ..."
     assert [m.body for m in decoded.dead] == [b"boom", nested]
-    assert {m.routing_key for m in decoded.dead} == {p.dead_letter_queue("s")}
+    assert {m.routing_key for m in decoded.dead} == {protocol.dead_letter_queue("s")}
 
 
 @pytest.mark.parametrize("name", ["ack_id", "cm_id", "destination", "recipient", "receiver"])
 def test_a_field_at_its_limit_passes_one_past_it_is_dead(name: str) -> None:
     # The codec's limits are the ack table's columns (tests/unit/test_codec_limits.py).
-    limit = t.acks.c[name].type.length
+    limit = sender_tables.acks.c[name].type.length
     at_limit = intake.decode([_ack(**{name: "x" * limit})], sender="s", secret=SECRET)
     assert len(at_limit.received) == 1 and not at_limit.dead
     over = intake.decode([_ack(**{name: "x" * (limit + 1)})], sender="s", secret=SECRET)
     (dead,) = over.dead
     assert dead.headers is not None
-    assert dead.headers[p.H_REASON] == f"ack field {name!r} is longer than {limit} characters"
+    assert (
+        dead.headers[protocol.H_REASON] == f"ack field {name!r} is longer than {limit} characters"
+    )
 
 
 def test_a_dead_letter_reason_is_cut_and_holds_no_nul() -> None:
     message = intake.dead_letter(b"body", "s", "a\x00b" + "c" * 2000)
     assert message.headers is not None
-    reason = message.headers[p.H_REASON]
+    reason = message.headers[protocol.H_REASON]
     assert isinstance(reason, str)
     assert len(reason) == intake.MAX_REASON and reason.startswith("a\\x00bc")
     assert message.body == b"body"
@@ -93,7 +94,7 @@ def test_clock_skew_setting() -> None:
 
 def test_the_status_line_for_a_contradicted_decision() -> None:
     condition = Destination("q", pickup_within=timedelta(seconds=1))
-    late = p.AckMessage.from_json(_ack(read_at=T0 + timedelta(milliseconds=500))).to_ack()
+    late = protocol.AckMessage.from_json(_ack(read_at=T0 + timedelta(milliseconds=500))).to_ack()
     at = T0 + timedelta(seconds=2)
     with_late = evaluate(condition, T0, [late], at)
     line = contradiction("violated", with_late, 1)

@@ -12,14 +12,14 @@ import pytest
 from ackd.attempts import RetryPolicy
 from ackd.receiver import Receiver, ReceiverConfig
 from ackd.receiver_config import DEFAULT_POLL_INTERVAL_S
-from condmsg import protocol as p
+from condmsg import protocol
 from condmsg.errors import ConfigError
 
 
 @pytest.mark.parametrize(
     ("recipient", "says"),
     [
-        ("x" * (p.MAX_NAME_CHARS + 1), "longer than 255"),
+        ("x" * (protocol.MAX_NAME_CHARS + 1), "longer than 255"),
         ("alice\x00", "NUL"),
         ("bob\x1f", "control character"),
     ],
@@ -35,10 +35,10 @@ def test_a_receiver_id_no_ack_could_carry_is_refused() -> None:
 
 
 def test_the_default_receiver_id_fits_an_ack_whatever_the_recipient() -> None:
-    recipient = "r" * p.MAX_NAME_CHARS
+    recipient = "r" * protocol.MAX_NAME_CHARS
     rx = Receiver(amqp_url="amqp://unused", db_url="sqlite://", recipient=recipient)
     try:
-        assert len(rx.receiver_id) <= p.MAX_NAME_CHARS
+        assert len(rx.receiver_id) <= protocol.MAX_NAME_CHARS
         short = Receiver(amqp_url="amqp://unused", db_url="sqlite://", recipient="alice")
         assert short.receiver_id.endswith(":alice")
         short.close()

@@ -1,11 +1,11 @@
 """The sender's rows: the port a :class:`~condmsg.sender.Sender` writes through, and its adapters.
 
 A send writes three kinds of rows in one transaction: the CM, one copy per destination and
-one compensation per destination. :class:`SqlAlchemySenderStore` inserts them with SQLAlchemy
-Core on any database; :class:`PsycopgSenderStore` sends each table's rows to PostgreSQL as
+one compensation per destination. :class:`SqlAlchemySendStore` inserts them with SQLAlchemy
+Core on any database; :class:`PsycopgSendStore` sends each table's rows to PostgreSQL as
 one ``unnest`` statement with binary array parameters (see :mod:`outbox.pg`), so a batch
 of CMs costs one round trip per table however many it holds. The sender picks one adapter
-when it is built; ``tests/contract/test_sender_store.py`` holds both to the same rows.
+when it is built; ``tests/contract/test_send_store.py`` holds both to the same rows.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from condmsg import sender_tables as t
+from condmsg import sender_tables
 from outbox import backends, pg
 
 
@@ -37,10 +37,14 @@ class SendRows:
 
     def by_table(self) -> tuple[tuple[sa.Table, list[dict[str, Any]]], ...]:
         """Each table with its rows, CMs first (the others refer to them)."""
-        return ((t.cms, self.cms), (t.copies, self.copies), (t.compensations, self.compensations))
+        return (
+            (sender_tables.cms, self.cms),
+            (sender_tables.copies, self.copies),
+            (sender_tables.compensations, self.compensations),
+        )
 
 
-class SenderStore(Protocol):
+class SendStore(Protocol):
     """Writes and reads a sender's CM rows in the caller's transaction; never commits."""
 
     def add(self, session: Session, rows: SendRows) -> None:
@@ -51,8 +55,8 @@ class SenderStore(Protocol):
         """The CM row of ``cm_id`` (every column of the table), or None if there is none."""
 
 
-class SqlAlchemySenderStore:
-    """:class:`SenderStore` on SQLAlchemy Core: an executemany per table, on any database."""
+class SqlAlchemySendStore:
+    """:class:`SendStore` on SQLAlchemy Core: an executemany per table, on any database."""
 
     def add(self, session: Session, rows: SendRows) -> None:
         for table, values in rows.by_table():
@@ -60,11 +64,13 @@ class SqlAlchemySenderStore:
                 session.execute(sa.insert(table), values)
 
     def cm(self, bind: Session | Connection, cm_id: str) -> sa.Row[Any] | None:
-        return bind.execute(sa.select(t.cms).where(t.cms.c.cm_id == cm_id)).first()
+        return bind.execute(
+            sa.select(sender_tables.cms).where(sender_tables.cms.c.cm_id == cm_id)
+        ).first()
 
 
-class PsycopgSenderStore(SqlAlchemySenderStore):
-    """:class:`SenderStore` for PostgreSQL through psycopg 3: one statement per table."""
+class PsycopgSendStore(SqlAlchemySendStore):
+    """:class:`SendStore` for PostgreSQL through psycopg 3: one statement per table."""
 
     def add(self, session: Session, rows: SendRows) -> None:
         raw = None

@@ -1,4 +1,4 @@
-"""Contract of :class:`condmsg.sender_store.SenderStore`, run against every adapter."""
+"""Contract of :class:`condmsg.send_store.SendStore`, run against every adapter."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from condmsg import sender_store as adapters
-from condmsg import sender_tables as t
-from condmsg.sender_store import SenderStore, SendRows
+from condmsg import send_store as adapters
+from condmsg import sender_tables
+from condmsg.send_store import SendRows, SendStore
 
 pytestmark = pytest.mark.postgres
 
 #: The adapter to build, by the fixture's ``psycopg`` flag.
-ADAPTERS: dict[bool, type[SenderStore]] = {
-    False: adapters.SqlAlchemySenderStore,
-    True: adapters.PsycopgSenderStore,
+ADAPTERS: dict[bool, type[SendStore]] = {
+    False: adapters.SqlAlchemySendStore,
+    True: adapters.PsycopgSendStore,
 }
 SENT_AT = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 
@@ -27,13 +27,13 @@ SENT_AT = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 @pytest.fixture
 def engine(adapter_backend: tuple[str, bool]) -> Iterator[sa.Engine]:
     eng = sa.create_engine(adapter_backend[0])
-    t.metadata.create_all(eng)
+    sender_tables.metadata.create_all(eng)
     yield eng
     eng.dispose()
 
 
 @pytest.fixture
-def store(adapter_backend: tuple[str, bool]) -> SenderStore:
+def store(adapter_backend: tuple[str, bool]) -> SendStore:
     return ADAPTERS[adapter_backend[1]]()
 
 
@@ -79,7 +79,7 @@ def stored(engine: sa.Engine, table: sa.Table, columns: list[str]) -> list[dict[
     return [{c: aware(v) for c, v in zip(columns, row, strict=True)} for row in rows]
 
 
-def test_add_writes_every_row_as_given(engine: sa.Engine, store: SenderStore) -> None:
+def test_add_writes_every_row_as_given(engine: sa.Engine, store: SendStore) -> None:
     rows = send_rows("cm-a", "cm-b", "cm-c")
     with Session(engine) as s, s.begin():
         store.add(s, rows)
@@ -89,11 +89,13 @@ def test_add_writes_every_row_as_given(engine: sa.Engine, store: SenderStore) ->
         got = stored(engine, table, columns)
         assert sorted(got, key=lambda row: [str(row[c]) for c in columns]) == want
     with engine.connect() as conn:  # columns a send leaves to the evaluator
-        unset = conn.execute(sa.select(t.cms.c.decided_at, t.cms.c.reasons_json)).all()
+        unset = conn.execute(
+            sa.select(sender_tables.cms.c.decided_at, sender_tables.cms.c.reasons_json)
+        ).all()
     assert set(unset) == {(None, None)}
 
 
-def test_cm_reads_one_row_or_none(engine: sa.Engine, store: SenderStore) -> None:
+def test_cm_reads_one_row_or_none(engine: sa.Engine, store: SendStore) -> None:
     with Session(engine) as s, s.begin():
         store.add(s, send_rows("cm-a", "cm-b"))
     with Session(engine) as s:
@@ -110,22 +112,20 @@ def test_cm_reads_one_row_or_none(engine: sa.Engine, store: SenderStore) -> None
         assert store.cm(conn, "cm-a") is not None
 
 
-def test_a_cm_id_stored_already_is_an_integrity_error(
-    engine: sa.Engine, store: SenderStore
-) -> None:
+def test_a_cm_id_stored_already_is_an_integrity_error(engine: sa.Engine, store: SendStore) -> None:
     with Session(engine) as s, s.begin():
         store.add(s, send_rows("cm-a"))
     with Session(engine) as s, pytest.raises(sa.exc.IntegrityError), s.begin():
         store.add(s, send_rows("cm-b", "cm-a"))
-    assert [row["cm_id"] for row in stored(engine, t.cms, ["cm_id"])] == ["cm-a"]
-    assert len(stored(engine, t.copies, ["message_id"])) == 2
+    assert [row["cm_id"] for row in stored(engine, sender_tables.cms, ["cm_id"])] == ["cm-a"]
+    assert len(stored(engine, sender_tables.copies, ["message_id"])) == 2
 
 
-def test_nothing_is_written_until_the_caller_commits(engine: sa.Engine, store: SenderStore) -> None:
+def test_nothing_is_written_until_the_caller_commits(engine: sa.Engine, store: SendStore) -> None:
     with Session(engine) as s:
         s.begin()
         store.add(s, send_rows("cm-a"))
         store.add(s, SendRows())
         s.rollback()
-    for table in (t.cms, t.copies, t.compensations):
+    for table in (sender_tables.cms, sender_tables.copies, sender_tables.compensations):
         assert stored(engine, table, ["cm_id"]) == []

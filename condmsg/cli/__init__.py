@@ -17,6 +17,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from condmsg import __version__
 from condmsg.errors import CondmsgError
 
 #: Modules of this package that provide subcommands, in ``--help`` order.
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Conditional messaging for RabbitMQ: send with conditions, "
         "acknowledge automatically, evaluate, compensate.",
     )
+    parser.add_argument("--version", action="version", version=f"condmsg {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"condmsg.cli.{name}")

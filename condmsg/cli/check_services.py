@@ -1,60 +1,103 @@
-"""``condmsg check-services``: verify that RabbitMQ and PostgreSQL answer.
+"""``condmsg check-services``: log in to RabbitMQ and open the database, as the services will.
 
-Used by ``make test`` and ``make demo`` before anything else runs, so a stopped service
-produces one clear message naming the command that starts it instead of a wall of
-connection errors.
+Each check does what a service does at start, so a pass means the services can start: it
+logs in to RabbitMQ with the URL's credentials and virtual host, opens the named database
+and runs a query, and (with ``--store``) checks that store's schema revision and (with
+``--sender``) that the sender's service queues exist. Each failure is one line naming what
+failed and what to do. Exit codes: 0 every check passed, 1 a check failed, 2 a usage error.
+
+``make test`` and ``make demo`` run it first, so a stopped service produces one clear
+message naming the command that starts it instead of a wall of connection errors.
 """
 
 from __future__ import annotations
 
 import argparse
-import socket
+import os
 import sys
 from typing import Any
-from urllib.parse import urlsplit
 
-from condmsg.settings import Settings
+import pika.exceptions
+import sqlalchemy as sa
 
-_HINTS = {
-    "RabbitMQ": "rabbitmq-server -detached",
-    "PostgreSQL": "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
-}
+from condmsg import migrate, protocol
+from condmsg.amqp import connect, describe_url
+from condmsg.db import describe_db_url
+from condmsg.errors import CondmsgError
+from condmsg.settings import ENV_DB_URL, Settings
+
+_START_POSTGRESQL = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "check-services", help="check that RabbitMQ and PostgreSQL answer"
+        "check-services", help="log in to RabbitMQ and open the database, as the services do"
     )
     parser.add_argument("--amqp-url", help="default: CONDMSG_AMQP_URL or the local broker")
     parser.add_argument(
-        "--pg-url", help="default: CONDMSG_TEST_PG_URL, CONDMSG_DB_URL or the local server"
+        "--db-url",
+        "--pg-url",
+        dest="db_url",
+        help=f"default: {ENV_DB_URL}, else CONDMSG_TEST_PG_URL or the local PostgreSQL",
     )
+    parser.add_argument(
+        "--store", choices=migrate.STORES, help="also check this store's schema revision"
+    )
+    parser.add_argument("--sender", help="also check that this sender's service queues exist")
     parser.set_defaults(handler=run)
 
 
-def _probe(service: str, url: str, default_port: int) -> str | None:
-    parts = urlsplit(url)
-    host = parts.hostname or "127.0.0.1"
-    port = parts.port or default_port
+def _broker(url: str, sender: str | None) -> str | None:
     try:
-        with socket.create_connection((host, port), timeout=3):
-            return None
-    except OSError as exc:
-        return (
-            f"cannot reach {service} at {host}:{port} ({exc.strerror or exc}); "
-            f"is it running? start it with: {_HINTS[service]}"
-        )
+        connection = connect(url, name="condmsg-check-services")
+    except CondmsgError as exc:  # its message names the fix (credentials, start the broker)
+        return str(exc)
+    try:
+        if sender is not None:
+            for queue in (protocol.ack_queue(sender), protocol.outcome_queue(sender)):
+                channel = connection.channel()
+                try:
+                    channel.queue_declare(queue, passive=True)
+                except pika.exceptions.ChannelClosedByBroker:
+                    return (
+                        f"queue {queue!r} does not exist at {describe_url(url)}; "
+                        f"a sender or evaluator named {sender!r} declares it when it starts"
+                    )
+                channel.close()
+    finally:
+        if connection.is_open:
+            connection.close()
+    return None
+
+
+def _database(url: str, store: str | None) -> str | None:
+    try:
+        engine = sa.create_engine(url)
+    except (sa.exc.ArgumentError, ImportError) as exc:
+        return f"bad database URL {describe_db_url(url)}: {exc}"
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+            if store is not None:
+                migrate.check(conn, store)
+    except migrate.SchemaError as exc:
+        return str(exc)
+    except sa.exc.DBAPIError as exc:
+        reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+        hint = f"; is it running? {_START_POSTGRESQL}" if "refused" in reason else ""
+        return f"cannot use the database at {describe_db_url(url)}: {reason}{hint}"
+    finally:
+        engine.dispose()
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     amqp = args.amqp_url or settings.amqp_url
-    pg = args.pg_url or settings.test_pg_url
-    problems = [
-        p for p in (_probe("RabbitMQ", amqp, 5672), _probe("PostgreSQL", pg, 5432)) if p is not None
-    ]
+    db = args.db_url or os.environ.get(ENV_DB_URL) or settings.test_pg_url
+    problems = [p for p in (_broker(amqp, args.sender), _database(db, args.store)) if p]
     for problem in problems:
         print(f"condmsg check-services: {problem}", file=sys.stderr)
     if not problems:
-        print("RabbitMQ and PostgreSQL answer.")
+        print(f"RabbitMQ at {describe_url(amqp)} and the database at {describe_db_url(db)} answer.")
     return 1 if problems else 0

@@ -9,13 +9,13 @@ the check failed, 2 a usage or configuration error.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
 import sqlalchemy as sa
 
 from condmsg import migrate
+from condmsg.cli.options import named_db_url
 from condmsg.db import describe_db_url
 from condmsg.errors import ConfigError
 from condmsg.settings import ENV_DB_URL
@@ -29,15 +29,8 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _url(args: argparse.Namespace) -> str:
-    url = args.db_url or os.environ.get(ENV_DB_URL)
-    if not url:
-        raise ConfigError(f"name the database: --db-url or {ENV_DB_URL}")
-    return str(url)
-
-
 def run(args: argparse.Namespace) -> int:
-    url = _url(args)
+    url = named_db_url(args)
     try:
         engine = sa.create_engine(url)
     except (sa.exc.ArgumentError, ImportError) as exc:

@@ -27,6 +27,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from condmsg.cli.options import named_db_url
     from condmsg.db import make_engine
     from evaluator.retention import DEFAULT_BATCH, RetentionPolicy, retain
 
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     policy = RetentionPolicy(
         older_than=older_than, archive=archive, batch=args.batch or DEFAULT_BATCH
     )
-    engine = make_engine(args.db_url or settings.db_url)
+    engine = make_engine(named_db_url(args, existing=True))
     try:
         archived = retain(
             engine,

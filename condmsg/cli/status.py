@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from condmsg import sender_tables
 from condmsg.acks import Ack, AckKind
+from condmsg.cli.options import named_db_url
 from condmsg.cli.status_view import contradiction, render
 from condmsg.condition_codec import condition_from_json
 from condmsg.db import make_engine
@@ -35,7 +36,7 @@ def _utc(value: datetime | None) -> datetime | None:
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    engine = make_engine(args.db_url or settings.db_url)
+    engine = make_engine(named_db_url(args, existing=True))
     with engine.connect() as conn:
         cm = conn.execute(
             sa.select(sender_tables.cms).where(sender_tables.cms.c.cm_id == args.cm_id)

@@ -140,16 +140,36 @@ def ingest(
     # Late evidence is judged cumulatively: every late ack of a decided CM stored before,
     # then this batch's, in order (one query, only when the batch has a decided CM).
     late = _LateEvidence(store.late_acks(session, [c for c, cm in cms.items() if _decided(cm)]))
-    earliest = {cm_id: cm.sent_at - clock_skew for cm_id, cm in cms.items()}
-    latest = now + clock_skew
+    anomalies = _Anomalies(intake, now)
+    screen = _Screen(cms, copies, secret, now, clock_skew)
     rows: list[dict[str, Any]] = []
     accepted: list[Received] = []  # the ack of each row
-    anomalies: list[dict[str, Any]] = []
-    seen: set[str] = set()
+    for received in decoded:
+        refused = screen(received)
+        if refused is not None:
+            anomalies.add(*refused, received.message)
+            continue
+        cm = cms[received.message.cm_id]
+        rows.append(_row(received, cm, prior.get(cm.cm_id, []), late, now))
+        accepted.append(received)
+    inserted = store.insert_acks(session, rows)
+    for row, received in zip(rows, accepted, strict=True):
+        _count(intake, anomalies, received, row, inserted, cms, prior, late)
+    store.record_anomalies(session, anomalies.rows)
+    return intake
 
-    def anomaly(kind: Kind, ack: protocol.AckMessage, detail: str) -> None:
-        intake.anomalies[kind.value] += 1
-        anomalies.append(
+
+class _Anomalies:
+    """The batch's anomaly rows, counted in the intake as they are added."""
+
+    def __init__(self, intake: Intake, now: datetime) -> None:
+        self._intake = intake
+        self._now = now
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, kind: Kind, detail: str, ack: protocol.AckMessage) -> None:
+        self._intake.anomalies[kind.value] += 1
+        self.rows.append(
             {
                 "kind": kind.value,
                 "cm_id": ack.cm_id,
@@ -157,61 +177,86 @@ def ingest(
                 "destination": ack.destination,
                 "recipient": ack.recipient,
                 "detail": detail,
-                "recorded_at": now,
+                "recorded_at": self._now,
             }
         )
 
-    for received in decoded:
+
+class _Screen:
+    """Why an ack of the batch cannot count (an anomaly kind and its detail), or None."""
+
+    def __init__(
+        self,
+        cms: dict[str, CmRow],
+        copies: dict[str, dict[str, CopyRow]],
+        secret: bytes,
+        now: datetime,
+        clock_skew: timedelta,
+    ) -> None:
+        self._cms, self._copies, self._secret = cms, copies, secret
+        self._earliest = {cm_id: cm.sent_at - clock_skew for cm_id, cm in cms.items()}
+        self._latest = now + clock_skew
+        self._skew = clock_skew
+        self._seen: set[str] = set()
+
+    def __call__(self, received: Received) -> tuple[Kind, str] | None:
         ack = received.message
-        cm = cms.get(ack.cm_id)
-        copy = copies.get(ack.cm_id, {}).get(ack.destination)
-        if cm is None:
-            anomaly(Kind.UNKNOWN_CM, ack, "no such conditional message in this store")
-        elif copy is None:
-            anomaly(Kind.WRONG_DESTINATION, ack, f"the CM has no destination {ack.destination!r}")
-        elif not _token_ok(received, copy.recipient, secret):
-            anomaly(Kind.BAD_TOKEN, ack, "the token does not verify (forged or altered ack)")
-        elif copy.recipient is not None and ack.recipient != copy.recipient:
-            anomaly(
+        copy = self._copies.get(ack.cm_id, {}).get(ack.destination)
+        if ack.cm_id not in self._cms:
+            return Kind.UNKNOWN_CM, "no such conditional message in this store"
+        if copy is None:
+            return Kind.WRONG_DESTINATION, f"the CM has no destination {ack.destination!r}"
+        if not _token_ok(received, copy.recipient, self._secret):
+            return Kind.BAD_TOKEN, "the token does not verify (forged or altered ack)"
+        if copy.recipient is not None and ack.recipient != copy.recipient:
+            return (
                 Kind.WRONG_RECIPIENT,
-                ack,
                 f"acked by {ack.recipient!r}, addressed to {copy.recipient!r}",
             )
-        elif (skew := _implausible(ack, earliest[ack.cm_id], latest, clock_skew)) is not None:
-            anomaly(Kind.CLOCK_SKEW, ack, skew)
-        elif ack.ack_id in seen:
-            anomaly(Kind.DUPLICATE, ack, "the same ack twice in one batch")
-        else:
-            seen.add(ack.ack_id)
-            rows.append(_row(received, cm, prior.get(ack.cm_id, []), late, now))
-            accepted.append(received)
-    inserted = store.insert_acks(session, rows)
-    for row, received in zip(rows, accepted, strict=True):
-        ack = received.message
-        if row["ack_id"] not in inserted:
-            anomaly(Kind.DUPLICATE, ack, "this ack was stored before")
-            continue
-        intake.stored += 1
-        cm = cms[ack.cm_id]
-        if cm.state == "pending":
-            intake.touched[cm.cm_id] = cm
-            counted = intake.acks.get(cm.cm_id)
-            if counted is None:
-                counted = intake.acks[cm.cm_id] = list(prior.get(cm.cm_id, []))
-            counted.append(received.ack)
-        elif row["status"] == sender_tables.AckStatus.CHANGES_VERDICT.value:
-            if late.first_contradiction(cm.cm_id):
-                intake.contradicted += 1
-            anomaly(
-                Kind.LATE_CHANGES_VERDICT,
-                ack,
-                "arrived after the decision and, with the acks that counted and the late "
-                "ones before it, would have changed the verdict: the ack grace was too short",
-            )
-        else:
-            anomaly(Kind.AFTER_DECISION, ack, f"arrived after the CM was decided ({cm.state})")
-    store.record_anomalies(session, anomalies)
-    return intake
+        skew = _implausible(ack, self._earliest[ack.cm_id], self._latest, self._skew)
+        if skew is not None:
+            return Kind.CLOCK_SKEW, skew
+        if ack.ack_id in self._seen:
+            return Kind.DUPLICATE, "the same ack twice in one batch"
+        self._seen.add(ack.ack_id)
+        return None
+
+
+def _count(
+    intake: Intake,
+    anomalies: _Anomalies,
+    received: Received,
+    row: dict[str, Any],
+    inserted: set[str],
+    cms: dict[str, CmRow],
+    prior: dict[str, list[Ack]],
+    late: _LateEvidence,
+) -> None:
+    """What one stored row means: an ack that counts for a pending CM, or evidence that
+    arrived after its CM was decided (changing the verdict or not), or a duplicate."""
+    ack = received.message
+    if row["ack_id"] not in inserted:
+        anomalies.add(Kind.DUPLICATE, "this ack was stored before", ack)
+        return
+    intake.stored += 1
+    cm = cms[ack.cm_id]
+    if cm.state == "pending":
+        intake.touched[cm.cm_id] = cm
+        counted = intake.acks.get(cm.cm_id)
+        if counted is None:
+            counted = intake.acks[cm.cm_id] = list(prior.get(cm.cm_id, []))
+        counted.append(received.ack)
+    elif row["status"] == sender_tables.AckStatus.CHANGES_VERDICT.value:
+        if late.first_contradiction(cm.cm_id):
+            intake.contradicted += 1
+        anomalies.add(
+            Kind.LATE_CHANGES_VERDICT,
+            "arrived after the decision and, with the acks that counted and the late "
+            "ones before it, would have changed the verdict: the ack grace was too short",
+            ack,
+        )
+    else:
+        anomalies.add(Kind.AFTER_DECISION, f"arrived after the CM was decided ({cm.state})", ack)
 
 
 def _decided(cm: CmRow) -> bool:

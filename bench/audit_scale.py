@@ -231,7 +231,7 @@ def measure(
     baseline(spark, data_dir)
     scans = [timed(lambda: baseline(spark, data_dir))[0] for _ in range(3)]
     scan_s = min(scans)
-    partitions = partitions_for(spec.cms, least_partitions(spark))
+    partitions = partitions_for(spark, spec.cms, least_partitions(spark))
     floor(spark, data_dir, partitions)
     floors = [timed(lambda: floor(spark, data_dir, partitions))[0] for _ in range(3)]
     floor_s = min(floors)
@@ -306,11 +306,12 @@ def main(argv: list[str] | None = None) -> int:
             app_name="condmsg-audit-bench",
             master=args.master,
             driver_memory=args.driver_memory,
-            shuffle_partitions=args.shuffle_partitions,
-            extra={"spark.ui.showConsoleProgress": "false"},
+            quiet=True,
         )
     )
-    spark.sparkContext.setLogLevel("ERROR")
+    # On the running session, not at launch: the audit keeps a launch setting as the
+    # user's, and replaces this one with its own for its run.
+    spark.conf.set("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
     root = Path(args.dir)
     runs = [measure(spark, size, root, say, reuse=args.reuse, warm=not args.cold) for size in sizes]
     figures: dict[str, Any] = {

@@ -1,24 +1,26 @@
 """The audit's tables under ``tables/``: their writer and the schemas of the small ones.
 
-Small tables are collected and written from the driver with pyarrow; a detail table with
-more than :data:`DRIVER_ROWS` rows is written by Spark.
+Every table is written by Spark's Parquet writer, so the output location can be any
+Hadoop URI (``file://``, ``hdfs://``, ``s3a://``). Small tables are built on the driver
+(collected rows, or rows computed there) and written as one file each from a frame of
+those rows; a detail table with more than :data:`DRIVER_ROWS` rows is written straight
+from its query, by the executors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import reduce
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from spark_audit.settings import one_shuffle_partition
+from spark_audit.storage import child
 
 #: A detail table with at most this many rows is collected and written by the driver.
 DRIVER_ROWS = 200_000
@@ -123,10 +125,13 @@ DISCREPANCY_SCHEMA = pa.schema(
 
 
 class TableWriter:
-    """Writes the tables under ``tables/`` and keeps their row counts and samples."""
+    """Writes the tables under ``root`` (a path or URI; None: writes nothing) and keeps
+    each as a frame (:attr:`tables`), with its row count and samples."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, spark: SparkSession, root: str | None) -> None:
+        self.spark = spark
         self.root = root
+        self.tables: dict[str, DataFrame] = {}
         self.counts: dict[str, int] = {}
         self.collected: dict[str, list[dict[str, Any]]] = {}
 
@@ -134,9 +139,11 @@ class TableWriter:
         self.arrow(name, pa.Table.from_pylist(rows, schema=schema), keep_all=True)
 
     def arrow(self, name: str, table: pa.Table, *, keep_all: bool = False) -> None:
-        path = self.root / name
-        path.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, path / "part-00000.parquet")
+        """A table computed on the driver: a frame of its rows, written as one file."""
+        frame = self.spark.createDataFrame(table)
+        self.tables[name] = frame
+        if self.root is not None:
+            frame.coalesce(1).write.mode("overwrite").parquet(child(self.root, name))
         self.counts[name] = table.num_rows
         if keep_all:
             self.collected[name] = table.to_pylist()
@@ -175,10 +182,17 @@ class TableWriter:
             self.arrow(name, schema.empty_table())
         elif expected <= DRIVER_ROWS:
             self.arrow(name, frame.toArrow())
+        elif self.root is None:
+            self.tables[name] = frame
+            self.counts[name] = frame.count()
+            if name in SAMPLED_TABLES and self.counts[name]:
+                rows = frame.limit(SAMPLE_ROWS).collect()
+                self.collected[name] = [r.asDict(recursive=True) for r in rows]
         else:
-            path = self.root / name
-            frame.write.mode("overwrite").parquet(str(path))
-            written = frame.sparkSession.read.parquet(str(path))
+            path = child(self.root, name)
+            frame.write.mode("overwrite").parquet(path)
+            written = frame.sparkSession.read.parquet(path)
+            self.tables[name] = written
             self.counts[name] = written.count()
             if name in SAMPLED_TABLES and self.counts[name]:
                 rows = written.limit(SAMPLE_ROWS).collect()

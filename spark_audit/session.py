@@ -3,6 +3,13 @@
 The master is never hard-coded: it comes from ``--master``, else from ``spark-submit`` /
 ``SPARK_MASTER`` / ``spark-defaults.conf`` as Spark normally resolves it, else ``local[*]``
 when the job is started as a plain Python process (``pyspark`` does that by default).
+
+The user's configuration wins (:func:`merged_config`): what the application was started
+with (``spark-submit --conf``, ``spark-defaults.conf``) and ``--conf`` of ``condmsg
+audit`` are kept; the audit adds its Java options to the user's and its jars to theirs,
+and sets its other settings only where the user set none. The audit's one requirement,
+UTC as the session time zone, is applied while it runs
+(:func:`spark_audit.settings.audit_settings`).
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ class SessionOptions:
     jdbc_jar: str | None = None
     shuffle_partitions: int | None = None
     driver_memory: str | None = None
+    #: No console progress bar, and Spark's log at ERROR once the session runs.
+    quiet: bool = False
+    #: The user's settings (``--conf KEY=VALUE``): they win over the audit's.
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def jar(self) -> str | None:
@@ -39,8 +49,13 @@ class SessionOptions:
         return jar if os.path.exists(jar) else None
 
 
-def session_config(options: SessionOptions) -> dict[str, str]:
-    """The Spark configuration for ``options`` (a plain dict, so it can be tested)."""
+def session_config(
+    options: SessionOptions, launched: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The Spark configuration for ``options`` (a plain dict, so it can be tested): the
+    audit's settings under what the application was ``launched`` with
+    (:func:`launch_config`), both under the settings ``options`` asks for explicitly
+    (``--conf``, ``--driver-memory``, ``--quiet``), see :func:`merged_config`."""
     conf: dict[str, str] = {
         # Every timestamp in the store is a UTC instant; render and bucket them as UTC.
         "spark.sql.session.timeZone": "UTC",
@@ -73,12 +88,49 @@ def session_config(options: SessionOptions) -> dict[str, str]:
         # because the JDBC DriverManager is consulted on the driver when planning the read.
         conf["spark.jars"] = jar
         conf["spark.driver.extraClassPath"] = jar
+    # What the launch set of the audit's settings (the rest is in effect anyway).
+    conf = merged_config(conf, {k: v for k, v in (launched or {}).items() if k in conf})
+    explicit: dict[str, str] = {}
     if options.shuffle_partitions is not None:
-        conf["spark.sql.shuffle.partitions"] = str(options.shuffle_partitions)
+        explicit["spark.sql.shuffle.partitions"] = str(options.shuffle_partitions)
     if options.driver_memory is not None:
-        conf["spark.driver.memory"] = options.driver_memory
-    conf.update(options.extra)
-    return conf
+        explicit["spark.driver.memory"] = options.driver_memory
+    if options.quiet:
+        # pyspark's own launcher turns the progress bar on for a plain Python process.
+        explicit["spark.ui.showConsoleProgress"] = "false"
+    return merged_config(conf, {**explicit, **options.extra})
+
+
+#: Settings whose values are lists: the audit's entries are added to the user's.
+_LISTS = {
+    "spark.driver.extraJavaOptions": " ",
+    "spark.executor.extraJavaOptions": " ",
+    "spark.jars": ",",
+    "spark.driver.extraClassPath": os.pathsep,
+}
+
+
+def merged_config(ours: Mapping[str, str], users: Mapping[str, str]) -> dict[str, str]:
+    """The audit's settings ``ours`` under the user's ``users``: a user's value wins, but
+    for the list-valued settings (Java options, jars, class path) where the audit's
+    entries are added to the user's (those the user's value lacks)."""
+    merged = {**ours, **users}
+    for key, separator in _LISTS.items():
+        if key in ours and key in users:
+            theirs = users[key].split(separator)
+            extra = [e for e in ours[key].split(separator) if e and e not in theirs]
+            merged[key] = separator.join([users[key], *extra]) if extra else users[key]
+    return merged
+
+
+def launch_config() -> dict[str, str]:
+    """The configuration the application was started with: ``spark-submit --conf`` and
+    ``spark-defaults.conf`` (the launcher hands them to the JVM as system properties,
+    which a new ``SparkConf`` loads)."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # connects to (or starts) the JVM gateway
+    return dict(SparkConf().getAll())
 
 
 def build_session(options: SessionOptions | None = None) -> SparkSession:
@@ -90,6 +142,9 @@ def build_session(options: SessionOptions | None = None) -> SparkSession:
     builder = SparkSession.builder.appName(options.app_name)
     if options.master:
         builder = builder.master(options.master)
-    for key, value in session_config(options).items():
+    for key, value in session_config(options, launch_config()).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    if options.quiet:
+        spark.sparkContext.setLogLevel("ERROR")
+    return spark

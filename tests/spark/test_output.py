@@ -29,7 +29,7 @@ def test_small_tables_share_one_query_and_keep_their_schemas(
     none = spark.createDataFrame([], "ack_id string, flag boolean")
     grouped = ids.groupBy((ids.n % 2).alias("odd")).count()
     partitions = spark.conf.get("spark.sql.shuffle.partitions")
-    writer = TableWriter(tmp_path)
+    writer = TableWriter(spark, str(tmp_path))
     writer.frames(
         {
             "ids": (ids, 2),
@@ -58,7 +58,7 @@ def test_small_tables_share_one_query_and_keep_their_schemas(
 
 
 def test_one_small_table_is_collected_alone(spark: Any, tmp_path: Path) -> None:
-    writer = TableWriter(tmp_path)
+    writer = TableWriter(spark, str(tmp_path))
     frame = spark.createDataFrame([("a",)], "ack_id string")
     writer.frames({"one": (frame, 1), "empty": (frame.limit(0), 0)})
     assert writer.counts == {"one": 1, "empty": 0}

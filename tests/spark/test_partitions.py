@@ -52,10 +52,10 @@ def _audit(spark: Any, store: Path, out: Path, partitions: int | None, progress:
 
 def test_one_partition_per_core_in_local_mode_and_more_for_many_cms(session_at_7: Any) -> None:
     assert settings.least_partitions(session_at_7) == 2  # not the session's 7
-    assert settings.partitions_for(0, 2) == 2
-    assert settings.partitions_for(2 * settings.CMS_PER_PARTITION, 2) == 2
-    assert settings.partitions_for(5 * settings.CMS_PER_PARTITION + 1, 2) == 6
-    assert settings.partitions_for(5 * settings.CMS_PER_PARTITION + 1, 8) == 8
+    assert settings.partitions_for_cms(0, 2) == 2
+    assert settings.partitions_for_cms(2 * settings.CMS_PER_PARTITION, 2) == 2
+    assert settings.partitions_for_cms(5 * settings.CMS_PER_PARTITION + 1, 2) == 6
+    assert settings.partitions_for_cms(5 * settings.CMS_PER_PARTITION + 1, 8) == 8
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, "2"), (3, "3")])

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from condmsg.archive_layout import MANIFEST
 from condmsg.timeutil import parse_cli_instant, utcnow
 from spark_audit.storage import child
 
@@ -183,13 +182,11 @@ def _input(
     window (``until`` defaults to the export's, else now)."""
     from spark_audit import storage
     from spark_audit.jdbc import jdbc_input, jdbc_source
-    from spark_audit.readers import Window, read_parquet
+    from spark_audit.readers import Window, export_until, read_parquet
 
     until = args.until
     if until is None and args.parquet:
-        manifest = storage.read_json(spark, child(args.parquet, MANIFEST))
-        if manifest and manifest.get("until"):
-            until = parse_cli_instant(manifest["until"])
+        until = export_until(spark, args.parquet)
     window = Window(until=until or utcnow(), since=args.since)
     say(f"[audit] window [{window.since or 'start'}, {window.until})")
     if args.parquet:

@@ -20,12 +20,11 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from condmsg.archive_layout import MANIFEST
 from condmsg.timeutil import utcnow
 from spark_audit import storage
 from spark_audit.checks import DEFAULT_CHECKS, CheckSpec
 from spark_audit.job import AuditOptions, run_audit
-from spark_audit.readers import AuditInput, Window, read_parquet, sent_in
+from spark_audit.readers import AuditInput, Window, export_until, read_parquet, sent_in
 from spark_audit.reevaluate.recompute import judge_cut
 from spark_audit.settings import audit_settings, least_partitions
 from spark_audit.transforms.conditions import plan_set
@@ -65,9 +64,7 @@ def audit(
     read: :func:`spark_audit.readers.read_parquet`, :func:`spark_audit.jdbc.read_jdbc`)
     over ``[since, until)`` (UTC; ``until`` defaults to the export's, else now)."""
     if until is None and not isinstance(source, AuditInput):
-        manifest = storage.read_json(spark, storage.child(str(source), MANIFEST)) or {}
-        if manifest.get("until"):
-            until = datetime.fromisoformat(manifest["until"])
+        until = export_until(spark, source)
     window = Window(until=until or utcnow(), since=since)
     if isinstance(source, AuditInput):
         data, described = source, "frames"

@@ -182,6 +182,13 @@ def read_parquet(
     return AuditInput(**frames)
 
 
+def export_until(spark: SparkSession, location: str | Path) -> datetime | None:
+    """The ``until`` of the export at ``location`` (its manifest's), or None."""
+    manifest = storage.read_json(spark, storage.child(str(location), MANIFEST)) or {}
+    until = manifest.get("until")
+    return datetime.fromisoformat(until) if until else None
+
+
 def days_of(window: Window, column: str) -> Column:
     """The day partitions (``column``, a date) from the day of ``since`` to the day of
     ``until``: every CM sent, ack received and anomaly recorded in the window is in one."""

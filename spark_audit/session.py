@@ -124,13 +124,35 @@ def merged_config(ours: Mapping[str, str], users: Mapping[str, str]) -> dict[str
 
 
 def launch_config() -> dict[str, str]:
-    """The configuration the application was started with: ``spark-submit --conf`` and
-    ``spark-defaults.conf`` (the launcher hands them to the JVM as system properties,
-    which a new ``SparkConf`` loads)."""
+    """The configuration the application was started with. Under ``spark-submit`` (or in a
+    process whose JVM runs already) the running JVM's: ``--conf`` and
+    ``spark-defaults.conf``, which the launcher handed to it as system properties. In a
+    plain Python process, where the session starts the JVM itself, ``spark-defaults.conf``
+    as the launcher will read it: the JVM must not start before the session's settings are
+    known (its class path, for one, is fixed at start)."""
     from pyspark import SparkConf, SparkContext
 
-    SparkContext._ensure_initialized()  # connects to (or starts) the JVM gateway
-    return dict(SparkConf().getAll())
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        SparkContext._ensure_initialized()  # connects to the running JVM's gateway
+        return dict(SparkConf().getAll())
+    return _defaults_file()
+
+
+def _defaults_file() -> dict[str, str]:
+    from pyspark.find_spark_home import _find_spark_home
+
+    directory = os.environ.get("SPARK_CONF_DIR") or os.path.join(_find_spark_home(), "conf")
+    path = os.path.join(directory, "spark-defaults.conf")
+    if not os.path.isfile(path):
+        return {}
+    found: dict[str, str] = {}
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            text = line.strip()
+            if text and not text.startswith("#"):
+                key, _, value = text.replace("=", " ", 1).partition(" ")
+                found[key.strip()] = value.strip()
+    return found
 
 
 def build_session(options: SessionOptions | None = None) -> SparkSession:

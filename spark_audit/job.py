@@ -178,19 +178,25 @@ def run_audit(
     """
     least = options.partitions or least_partitions(spark)
     clock = _Clock(spark, progress)
+    out = None if options.out is None else str(options.out)
+    writer = TableWriter(spark, None if out is None else child(out, "tables"))
     try:
         with audit_settings(spark, least):
-            return _run(spark, data, options, clock, least)
+            return _run(spark, data, options, clock, writer, least)
     finally:
+        writer.close()
         clock.done()
 
 
 def _run(
-    spark: SparkSession, data: AuditInput, options: AuditOptions, clock: _Clock, least: int
+    spark: SparkSession,
+    data: AuditInput,
+    options: AuditOptions,
+    clock: _Clock,
+    writer: TableWriter,
+    least: int,
 ) -> AuditResult:
     window = options.window
-    out = None if options.out is None else str(options.out)
-    writer = TableWriter(spark, None if out is None else child(out, "tables"))
     clock.next("the conditions, their plans and the senders")
     # One scan of the CMs: their distinct conditions and senders, and the count and span
     # of those in the window.
@@ -271,7 +277,8 @@ def _write_summary(
     late_metrics: dict[str, int],
 ) -> AuditResult:
     """The metrics and checks over the written tables, ``summary.json`` and
-    ``report.html``."""
+    ``report.html`` (once every table is written)."""
+    writer.wait()
     counts = dict(writer.counts)
     for problem in anomalies.PROBLEMS:
         counts[f"status:{problem}"] = ack_counts[problem]

@@ -10,6 +10,7 @@ from its query, by the executors.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import reduce
 from typing import Any
 
@@ -18,12 +19,15 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.util import inheritable_thread_target
 
 from spark_audit.settings import one_shuffle_partition
 from spark_audit.storage import child
 
 #: A detail table with at most this many rows is collected and written by the driver.
 DRIVER_ROWS = 200_000
+#: Small tables written at the same time (:class:`TableWriter`).
+BACKGROUND_WRITES = 4
 #: Detail tables whose first rows the report shows.
 SAMPLED_TABLES = ("discrepancies", "late_ack_effects", "status_mismatches", "stale_pending")
 SAMPLE_ROWS = 50
@@ -126,7 +130,12 @@ DISCREPANCY_SCHEMA = pa.schema(
 
 class TableWriter:
     """Writes the tables under ``root`` (a path or URI; None: writes nothing) and keeps
-    each as a frame (:attr:`tables`), with its row count and samples."""
+    each as a frame (:attr:`tables`), with its row count and samples.
+
+    The small tables are written in the background (:data:`BACKGROUND_WRITES` at a time):
+    each is a Spark job of one task whose time is nearly all the driver's (planning, the
+    output committer's file operations), so the audit's next steps run meanwhile.
+    :meth:`wait` for them before relying on the files; :meth:`close` in any case."""
 
     def __init__(self, spark: SparkSession, root: str | None) -> None:
         self.spark = spark
@@ -134,6 +143,30 @@ class TableWriter:
         self.tables: dict[str, DataFrame] = {}
         self.counts: dict[str, int] = {}
         self.collected: dict[str, list[dict[str, Any]]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+
+    def wait(self) -> None:
+        """Every table written so far is on storage (the first failed write raises)."""
+        pending, self._pending = self._pending, []
+        for write in pending:
+            write.result()
+
+    def close(self) -> None:
+        """Wait for the writes still running and stop their threads."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _write_later(self, frame: DataFrame, location: str) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(BACKGROUND_WRITES, "condmsg-audit-write")
+
+        def write() -> None:
+            frame.coalesce(1).write.mode("overwrite").parquet(location)
+
+        # The thread's jobs carry the step's job group and description.
+        self._pending.append(self._pool.submit(inheritable_thread_target(self.spark)(write)))
 
     def rows(self, name: str, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
         self.arrow(name, pa.Table.from_pylist(rows, schema=schema), keep_all=True)
@@ -143,7 +176,7 @@ class TableWriter:
         frame = self.spark.createDataFrame(table)
         self.tables[name] = frame
         if self.root is not None:
-            frame.coalesce(1).write.mode("overwrite").parquet(child(self.root, name))
+            self._write_later(frame, child(self.root, name))
         self.counts[name] = table.num_rows
         if keep_all:
             self.collected[name] = table.to_pylist()

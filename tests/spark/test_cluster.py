@@ -176,6 +176,7 @@ def test_the_audit_on_a_standalone_cluster_matches_local_mode(
     )
     elapsed = time.perf_counter() - started
     assert ran.returncode == 1, ran.stderr.decode()[-4000:]  # the injected faults fail it
+    assert b"[Stage " not in ran.stderr  # --quiet: no console progress bar
     with capsys.disabled():
         print(
             f"\n[cluster] spark-submit audit of {injected.acks} acks: {elapsed:.1f}s "

@@ -162,8 +162,13 @@ def test_the_notebook_api_returns_frames_and_writes_nothing(
     spark: Any, audited: dict[str, Any]
 ) -> None:
     import spark_audit
+    from spark_audit.job import JOB_GROUP
 
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup(JOB_GROUP))
     run = spark_audit.audit(spark, str(audited["root"] / "store"))
+    # Its jobs are listed under the audit's group in Spark's UI.
+    assert set(tracker.getJobIdsForGroup(JOB_GROUP)) - before
     assert run.status == "fail"
     assert run.summary["metrics"] == audited["summary"]["metrics"]
     cms = run.cms.cache()

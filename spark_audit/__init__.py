@@ -17,14 +17,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from condmsg.archive_layout import LAYOUT_VERSION, TABLES
+from spark_audit.versions import SUMMARY_VERSION
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from spark_audit.notebook import Audit
-
-#: Version of ``summary.json`` (see :mod:`spark_audit.summary`).
-SUMMARY_VERSION = 1
 
 
 def audit(spark: SparkSession, source: Any, **options: Any) -> Audit:

@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 JDBC_JAR := /usr/share/java/postgresql.jar
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: demo test lint bench services install clean
+.PHONY: demo test lint bench services install clean audit-dist
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,10 @@ demo: $(STAMP) services
 
 bench: $(STAMP) services
 	$(BIN)/python -m bench
+
+# What spark-submit's --py-files needs to run the audit on a cluster (docs/audit.md).
+audit-dist: $(STAMP)
+	$(BIN)/python -m spark_audit.dist dist/condmsg-audit.zip
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -153,6 +153,20 @@ ANOMALIES = Table(
 TABLES: tuple[Table, ...] = (CMS, COPIES, ACKS, COMPENSATIONS, ANOMALIES)
 TABLES_BY_NAME = {t.name: t for t in TABLES}
 
+#: The day partitions of ``condmsg export``'s layout: each table's partition column
+#: (Hive-style directories ``<table>/<column>=YYYY-MM-DD/``, days in UTC). The CMs, their
+#: copies and compensations by the day the CM was sent; the acks by the day they were
+#: received; the anomalies by the day they were recorded. An archive without
+#: ``partitioning`` in its manifest holds each table as plain files (the evaluator's
+#: retention archives, ``spark_audit.generate``).
+PARTITION_COLUMNS: dict[str, str] = {
+    "cms": "sent_day",
+    "copies": "sent_day",
+    "compensations": "sent_day",
+    "acks": "received_day",
+    "anomalies": "recorded_day",
+}
+
 #: The decision columns of ``cms`` that make up the ``outcomes`` frame.
 OUTCOME_COLUMNS = (
     "cm_id",
@@ -196,6 +210,27 @@ def _without_password(source: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
+def manifest(
+    *,
+    source: str,
+    since: datetime | None,
+    until: datetime,
+    rows: dict[str, int],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The content of ``_manifest.json``: layout version, cut and row counts (credentials
+    removed from ``source``)."""
+    return {
+        "layout_version": LAYOUT_VERSION,
+        "source": _without_password(source),
+        "since": since.isoformat() if since else None,
+        "until": until.isoformat(),
+        "exported_at": utcnow().isoformat(),
+        "tables": rows,
+        **(extra or {}),
+    }
+
+
 def write_manifest(
     directory: Path,
     *,
@@ -205,18 +240,10 @@ def write_manifest(
     rows: dict[str, int],
     extra: dict[str, Any] | None = None,
 ) -> None:
-    """``_manifest.json``: layout version, cut and row counts (credentials removed)."""
-    manifest = {
-        "layout_version": LAYOUT_VERSION,
-        "source": _without_password(source),
-        "since": since.isoformat() if since else None,
-        "until": until.isoformat(),
-        "exported_at": utcnow().isoformat(),
-        "tables": rows,
-        **(extra or {}),
-    }
+    """Write :func:`manifest` as ``directory/_manifest.json``."""
+    content = manifest(source=source, since=since, until=until, rows=rows, extra=extra)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (directory / MANIFEST).write_text(json.dumps(content, indent=2) + "\n")
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any] | None:

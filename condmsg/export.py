@@ -1,12 +1,19 @@
 """``condmsg export``: a sender store (SQLite or PostgreSQL) to the audit's Parquet layout.
 
-No Spark: SQLAlchemy streams each table in batches and pyarrow writes one Parquet file per
-table (``OUT/<table>/part-00000.parquet``) with the Arrow schema derived from
-:mod:`condmsg.archive_layout`, plus ``OUT/_manifest.json``. The rows are the same cut as the
-audit's window (:func:`spark_audit.readers.apply_window`): CMs sent in ``[since, until)``,
-decisions and releases taken by ``until``, acks received by ``until`` (orphans included),
-anomalies recorded in the window. An audit of the export defaults to the export's
-``until``.
+No Spark: SQLAlchemy streams each table in batches and pyarrow writes them partitioned by
+day (:data:`condmsg.archive_layout.PARTITION_COLUMNS`: ``OUT/cms/sent_day=2026-11-25/``,
+``OUT/acks/received_day=.../`` and so on) with the Arrow schema derived from
+:mod:`condmsg.archive_layout`, plus ``OUT/_manifest.json`` (the cut, the days each table
+holds, the exports that wrote them). An audit of a window reads only the days it needs
+(:func:`spark_audit.readers.read_parquet`).
+
+The rows are the same cut as the audit's window
+(:func:`spark_audit.readers.apply_window`): CMs sent in ``[since, until)``, decisions and
+releases taken by ``until``, acks received by ``until`` (orphans included), anomalies
+recorded in the window, where ``since`` is midnight UTC of the given ``--since``: the
+export writes whole days. With ``--since`` on an existing export it appends: the days from
+``since`` on are written again, the earlier ones kept as they are. An audit of the export
+defaults to the export's ``until``.
 """
 
 from __future__ import annotations
@@ -18,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import sqlalchemy as sa
 
 from condmsg import sender_tables as st
@@ -28,22 +34,36 @@ from condmsg.archive_layout import (
     CMS,
     COMPENSATIONS,
     COPIES,
+    PARTITION_COLUMNS,
+    TABLES,
     Table,
     arrow_schema,
-    write_manifest,
+    manifest,
 )
 from condmsg.errors import StoreError
+from condmsg.export_files import ExportTarget, merged_days, previous_first
 from condmsg.timeutil import utcnow
 
 BATCH_ROWS = 50_000
+#: The label of the instant naming a row's day partition, after the table's columns.
+_AT = "_partition_at"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExportResult:
-    directory: Path
+    """What one export wrote: ``rows`` per table (this export's days only), the days it
+    (re)wrote from ``since`` (midnight UTC) to ``until``."""
+
+    directory: str
     rows: dict[str, int]
     since: datetime | None
     until: datetime
+
+
+def day_start(instant: datetime) -> datetime:
+    """Midnight (UTC) of ``instant``'s day: the export writes whole days."""
+    utc: datetime = _utc(instant)
+    return utc.replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 def _utc(value: Any) -> Any:
@@ -53,11 +73,21 @@ def _utc(value: Any) -> Any:
     return value
 
 
-def _selects(since: datetime | None, until: datetime) -> dict[str, sa.Select[Any]]:
+def _selects(
+    start: datetime | None, first: datetime | None, until: datetime
+) -> dict[str, sa.Select[Any]]:
+    """Each table's rows from ``start`` (None: from the beginning) to ``until``, every row
+    followed by the instant that names its day partition (:data:`_AT`). ``first``: the
+    export's first day (an earlier export's, when this one appends): an ack is kept when
+    its CM is in the export, or when there is no such CM at all (an orphan); an ack of a CM
+    sent before ``first`` would read as an orphan, so it is left out."""
     cm = st.cms.c
-    in_window = cm.sent_at < until
-    if since is not None:
-        in_window = sa.and_(in_window, cm.sent_at >= since)
+
+    def sent_from(lower: datetime | None) -> sa.ColumnElement[bool]:
+        inside = cm.sent_at < until
+        return sa.and_(inside, cm.sent_at >= lower) if lower is not None else inside
+
+    in_window = sent_from(start)
     late = sa.or_(cm.decided_at.is_(None), cm.decided_at > until)
 
     def decision(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
@@ -77,31 +107,42 @@ def _selects(since: datetime | None, until: datetime) -> dict[str, sa.Select[Any
         cm.next_check_at,
         *(decision(c) for c in (cm.decided_at, cm.effective_at, cm.reasons_json)),
         *(decision(c) for c in (cm.facts_json, cm.decided_by)),
+        cm.sent_at.label(_AT),
     ).where(in_window)
-    window_ids = sa.select(cm.cm_id).where(in_window)
-    copies = sa.select(st.copies).where(st.copies.c.cm_id.in_(window_ids))
+    copies = (
+        sa.select(st.copies, cm.sent_at.label(_AT))
+        .join_from(st.copies, st.cms, st.copies.c.cm_id == cm.cm_id)
+        .where(in_window)
+    )
     comp = st.compensations.c
-    compensations = sa.select(
-        comp.cm_id,
-        comp.destination,
-        sa.func.length(comp.body).label("body_bytes"),
-        comp.content_type,
-        comp.system_generated,
-        sa.case((comp.released_at <= until, comp.released_at), else_=sa.null()).label(
-            "released_at"
-        ),
-    ).where(comp.cm_id.in_(window_ids))
+    compensations = (
+        sa.select(
+            comp.cm_id,
+            comp.destination,
+            sa.func.length(comp.body).label("body_bytes"),
+            comp.content_type,
+            comp.system_generated,
+            sa.case((comp.released_at <= until, comp.released_at), else_=sa.null()).label(
+                "released_at"
+            ),
+            cm.sent_at.label(_AT),
+        )
+        .join_from(st.compensations, st.cms, comp.cm_id == cm.cm_id)
+        .where(in_window)
+    )
     ack = st.acks.c
+    exported = sa.select(cm.cm_id).where(sent_from(first))
     orphan = ~sa.exists().where(cm.cm_id == ack.cm_id)
-    if since is not None:
-        orphan = sa.and_(orphan, ack.received_at >= since)
-    acks = sa.select(st.acks).where(
-        ack.received_at <= until, sa.or_(ack.cm_id.in_(window_ids), orphan)
+    received = ack.received_at <= until
+    if start is not None:
+        received = sa.and_(received, ack.received_at >= start)
+    acks = sa.select(st.acks, ack.received_at.label(_AT)).where(
+        received, sa.or_(ack.cm_id.in_(exported), orphan)
     )
     recorded = st.anomalies.c.recorded_at <= until
-    if since is not None:
-        recorded = sa.and_(recorded, st.anomalies.c.recorded_at >= since)
-    anomalies = sa.select(st.anomalies).where(recorded)
+    if start is not None:
+        recorded = sa.and_(recorded, st.anomalies.c.recorded_at >= start)
+    anomalies = sa.select(st.anomalies, st.anomalies.c.recorded_at.label(_AT)).where(recorded)
     return {
         CMS.name: cms,
         COPIES.name: copies,
@@ -135,31 +176,68 @@ def export_store(
     until: datetime | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ExportResult:
-    """Write the store at ``db_url`` to ``out`` in the audit's Parquet layout."""
-    until = until or utcnow()
-    directory = Path(out)
+    """Write the store at ``db_url`` to ``out`` (a path or a URI pyarrow's filesystems
+    know: ``file://``, ``s3://``, ...) in the audit's day-partitioned layout.
+
+    Without ``since``: every day, replacing what ``out`` held. With ``since``: the days
+    from midnight UTC of ``since`` on are (re)written and the earlier days an earlier
+    export wrote are kept (``since`` may not be after that export's ``until``: the days
+    between would be missing).
+    """
+    until = _utc(until or utcnow())
+    start = day_start(since) if since is not None else None
+    target = ExportTarget.at(out)
+    previous = target.manifest() if start is not None else None
+    first = start
+    if previous is not None and start is not None:
+        first = previous_first(previous, start, until, str(out))
     say = progress or (lambda _message: None)
     engine = sa.create_engine(db_url)
-    counts: dict[str, int] = {}
-    selects = _selects(since, until)
+    counts: dict[str, dict[str, int]] = {}
+    selects = _selects(start, first, until)
     try:
         with engine.connect() as conn:
-            for table in (CMS, COPIES, ACKS, COMPENSATIONS, ANOMALIES):
-                target = directory / table.name
-                target.mkdir(parents=True, exist_ok=True)
+            for table in TABLES:
+                target.clear(table, start)
                 result = conn.execution_options(yield_per=BATCH_ROWS).execute(selects[table.name])
-                written = 0
-                with pq.ParquetWriter(target / "part-00000.parquet", arrow_schema(table)) as w:
-                    for batch in arrow_batches(result.partitions(), table):
-                        w.write_batch(batch)
-                        written += batch.num_rows
-                counts[table.name] = written
-                say(f"exported {table.name}: {written} rows")
+                counts[table.name] = target.write(table, _by_day(result.partitions(), table))
+                say(f"exported {table.name}: {sum(counts[table.name].values())} rows")
     except sa.exc.SQLAlchemyError as exc:
         safe = sa.engine.make_url(db_url).render_as_string(hide_password=True)
         cause = getattr(exc, "orig", None) or exc
         raise StoreError(f"cannot export from {safe}: {type(exc).__name__}: {cause}") from None
     finally:
         engine.dispose()
-    write_manifest(directory, source=db_url, since=since, until=until, rows=counts)
-    return ExportResult(directory, counts, since, until)
+    days = merged_days(previous, counts, start)
+    target.write_manifest(
+        manifest(
+            source=db_url,
+            since=first,
+            until=until,
+            rows={name: sum(by_day.values()) for name, by_day in days.items()},
+            extra={
+                "partitioning": PARTITION_COLUMNS,
+                "days": days,
+                "exports": [
+                    *(previous or {}).get("exports", []),
+                    {"since": start.isoformat() if start else None, "until": until.isoformat()},
+                ],
+            },
+        )
+    )
+    rows = {name: sum(by_day.values()) for name, by_day in counts.items()}
+    return ExportResult(directory=str(out), rows=rows, since=start, until=until)
+
+
+def _by_day(
+    chunks: Iterator[Sequence[Sequence[Any]]], table: Table
+) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """The rows of ``chunks`` (``table``'s columns, then the instant naming the row's day)
+    as record batches of one day each, with that day (``YYYY-MM-DD``, UTC)."""
+    for chunk in chunks:
+        days: dict[str, list[Sequence[Any]]] = {}
+        for row in chunk:
+            days.setdefault(_utc(row[-1]).date().isoformat(), []).append(row[:-1])
+        for day, rows in days.items():
+            for batch in arrow_batches(iter([rows]), table):
+                yield day, batch

@@ -8,15 +8,28 @@ self-contained ``report.html``.
 
 Importing this package does not import pyspark. The Parquet layout it reads is
 :mod:`condmsg.archive_layout` (``condmsg export``, SQLAlchemy + pyarrow, writes it without a
-JVM). The Spark entry points live in
-:mod:`spark_audit.job` and :mod:`spark_audit.generate`.
+JVM). The entry points: :func:`audit` (frames, for notebooks and programs), the command
+line (:mod:`spark_audit.cli`), :mod:`spark_audit.job` and :mod:`spark_audit.generate`.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from condmsg.archive_layout import LAYOUT_VERSION, TABLES
+from spark_audit.versions import SUMMARY_VERSION
 
-#: Version of ``summary.json`` (see :mod:`spark_audit.summary`).
-SUMMARY_VERSION = 1
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
-__all__ = ["LAYOUT_VERSION", "SUMMARY_VERSION", "TABLES"]
+    from spark_audit.notebook import Audit
+
+
+def audit(spark: SparkSession, source: Any, **options: Any) -> Audit:
+    """The audit of ``source`` as frames: :func:`spark_audit.notebook.audit`."""
+    from spark_audit.notebook import audit as run
+
+    return run(spark, source, **options)
+
+
+__all__ = ["LAYOUT_VERSION", "SUMMARY_VERSION", "TABLES", "audit"]

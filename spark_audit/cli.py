@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from condmsg.timeutil import parse_cli_instant
+from condmsg.timeutil import parse_cli_instant, utcnow
+from spark_audit.storage import child
+
+if TYPE_CHECKING:
+    from spark_audit.readers import AuditInput, Window
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 
@@ -27,6 +33,13 @@ def _threshold(text: str) -> tuple[str, float]:
         return name.strip(), float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected CHECK=NUMBER, got {text!r}") from None
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
 
 
 def _positive(text: str) -> int:
@@ -42,9 +55,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="PostgreSQL store: postgresql://... or jdbc:postgresql://...",
     )
-    source.add_argument("--parquet", metavar="DIR", help="a directory written by condmsg export")
-    parser.add_argument("--out", required=True, metavar="DIR", help="where to write the results")
+    source.add_argument(
+        "--parquet",
+        metavar="URI",
+        help="a directory written by condmsg export (a path, file://, hdfs://, s3a://)",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="URI",
+        help="where to write the tables, summary.json and report.html (a path or a URI)",
+    )
     parser.add_argument("--master", help="Spark master URL (default: the environment's)")
+    parser.add_argument(
+        "--conf",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeatable); the user's settings win over the audit's",
+    )
     parser.add_argument("--since", type=parse_cli_instant, help="first sent_at included (UTC)")
     parser.add_argument(
         "--until",
@@ -52,8 +82,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="end of the cut (exclusive for sent_at; default: the export's, else now)",
     )
     parser.add_argument("--jdbc-jar", help="PostgreSQL JDBC driver jar")
-    parser.add_argument("--jdbc-partitions", type=int, default=4, help="parallel JDBC reads")
-    parser.add_argument("--fetchsize", type=int, default=10_000, help="JDBC fetch size (rows)")
+    parser.add_argument(
+        "--jdbc-partitions",
+        type=_positive,
+        metavar="N",
+        help="parallel JDBC reads per table (default: one per core Spark runs tasks on)",
+    )
+    parser.add_argument(
+        "--jdbc-fetch-size",
+        "--fetchsize",
+        dest="fetchsize",
+        type=_positive,
+        default=10_000,
+        metavar="ROWS",
+        help="rows per round trip to PostgreSQL (default 10000)",
+    )
     parser.add_argument(
         "--threshold",
         type=_threshold,
@@ -76,7 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "core in local mode, else spark.sql.shuffle.partitions; more for many CMs)",
     )
     parser.add_argument("--driver-memory", help="spark.driver.memory (local mode), e.g. 4g")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress lines, no Spark console progress bar, Spark's log at ERROR",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,47 +137,32 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, say: Any) -> int:
-    from condmsg.archive_layout import read_manifest
-    from condmsg.timeutil import utcnow
     from spark_audit.checks import DEFAULT_CHECKS, with_thresholds
-    from spark_audit.jdbc import jdbc_source, read_jdbc
     from spark_audit.job import AuditOptions, run_audit
-    from spark_audit.readers import Window, read_parquet
     from spark_audit.session import SessionOptions, build_session
 
     checks = with_thresholds(DEFAULT_CHECKS, dict(args.threshold))
-    until = args.until
-    if until is None and args.parquet:
-        manifest = read_manifest(args.parquet)
-        if manifest and manifest.get("until"):
-            until = parse_cli_instant(manifest["until"])
-    window = Window(until=until or utcnow(), since=args.since)
-    if args.parquet and not Path(args.parquet, "cms").exists():
-        raise FileNotFoundError(f"{args.parquet}: not a condmsg export (no cms/ directory)")
-    say(f"[audit] window [{window.since or 'start'}, {window.until})")
+    if args.parquet:
+        _refuse_a_missing_local_export(args.parquet)
     spark = build_session(
         SessionOptions(
             master=args.master,
             jdbc_jar=args.jdbc_jar,
             driver_memory=args.driver_memory,
+            quiet=args.quiet,
+            extra=dict(args.conf),
         )
     )
-    if args.parquet:
-        data = read_parquet(spark, args.parquet)  # the audit cuts it at the window
-        source = str(Path(args.parquet).resolve())
-    else:
-        jdbc = jdbc_source(args.source, fetchsize=args.fetchsize, partitions=args.jdbc_partitions)
-        data = read_jdbc(spark, jdbc, window)
-        source = jdbc.describe()
-    options = AuditOptions(
-        out=Path(args.out),
-        window=window,
-        source=source,
-        checks=checks,
-        stale_grace=timedelta(milliseconds=args.stale_grace_ms),
-        partitions=args.shuffle_partitions,
-    )
-    result = run_audit(spark, data, options, progress=say)
+    with _input(spark, args, say) as (data, source, window):
+        options = AuditOptions(
+            out=args.out,
+            window=window,
+            source=source,
+            checks=checks,
+            stale_grace=timedelta(milliseconds=args.stale_grace_ms),
+            partitions=args.shuffle_partitions,
+        )
+        result = run_audit(spark, data, options, progress=say)
     failed = [c for c in result.summary["checks"] if not c["passed"]]
     for check in failed:
         print(
@@ -138,8 +170,40 @@ def _run(args: argparse.Namespace, say: Any) -> int:
             f"{check['threshold']:g} ({check['description']})",
             file=sys.stderr,
         )
-    print(f"audit {result.status}: {options.out / 'report.html'}")
+    print(f"audit {result.status}: {child(args.out, 'report.html')}")
     return EXIT_FAILED if result.status == "fail" else EXIT_OK
+
+
+@contextmanager
+def _input(
+    spark: Any, args: argparse.Namespace, say: Any
+) -> Iterator[tuple[AuditInput, str, Window]]:
+    """The source's frames for the window, what the summary calls the source, and the
+    window (``until`` defaults to the export's, else now)."""
+    from spark_audit import storage
+    from spark_audit.jdbc import jdbc_input, jdbc_source
+    from spark_audit.readers import Window, export_until, read_parquet
+
+    until = args.until
+    if until is None and args.parquet:
+        until = export_until(spark, args.parquet)
+    window = Window(until=until or utcnow(), since=args.since)
+    say(f"[audit] window [{window.since or 'start'}, {window.until})")
+    if args.parquet:
+        # The audit cuts the frames at the window itself; the reader reads its days only.
+        data = read_parquet(spark, args.parquet, window)
+        yield data, storage.qualified(spark, args.parquet), window
+        return
+    jdbc = jdbc_source(args.source, fetchsize=args.fetchsize, partitions=args.jdbc_partitions)
+    with jdbc_input(spark, jdbc, window) as data:
+        yield data, jdbc.describe(), window
+
+
+def _refuse_a_missing_local_export(location: str) -> None:
+    """A local export without a ``cms`` table is refused before Spark starts."""
+    parts = urlsplit(location)
+    if parts.scheme in ("", "file") and not Path(parts.path or location, "cms").exists():
+        raise FileNotFoundError(f"{location}: not a condmsg export (no cms/ directory)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,10 @@
 """Reading the sender store from PostgreSQL through Spark's JDBC source.
 
-Partitioning. ``cm_id`` is a UUID string, so Spark's numeric ``partitionColumn`` does not
+Reading once. An audit reads through :func:`jdbc_input`, which persists each table as read
+for the run: its several passes over the CMs and the acks then read PostgreSQL once.
+
+Partitioning. One partition per core Spark runs tasks on (``--jdbc-partitions`` to
+change). ``cm_id`` is a UUID string, so Spark's numeric ``partitionColumn`` does not
 apply. Every table but the anomalies carries ``cm_id`` under a B-tree index (the primary
 keys of ``condmsg_cm``/``condmsg_copy``/``condmsg_compensation``, ``ix`` on
 ``condmsg_ack.cm_id``), so the reads are split into *ranges of cm_id*: the bounds come from a
@@ -21,19 +25,22 @@ decision or a release after ``until`` is not visible yet).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import pairwise
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, Table
 from spark_audit.readers import AuditInput, Window, apply_window
 from spark_audit.schemas import conform
+from spark_audit.settings import least_partitions
 
 DEFAULT_FETCHSIZE = 10_000
-DEFAULT_PARTITIONS = 4
 _HEX8 = re.compile(r"^[0-9a-f]{8}")
 
 
@@ -44,8 +51,11 @@ class JdbcSource:
     url: str
     user: str | None = None
     password: str | None = None
+    #: Rows PostgreSQL sends per round trip (pgjdbc's ``fetchsize``; it streams only
+    #: with one set, else it holds the whole result in the executor's memory).
     fetchsize: int = DEFAULT_FETCHSIZE
-    partitions: int = DEFAULT_PARTITIONS
+    #: Parallel reads per table (None: one per core Spark runs tasks on).
+    partitions: int | None = None
 
     def properties(self) -> dict[str, str]:
         props = {"driver": "org.postgresql.Driver", "fetchsize": str(self.fetchsize)}
@@ -59,7 +69,9 @@ class JdbcSource:
         return self.url
 
 
-def jdbc_source(url: str, *, fetchsize: int = DEFAULT_FETCHSIZE, partitions: int = 4) -> JdbcSource:
+def jdbc_source(
+    url: str, *, fetchsize: int = DEFAULT_FETCHSIZE, partitions: int | None = None
+) -> JdbcSource:
     """A :class:`JdbcSource` from a ``jdbc:postgresql://`` or ``postgresql[+driver]://`` URL.
 
     A libpq/SQLAlchemy URL's user and password become properties, and its
@@ -154,7 +166,29 @@ def _read(spark: SparkSession, source: JdbcSource, sql: str, **kwargs: object) -
 
 
 def read_jdbc(spark: SparkSession, source: JdbcSource, window: Window) -> AuditInput:
-    """The store's cut at ``window``, read in partitions (see the module doc)."""
+    """The store's cut at ``window``, read in partitions (see the module doc). Every
+    action on a frame reads PostgreSQL again: an audit reads through :func:`jdbc_input`."""
+    return apply_window(AuditInput(**_tables(spark, source, window)), window, joined=False)
+
+
+@contextmanager
+def jdbc_input(spark: SparkSession, source: JdbcSource, window: Window) -> Iterator[AuditInput]:
+    """:func:`read_jdbc`, each table read once: the tables as read are persisted (memory,
+    spilling to the executors' local disks) while the block runs, so the audit's several
+    passes over the CMs and the acks read PostgreSQL once per table."""
+    tables = {
+        name: frame.persist(StorageLevel.MEMORY_AND_DISK)
+        for name, frame in _tables(spark, source, window).items()
+    }
+    try:
+        yield apply_window(AuditInput(**tables), window, joined=False)
+    finally:
+        for frame in tables.values():
+            frame.unpersist()
+
+
+def _tables(spark: SparkSession, source: JdbcSource, window: Window) -> dict[str, DataFrame]:
+    partitions = source.partitions or least_partitions(spark)
     queries = _queries(window)
     bounds = _read(
         spark,
@@ -163,7 +197,7 @@ def read_jdbc(spark: SparkSession, source: JdbcSource, window: Window) -> AuditI
         f"WHERE {_cm_window(window, 'm')}",
     ).first()
     predicates = cm_id_predicates(
-        bounds["lo"] if bounds else None, bounds["hi"] if bounds else None, source.partitions
+        bounds["lo"] if bounds else None, bounds["hi"] if bounds else None, partitions
     )
     frames: dict[str, DataFrame] = {}
     table: Table
@@ -184,7 +218,7 @@ def read_jdbc(spark: SparkSession, source: JdbcSource, window: Window) -> AuditI
             column="id",
             lowerBound=int(ids["lo"]),
             upperBound=int(ids["hi"]) + 1,
-            numPartitions=source.partitions,
+            numPartitions=partitions,
         )
     frames[ANOMALIES.name] = conform(anomalies, ANOMALIES)
-    return apply_window(AuditInput(**frames), window, joined=False)
+    return frames

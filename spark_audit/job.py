@@ -36,15 +36,23 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from spark_audit import storage
 from spark_audit.alongside import run_alongside
 from spark_audit.checks import DEFAULT_CHECKS, CheckSpec, run_checks, status
 from spark_audit.details import AuditFrames, write_detail_tables
 from spark_audit.output import SMALL_SCHEMAS, TableWriter
 from spark_audit.readers import AuditInput, Window, sent_in
 from spark_audit.reevaluate.recompute import judge_cut
-from spark_audit.report import write_report
+from spark_audit.report import render
 from spark_audit.schemas import local_frame
-from spark_audit.settings import audit_settings, least_partitions, partitions_for
+from spark_audit.settings import (
+    SHUFFLE_PARTITIONS,
+    audit_settings,
+    launch_setting,
+    least_partitions,
+    partitions_for,
+)
+from spark_audit.storage import child
 from spark_audit.summary import build_summary, metrics_from
 from spark_audit.transforms import anomalies, rates
 from spark_audit.transforms.ack_flags import pack_flags, unpack_flags
@@ -60,7 +68,10 @@ _KEYS = T.StructType(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuditOptions:
-    out: Path
+    #: Where the tables, ``summary.json`` and ``report.html`` go: a path or any Hadoop
+    #: URI (``file://``, ``hdfs://``, ``s3a://``). None: nothing is written (the tables
+    #: are in :attr:`AuditResult.tables`).
+    out: str | Path | None
     window: Window
     source: str
     checks: tuple[CheckSpec, ...] = DEFAULT_CHECKS
@@ -79,26 +90,45 @@ class AuditOptions:
 class AuditResult:
     status: str
     summary: dict[str, Any]
-    out: Path
+    out: str | None
     timings: dict[str, float] = field(default_factory=dict)
+    #: Every table of the audit as a frame (those written: read from where they were).
+    tables: dict[str, DataFrame] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
         return 1 if self.status == "fail" else 0
 
 
+#: The Spark job group of every job an audit runs (Spark's UI lists them under it).
+JOB_GROUP = "condmsg-audit"
+
+
 class _Clock:
-    def __init__(self, say: Callable[[str], None]) -> None:
+    """The run's steps: timed, reported through ``say`` and named in Spark's UI (each
+    step's jobs carry its description; a second driver thread started within a step
+    inherits it, see :func:`spark_audit.alongside.run_alongside`)."""
+
+    def __init__(self, spark: SparkSession, say: Callable[[str], None]) -> None:
+        self.context = spark.sparkContext
         self.start = time.perf_counter()
         self.last = self.start
         self.say = say
         self.timings: dict[str, float] = {}
+
+    def next(self, description: str) -> None:
+        """The jobs from here on are this step's (Spark UI: ``description``)."""
+        self.context.setJobGroup(JOB_GROUP, f"condmsg audit: {description}")
 
     def step(self, name: str) -> None:
         now = time.perf_counter()
         self.timings[name] = round(now - self.last, 3)
         self.last = now
         self.say(f"[audit {now - self.start:7.1f}s] {name}")
+
+    def done(self) -> None:
+        self.context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        self.context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
 
 
 class _CachedFrames:
@@ -147,27 +177,40 @@ def run_audit(
     (``apply_window``): the audit cuts it at ``options.window`` itself.
     """
     least = options.partitions or least_partitions(spark)
-    with audit_settings(spark, least):
-        return _run(spark, data, options, _Clock(progress), least)
+    clock = _Clock(spark, progress)
+    out = None if options.out is None else str(options.out)
+    writer = TableWriter(spark, None if out is None else child(out, "tables"))
+    try:
+        with audit_settings(spark, least):
+            return _run(spark, data, options, clock, writer, least)
+    finally:
+        writer.close()
+        clock.done()
 
 
 def _run(
-    spark: SparkSession, data: AuditInput, options: AuditOptions, clock: _Clock, least: int
+    spark: SparkSession,
+    data: AuditInput,
+    options: AuditOptions,
+    clock: _Clock,
+    writer: TableWriter,
+    least: int,
 ) -> AuditResult:
     window = options.window
-    options.out.mkdir(parents=True, exist_ok=True)
-    writer = TableWriter(options.out / "tables")
+    clock.next("the conditions, their plans and the senders")
     # One scan of the CMs: their distinct conditions and senders, and the count and span
     # of those in the window.
     plans = plan_set(data.cms, chosen=sent_in(window), senders=True)
     cut = plans.chosen
     assert cut is not None
     clock.step("decoded the conditions")
-    partitions = partitions_for(int(cut["cms"]), least)
-    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))  # audit_settings restores it
+    partitions = partitions_for(spark, int(cut["cms"]), least)
+    if launch_setting(spark, SHUFFLE_PARTITIONS) is None:  # audit_settings restores it
+        spark.conf.set(SHUFFLE_PARTITIONS, str(partitions))
     cached = _CachedFrames(data, plans, window, partitions)
     cms, acks = cached.build()
     bucket = _bucket(options, cut)
+    clock.next("the cut, every CM judged; the latency histogram")
     # The per-CM job and the histogram's both read the two caches and need nothing from
     # each other: the per-CM one is planned and submitted from a second thread, so its
     # planning and the driver's work on the histogram overlap the running jobs, and its
@@ -183,6 +226,7 @@ def _run(
         cached.release()
         cms, acks = cached.build(ranks)
         rollup = _judged(plans, cms, acks, options, bucket)
+    clock.next("the outcome tables")
     candidates = _with_ids(cms, rollup["candidates"])
     for name in ("rates_by_sender", "rates_by_shape", "outcomes_over_time", "destinations"):
         writer.rows(name, rollup[name], SMALL_SCHEMAS[name])
@@ -190,6 +234,7 @@ def _run(
 
     overall = {key: int(value) for key, value in rollup["overall"].items()}
     frames = AuditFrames(plans, cms, acks)
+    clock.next("the detail tables")
     late_metrics = write_detail_tables(
         spark, data, window, frames, candidates, overall, ack_counts, writer
     )
@@ -204,6 +249,7 @@ def _run(
         "shapes": len(rollup["rates_by_shape"]),
         "acks": ack_counts["facts"] + ack_counts["other_rows"],
     }
+    clock.next("summary.json and report.html")
     return _write_summary(spark, options, clock, writer, totals, ack_counts, late_metrics)
 
 
@@ -231,7 +277,8 @@ def _write_summary(
     late_metrics: dict[str, int],
 ) -> AuditResult:
     """The metrics and checks over the written tables, ``summary.json`` and
-    ``report.html``."""
+    ``report.html`` (once every table is written)."""
+    writer.wait()
     counts = dict(writer.counts)
     for problem in anomalies.PROBLEMS:
         counts[f"status:{problem}"] = ack_counts[problem]
@@ -252,12 +299,14 @@ def _write_summary(
         collected=writer.collected,
         timings=clock.timings,
     )
-    out = options.out
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    write_report(out / "report.html", summary, writer.collected)
+    out = None if options.out is None else str(options.out)
+    if out is not None:
+        text = json.dumps(summary, indent=2, default=str) + "\n"
+        storage.write_text(spark, child(out, "summary.json"), text)
+        storage.write_text(spark, child(out, "report.html"), render(summary, writer.collected))
     clock.step(f"wrote summary.json and report.html: {verdict}")
     summary["timings_s"] = clock.timings
-    return AuditResult(verdict, summary, out, clock.timings)
+    return AuditResult(verdict, summary, out, clock.timings, writer.tables)
 
 
 def _judged(

@@ -1,27 +1,33 @@
 """The audit's tables under ``tables/``: their writer and the schemas of the small ones.
 
-Small tables are collected and written from the driver with pyarrow; a detail table with
-more than :data:`DRIVER_ROWS` rows is written by Spark.
+Every table is written by Spark's Parquet writer, so the output location can be any
+Hadoop URI (``file://``, ``hdfs://``, ``s3a://``). Small tables are built on the driver
+(collected rows, or rows computed there) and written as one file each from a frame of
+those rows; a detail table with more than :data:`DRIVER_ROWS` rows is written straight
+from its query, by the executors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import reduce
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.util import inheritable_thread_target
 
 from spark_audit.settings import one_shuffle_partition
+from spark_audit.storage import child
 
 #: A detail table with at most this many rows is collected and written by the driver.
 DRIVER_ROWS = 200_000
+#: Small tables written at the same time (:class:`TableWriter`).
+BACKGROUND_WRITES = 4
 #: Detail tables whose first rows the report shows.
 SAMPLED_TABLES = ("discrepancies", "late_ack_effects", "status_mismatches", "stale_pending")
 SAMPLE_ROWS = 50
@@ -123,20 +129,54 @@ DISCREPANCY_SCHEMA = pa.schema(
 
 
 class TableWriter:
-    """Writes the tables under ``tables/`` and keeps their row counts and samples."""
+    """Writes the tables under ``root`` (a path or URI; None: writes nothing) and keeps
+    each as a frame (:attr:`tables`), with its row count and samples.
 
-    def __init__(self, root: Path) -> None:
+    The small tables are written in the background (:data:`BACKGROUND_WRITES` at a time):
+    each is a Spark job of one task whose time is nearly all the driver's (planning, the
+    output committer's file operations), so the audit's next steps run meanwhile.
+    :meth:`wait` for them before relying on the files; :meth:`close` in any case."""
+
+    def __init__(self, spark: SparkSession, root: str | None) -> None:
+        self.spark = spark
         self.root = root
+        self.tables: dict[str, DataFrame] = {}
         self.counts: dict[str, int] = {}
         self.collected: dict[str, list[dict[str, Any]]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+
+    def wait(self) -> None:
+        """Every table written so far is on storage (the first failed write raises)."""
+        pending, self._pending = self._pending, []
+        for write in pending:
+            write.result()
+
+    def close(self) -> None:
+        """Wait for the writes still running and stop their threads."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _write_later(self, frame: DataFrame, location: str) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(BACKGROUND_WRITES, "condmsg-audit-write")
+
+        def write() -> None:
+            frame.coalesce(1).write.mode("overwrite").parquet(location)
+
+        # The thread's jobs carry the step's job group and description.
+        self._pending.append(self._pool.submit(inheritable_thread_target(self.spark)(write)))
 
     def rows(self, name: str, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
         self.arrow(name, pa.Table.from_pylist(rows, schema=schema), keep_all=True)
 
     def arrow(self, name: str, table: pa.Table, *, keep_all: bool = False) -> None:
-        path = self.root / name
-        path.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, path / "part-00000.parquet")
+        """A table computed on the driver: a frame of its rows, written as one file."""
+        frame = self.spark.createDataFrame(table)
+        self.tables[name] = frame
+        if self.root is not None:
+            self._write_later(frame, child(self.root, name))
         self.counts[name] = table.num_rows
         if keep_all:
             self.collected[name] = table.to_pylist()
@@ -175,10 +215,17 @@ class TableWriter:
             self.arrow(name, schema.empty_table())
         elif expected <= DRIVER_ROWS:
             self.arrow(name, frame.toArrow())
+        elif self.root is None:
+            self.tables[name] = frame
+            self.counts[name] = frame.count()
+            if name in SAMPLED_TABLES and self.counts[name]:
+                rows = frame.limit(SAMPLE_ROWS).collect()
+                self.collected[name] = [r.asDict(recursive=True) for r in rows]
         else:
-            path = self.root / name
-            frame.write.mode("overwrite").parquet(str(path))
-            written = frame.sparkSession.read.parquet(str(path))
+            path = child(self.root, name)
+            frame.write.mode("overwrite").parquet(path)
+            written = frame.sparkSession.read.parquet(path)
+            self.tables[name] = written
             self.counts[name] = written.count()
             if name in SAMPLED_TABLES and self.counts[name]:
                 rows = written.limit(SAMPLE_ROWS).collect()

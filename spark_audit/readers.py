@@ -9,13 +9,23 @@ live store see the same rows for the same window.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, OUTCOME_COLUMNS
+from condmsg.archive_layout import (
+    ACKS,
+    ANOMALIES,
+    CMS,
+    COMPENSATIONS,
+    COPIES,
+    MANIFEST,
+    OUTCOME_COLUMNS,
+)
+from spark_audit import storage
 from spark_audit.schemas import SCHEMAS, conform
 
 _DECISION_COLUMNS = ("decided_at", "effective_at", "reasons_json", "facts_json", "decided_by")
@@ -136,21 +146,61 @@ def apply_window(data: AuditInput, window: Window, *, joined: bool = True) -> Au
     )
 
 
-def read_parquet(spark: SparkSession, directory: str | Path) -> AuditInput:
-    """Read the layout written by ``condmsg export`` (a missing table reads as empty)."""
-    root = Path(directory)
-    if not (root / CMS.name).exists():
-        raise FileNotFoundError(f"{root}: no '{CMS.name}' table (not a condmsg export?)")
+def read_parquet(
+    spark: SparkSession, location: str | Path, window: Window | None = None
+) -> AuditInput:
+    """Read the layout written by ``condmsg export`` at ``location`` (a path or any Hadoop
+    URI: ``file://``, ``hdfs://``, ``s3a://``; a missing table reads as empty).
+
+    An export partitioned by day (its manifest's ``partitioning``) read for a ``window``
+    is read from the days the window needs only: the CMs, copies and compensations of the
+    days the CMs were sent in, the acks received and the anomalies recorded from the
+    window's first day to its last (an ack of a CM in the window received before the
+    window's first day, possible only with the clocks of the sender and the evaluator
+    apart across midnight, is then not read). The frames hold the tables' columns only.
+    """
+    root = str(location)
+    if not storage.exists(spark, storage.child(root, CMS.name)):
+        raise FileNotFoundError(f"{root}: not a condmsg export (no '{CMS.name}' table)")
+    manifest = storage.read_json(spark, storage.child(root, MANIFEST)) or {}
+    partitioning: dict[str, str] = manifest.get("partitioning") or {}
     frames: dict[str, DataFrame] = {}
     for table in (CMS, COPIES, ACKS, COMPENSATIONS, ANOMALIES):
         schema = SCHEMAS[table.name]
-        path = root / table.name
-        if path.exists():
-            frame = spark.read.schema(schema).parquet(str(path))
-        else:
+        path = storage.child(root, table.name)
+        column = partitioning.get(table.name)
+        if not storage.exists(spark, path):
             frame = spark.createDataFrame([], schema)
+        elif column is None:
+            frame = spark.read.schema(schema).parquet(path)
+        else:
+            with_day = T.StructType([*schema.fields, T.StructField(column, T.DateType())])
+            frame = spark.read.schema(with_day).parquet(path)
+            if window is not None:
+                frame = frame.where(days_of(window, column))
         frames[table.name] = conform(frame, table)
     return AuditInput(**frames)
+
+
+def export_until(spark: SparkSession, location: str | Path) -> datetime | None:
+    """The ``until`` of the export at ``location`` (its manifest's), or None."""
+    manifest = storage.read_json(spark, storage.child(str(location), MANIFEST)) or {}
+    until = manifest.get("until")
+    return datetime.fromisoformat(until) if until else None
+
+
+def days_of(window: Window, column: str) -> Column:
+    """The day partitions (``column``, a date) from the day of ``since`` to the day of
+    ``until``: every CM sent, ack received and anomaly recorded in the window is in one."""
+    inside = F.col(column) <= F.lit(_utc_day(window.until))
+    if window.since is not None:
+        inside = inside & (F.col(column) >= F.lit(_utc_day(window.since)))
+    return inside
+
+
+def _utc_day(instant: datetime) -> date:
+    """The UTC day of ``instant`` (a naive one is UTC already, as everywhere here)."""
+    return (instant.astimezone(UTC) if instant.tzinfo else instant).date()
 
 
 def with_frames(data: AuditInput, **frames: DataFrame) -> AuditInput:

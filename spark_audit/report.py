@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from html import escape
-from pathlib import Path
 from typing import Any
 
 from spark_audit.svg import diverging_bars, stacked_bars
@@ -119,9 +118,3 @@ def render(summary: Mapping[str, Any], collected: Mapping[str, list[dict[str, An
         + "\n".join(sections)
         + "</body></html>\n"
     )
-
-
-def write_report(
-    path: Path, summary: Mapping[str, Any], collected: Mapping[str, list[dict[str, Any]]]
-) -> None:
-    path.write_text(render(summary, collected), encoding="utf-8")

@@ -20,9 +20,9 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from condmsg.timeutil import utcnow
-from spark_audit import SUMMARY_VERSION
 from spark_audit.checks import CheckResult
 from spark_audit.readers import Window
+from spark_audit.versions import SUMMARY_VERSION
 
 SCHEMA_NAME = "condmsg.audit.summary"
 

@@ -1,5 +1,5 @@
-"""``condmsg export``: write a sender store (SQLite or PostgreSQL) as the Parquet layout the
-Spark audit reads. SQLAlchemy and pyarrow only: no Spark, no JVM."""
+"""``condmsg export``: write a sender store (SQLite or PostgreSQL) as the day-partitioned
+Parquet layout the Spark audit reads. SQLAlchemy and pyarrow only: no Spark, no JVM."""
 
 from __future__ import annotations
 
@@ -15,8 +15,15 @@ def register(subparsers: Any) -> None:
         "export", help="export a sender store to Parquet for the audit (no Spark needed)"
     )
     parser.add_argument("--db-url", required=True, help="SQLAlchemy URL of the sender store")
-    parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    parser.add_argument("--since", type=parse_cli_instant, help="first sent_at included (UTC)")
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="output directory (a path, file://, s3://)"
+    )
+    parser.add_argument(
+        "--since",
+        type=parse_cli_instant,
+        help="first day exported (UTC; from its midnight). On an existing export: append, "
+        "writing the days from this one on again and keeping the earlier ones",
+    )
     parser.add_argument("--until", type=parse_cli_instant, help="end of the cut (default: now)")
     parser.set_defaults(handler=run)
 

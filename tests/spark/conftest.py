@@ -55,16 +55,17 @@ def spark() -> Iterator[Any]:
         SessionOptions(
             app_name="condmsg-audit-tests",
             master="local[2]",
-            shuffle_partitions=2,
             extra={
                 "spark.ui.enabled": "false",
                 "spark.ui.showConsoleProgress": "false",
-                "spark.sql.adaptive.enabled": "true",
                 "spark.default.parallelism": "2",
             },
         )
     )
     session.sparkContext.setLogLevel("ERROR")
+    # Set on the running session, not at launch: a launch setting would be the user's,
+    # which the audit keeps (spark_audit.settings.launch_setting).
+    session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()
 

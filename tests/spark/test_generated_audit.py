@@ -156,3 +156,30 @@ def test_generated_stored_verdicts_agree_with_evaluate(audited: dict[str, Any]) 
 
 def test_bad_input_exits_with_2(tmp_path: Path) -> None:
     assert main(["--parquet", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_the_notebook_api_returns_frames_and_writes_nothing(
+    spark: Any, audited: dict[str, Any]
+) -> None:
+    import spark_audit
+    from spark_audit.job import JOB_GROUP
+
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup(JOB_GROUP))
+    run = spark_audit.audit(spark, str(audited["root"] / "store"))
+    # Its jobs are listed under the audit's group in Spark's UI.
+    assert set(tracker.getJobIdsForGroup(JOB_GROUP)) - before
+    assert run.status == "fail"
+    assert run.summary["metrics"] == audited["summary"]["metrics"]
+    cms = run.cms.cache()
+    try:
+        assert cms.count() == SPEC.cms
+        wrong = cms.where("decided AND NOT agrees").select("cm_id", "sender", "shape").collect()
+        assert len(wrong) == SPEC.wrong_verdicts
+        assert all(r["cm_id"] and r["sender"] and r["shape"] for r in wrong)
+        assert cms.where("stale").count() == SPEC.stale_pending
+    finally:
+        cms.unpersist()
+    assert set(run.tables) == set(audited["summary"]["tables"])
+    assert run.tables["orphan_acks"].count() == SPEC.orphans
+    assert run.tables["discrepancies"].count() == SPEC.wrong_verdicts

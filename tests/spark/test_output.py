@@ -29,7 +29,7 @@ def test_small_tables_share_one_query_and_keep_their_schemas(
     none = spark.createDataFrame([], "ack_id string, flag boolean")
     grouped = ids.groupBy((ids.n % 2).alias("odd")).count()
     partitions = spark.conf.get("spark.sql.shuffle.partitions")
-    writer = TableWriter(tmp_path)
+    writer = TableWriter(spark, str(tmp_path))
     writer.frames(
         {
             "ids": (ids, 2),
@@ -39,6 +39,7 @@ def test_small_tables_share_one_query_and_keep_their_schemas(
             "grouped": (grouped, 2),
         }
     )
+    writer.wait()
     # The union ran with one shuffle partition; the session's setting is restored.
     assert spark.conf.get("spark.sql.shuffle.partitions") == partitions
     assert writer.counts == {"ids": 2, "stamps": 1, "big": 3, "none": 0, "grouped": 2}
@@ -58,8 +59,9 @@ def test_small_tables_share_one_query_and_keep_their_schemas(
 
 
 def test_one_small_table_is_collected_alone(spark: Any, tmp_path: Path) -> None:
-    writer = TableWriter(tmp_path)
+    writer = TableWriter(spark, str(tmp_path))
     frame = spark.createDataFrame([("a",)], "ack_id string")
     writer.frames({"one": (frame, 1), "empty": (frame.limit(0), 0)})
+    writer.close()
     assert writer.counts == {"one": 1, "empty": 0}
     assert _read(tmp_path, "one").to_pylist() == [{"ack_id": "a"}]

@@ -52,10 +52,10 @@ def _audit(spark: Any, store: Path, out: Path, partitions: int | None, progress:
 
 def test_one_partition_per_core_in_local_mode_and_more_for_many_cms(session_at_7: Any) -> None:
     assert settings.least_partitions(session_at_7) == 2  # not the session's 7
-    assert settings.partitions_for(0, 2) == 2
-    assert settings.partitions_for(2 * settings.CMS_PER_PARTITION, 2) == 2
-    assert settings.partitions_for(5 * settings.CMS_PER_PARTITION + 1, 2) == 6
-    assert settings.partitions_for(5 * settings.CMS_PER_PARTITION + 1, 8) == 8
+    assert settings.partitions_for_cms(0, 2) == 2
+    assert settings.partitions_for_cms(2 * settings.CMS_PER_PARTITION, 2) == 2
+    assert settings.partitions_for_cms(5 * settings.CMS_PER_PARTITION + 1, 2) == 6
+    assert settings.partitions_for_cms(5 * settings.CMS_PER_PARTITION + 1, 8) == 8
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, "2"), (3, "3")])
@@ -69,6 +69,32 @@ def test_the_run_uses_its_partitions_and_restores_the_session(
     assert result.summary["totals"]["cms"] == SPEC.cms
     assert seen and set(seen) == {expected}
     assert session_at_7.conf.get(SHUFFLE) == "7"
+
+
+def test_the_users_launch_settings_are_kept(
+    session_at_7: Any, store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shuffle partitions and adaptive execution given at launch (``--conf``) are the
+    user's: the run keeps them (only its time zone is its own)."""
+    users = {SHUFFLE: "7", "spark.sql.adaptive.enabled": "true"}
+    given = lambda _spark, key: users.get(key)  # noqa: E731
+    monkeypatch.setattr(settings, "launch_setting", given)
+    monkeypatch.setattr(job, "launch_setting", given)
+    session_at_7.conf.set("spark.sql.session.timeZone", "Europe/Paris")
+    seen: list[tuple[str, ...]] = []
+    try:
+        _audit(
+            session_at_7,
+            store,
+            tmp_path,
+            None,
+            lambda _m: seen.append(
+                tuple(session_at_7.conf.get(key) for key in (*users, "spark.sql.session.timeZone"))
+            ),
+        )
+    finally:
+        session_at_7.conf.set("spark.sql.session.timeZone", "UTC")
+    assert seen and set(seen) == {("7", "true", "UTC")}
 
 
 def test_a_failed_run_restores_the_session_too(

@@ -14,7 +14,7 @@ with the ``BEGIN`` and ``COMMIT`` it needs anyway. Several statements in one str
 PostgreSQL's simple query protocol, which takes no parameters and plans each statement it
 is sent. So both statements are prepared once per connection with SQL ``PREPARE`` (only
 ever while no transaction is open, ahead of a claim) and sent as ``EXECUTE name(...)``:
-the server parses a call instead of planning an INSERT (about 0.15 ms a message here).
+the server parses a call instead of planning an INSERT.
 The values are written into the calls as literals, rendered here by type: strings
 through libpq's own ``PQescapeLiteral`` (never by hand), instants as ISO text, bytes as
 hex. If a statement fails, PostgreSQL skips the rest of the string: ``BEGIN; EXECUTE``
@@ -31,15 +31,15 @@ there fails harmlessly). A claim that finds its statement gone all the same
 (``invalid_sql_statement_name``: a ``DEALLOCATE`` sent past SQLAlchemy) rolls back the
 ``BEGIN`` it sent and sends ``BEGIN; INSERT``; an ack that does fails its transaction,
 which the receiver rolls back and requeues like any failed commit (an ack that could
-fall back on its own would need a ``SAVEPOINT`` in every commit: 20-30 µs of server CPU
-a message here). A connection that keeps losing them (a pooler in transaction mode)
-gets plain statements from then on.
+fall back on its own would need a ``SAVEPOINT`` in every commit, which costs the server
+more than the fallback is worth). A connection that keeps losing them (a pooler in
+transaction mode) gets plain statements from then on.
 
 What was measured and rejected: psycopg's pipeline mode saves the same round trips with
 bound parameters, but on a local socket it costs more than it saves (twice the client
 CPU of plain statements and a longer wall time per message); psycopg's client-side
-binding (``ClientCursor.mogrify``) adapts each value through its adapter registry, about
-0.65 µs a value against 0.1 µs here (33 values a message).
+binding (``ClientCursor.mogrify``) adapts each value through its adapter registry, several
+times the cost of the literals rendered here. The figures are in ``bench/RESULTS.md``.
 
 Both statements run on the session's own connection, so they are part of the app's
 transaction exactly as portable SQLAlchemy statements would be. The receiver reaches them

@@ -21,6 +21,7 @@ A store created before it was versioned (by ``create_all``) is adopted by
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,17 +88,19 @@ def _number(revision: str) -> int:
     return int(revision.rsplit("_", 1)[1])
 
 
-def _config(conn: Connection) -> Config:
+def _config(conn: Connection | None = None) -> Config:
     config = Config()
     config.set_main_option("script_location", str(_SCRIPTS))
-    config.attributes["connection"] = conn
+    if conn is not None:
+        config.attributes["connection"] = conn
     return config
 
 
+@functools.cache
 def _scripts() -> ScriptDirectory:
-    config = Config()
-    config.set_main_option("script_location", str(_SCRIPTS))
-    return ScriptDirectory.from_config(config)
+    """The revision files, read once per process: every check at a service's start asks
+    for the heads, and the files do not change while it runs."""
+    return ScriptDirectory.from_config(_config())
 
 
 def head(store: str) -> str:

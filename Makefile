@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 JDBC_JAR := /usr/share/java/postgresql.jar
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: demo test lint bench services install clean audit-dist
+.PHONY: demo test lint bench services install clean audit-dist prepared-transactions
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,15 +28,19 @@ $(JDBC_JAR):
 services: $(STAMP)
 	$(BIN)/python -m condmsg.cli check-services
 
+# Spheres' prepared transactions need max_prepared_transactions > 0 (docs/spheres.md).
+prepared-transactions:
+	bash .ci/prepared-transactions
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) $(JDBC_JAR) services lint
+test: $(STAMP) $(JDBC_JAR) prepared-transactions services lint
 	$(BIN)/pytest -n 2 --dist loadgroup
 
-demo: $(STAMP) services
+demo: $(STAMP) prepared-transactions services
 	$(BIN)/python -m condmsg.demo
 
 bench: $(STAMP) services

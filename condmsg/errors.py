@@ -18,6 +18,7 @@ __all__ = [
     "CondmsgError",
     "ConfigError",
     "ProtocolError",
+    "SphereError",
     "StoreError",
 ]
 
@@ -40,3 +41,9 @@ class ProtocolError(CondmsgError, ValueError):
 
 class ConfigError(CondmsgError, ValueError):
     """A setting is missing or malformed; the message names the environment key."""
+
+
+class SphereError(CondmsgError):
+    """A Dependency-Sphere used against its rules (sending through one that has ended,
+    committing twice or after an abort, nesting, a bad timeout, an unknown handler, a
+    participant a database cannot serve). Nothing was sent or changed by the call."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -34,6 +33,7 @@ from condmsg.db import make_engine
 from condmsg.errors import BrokerError, ConditionError, ConfigError
 from condmsg.evaluation import Verdict, evaluate
 from condmsg.outcome import Outcome
+from condmsg.outgoing import Outgoing, new_cm_id
 from condmsg.payloads import JSON, encode_payload
 from condmsg.relaying import OwnsOutbox
 from condmsg.send_store import (
@@ -43,6 +43,9 @@ from condmsg.send_store import (
     SqlAlchemySendStore,
 )
 from condmsg.settings import Settings
+from condmsg.sphere_outcome import SphereOutcome
+from condmsg.sphere_participants import Participant
+from condmsg.spheres import Handler, Sphere, SphereCoordinator
 from condmsg.timeutil import utcnow
 from condmsg.topology import declare_destination, declare_service_queue
 from outbox import backends
@@ -97,6 +100,7 @@ class Sender(OwnsOutbox):
         self._declared: set[str] = set()
         create_tables(self.engine)
         self.secret = secret or store_secret(self.engine)
+        self.spheres = SphereCoordinator(self)
         if declare_queues:
             self._declare_service_queues()
 
@@ -104,6 +108,50 @@ class Sender(OwnsOutbox):
     def from_env(cls, *, name: str, **overrides: Any) -> Sender:
         options = Settings.from_env().endpoint_options() | overrides
         return cls(name=name, **options)
+
+    def clock(self) -> datetime:
+        """The sender's clock (``sent_at`` of its CMs, the instants of its spheres)."""
+        return self._clock()
+
+    # -- Dependency-Spheres (docs/spheres.md) --------------------------------------------
+
+    def sphere(self, *, timeout: timedelta | float | None = None) -> Sphere:
+        """Begin a Dependency-Sphere that must be committed, with every member satisfied,
+        within ``timeout``. Use it as a context manager: leaving the block commits it, an
+        exception aborts it. Spheres do not nest."""
+        return self.spheres.begin(timeout)
+
+    def begin_sphere(self, *, timeout: timedelta | float | None = None) -> Sphere:
+        """Begin a sphere to end later with ``commit()`` or ``abort()`` (maybe in another
+        process: :meth:`sphere_by_id`)."""
+        return self.spheres.begin(timeout)
+
+    def sphere_by_id(self, sphere_id: str) -> Sphere:
+        """Reattach to a sphere of this sender (from another process, after a restart)."""
+        return self.spheres.attach(sphere_id)
+
+    def register_handler(self, name: str, handler: Handler) -> None:
+        """Register ``handler(session, **args)`` under ``name`` for spheres'
+        ``on_success`` / ``on_failure``; ``session`` is on this sender's store, and the
+        handler's writes there commit with the record that it ran (so it runs once)."""
+        self.spheres.register_handler(name, handler)
+
+    def register_database(self, bind: Engine | str) -> None:
+        """Make a database that spheres' prepared transactions use known to this process,
+        so that :meth:`resolve_spheres` finishes them with this engine (else it connects
+        with the logged URL, which has no password: libpq's PGPASSWORD or .pgpass)."""
+        self.spheres.register_database(bind)
+
+    def resolve_spheres(self, *, participants: Iterable[Participant] = (), limit: int = 100) -> int:
+        """Finish the participants of this sender's decided spheres that still have some
+        unfinished: prepared transactions committed or rolled back by the outcome, handlers
+        run once. Call it when a process that uses spheres starts (it finishes what a crashed
+        one left) and now and then after; returns the spheres looked at."""
+        return self.spheres.resolve_all(participants=participants, limit=limit)
+
+    def sphere_outcome(self, sphere_id: str, timeout: float = 0.0) -> SphereOutcome | None:
+        """The outcome of a sphere of this sender, waiting up to ``timeout`` seconds."""
+        return self.spheres.outcome(sphere_id, timeout)
 
     # -- sending --------------------------------------------------------------------
 
@@ -136,13 +184,18 @@ class Sender(OwnsOutbox):
         return self.send_many([outgoing], session=session)[0]
 
     def send_many(
-        self, messages: Iterable[Outgoing], *, session: Session | None = None
+        self,
+        messages: Iterable[Outgoing],
+        *,
+        session: Session | None = None,
+        sphere: str | None = None,
     ) -> list[str]:
         """Send several conditional messages in one transaction; return their CM ids.
 
         All or nothing, like :meth:`send` (the caller's transaction with ``session``). The
         rows of all of them go to the database as one batch per table, so a batch costs a
         handful of round trips however many CMs it holds: the way to send at volume.
+        ``sphere`` makes them members of that open Dependency-Sphere (``Sphere.send_many``).
         """
         rows = SendRows()
         outbox: list[Fanout] = []
@@ -152,7 +205,12 @@ class Sender(OwnsOutbox):
         self._ensure_destinations(
             sorted({row["routing_key"] for row in rows.copies if not row["exchange"]})
         )
+        if sphere is not None:
+            for row in rows.cms:
+                row["sphere_id"] = sphere
         with self._transaction(session) as s:
+            if sphere is not None:
+                self.spheres.join(s, sphere, len(cm_ids))
             self.store.add(s, rows)
             enqueue_fanouts(s, outbox)
         return cm_ids
@@ -340,18 +398,6 @@ class Sender(OwnsOutbox):
             connection.close()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Outgoing:
-    """One conditional message for :meth:`Sender.send_many` (the arguments of ``send``)."""
-
-    payload: object
-    condition: Condition
-    compensation: object | None = None
-    notify_success: bool = False
-    headers: Mapping[str, Any] | None = None
-    content_type: str | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class _Shape:
     """What a send derives from its condition alone, computed once per distinct condition."""
@@ -361,16 +407,6 @@ class _Shape:
     #: ``next_check_at - sent_at`` of a CM with no ack yet (evaluation is relative to
     #: ``sent_at``), or None if nothing can change on its own.
     first_check: timedelta | None
-
-
-def new_cm_id() -> str:
-    """A random (version 4) UUID in its text form, as ``str(uuid.uuid4())`` makes it at
-    twice the cost (a send makes one per CM)."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = raw[6] & 0x0F | 0x40  # version 4
-    raw[8] = raw[8] & 0x3F | 0x80  # the RFC 4122 variant
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 @functools.lru_cache(maxsize=1024)

@@ -14,6 +14,8 @@ import sqlalchemy as sa
 from condmsg.store_values import AckStatus as AckStatus
 from condmsg.store_values import AnomalyKind as AnomalyKind
 from condmsg.store_values import CmState as CmState
+from condmsg.store_values import ParticipantState as ParticipantState
+from condmsg.store_values import SphereState as SphereState
 
 metadata = sa.MetaData()
 
@@ -62,6 +64,8 @@ sa.Index(
     sqlite_where=cms.c.state == CmState.PENDING.value,
 )
 sa.Index("ix_condmsg_cm_sent_at", cms.c.sent_at)
+# A sphere's members are found through this index (most CMs belong to no sphere).
+sa.Index("ix_condmsg_cm_sphere_id", cms.c.sphere_id)
 
 copies = sa.Table(
     "condmsg_copy",
@@ -119,3 +123,55 @@ anomalies = sa.Table(
 sa.Index("ix_condmsg_anomaly_recorded_at", anomalies.c.recorded_at)
 # Retention archives a CM's anomalies with it, found through this index.
 sa.Index("ix_condmsg_anomaly_cm_id", anomalies.c.cm_id)
+
+# Dependency-Spheres (docs/spheres.md): the sphere log. The sender writes a sphere's
+# beginning, members (``condmsg_cm.sphere_id``), participants and its commit or abort
+# request; the evaluator decides its outcome once (a conditional UPDATE, like a CM's).
+spheres = sa.Table(
+    "condmsg_sphere",
+    metadata,
+    sa.Column("sphere_id", sa.String(36), primary_key=True),
+    sa.Column("sender", sa.String(255), nullable=False),
+    sa.Column("begun_at", _TS, nullable=False),
+    sa.Column("deadline", _TS, nullable=False),
+    # Sends add to it under the row's lock, and only while the sphere is open.
+    sa.Column("members", sa.Integer(), nullable=False, default=0),
+    sa.Column("state", sa.String(16), nullable=False, default=SphereState.OPEN.value),
+    sa.Column("committed_at", _TS),
+    sa.Column("aborted_at", _TS),
+    sa.Column("abort_reason", sa.Text()),
+    sa.Column("next_check_at", _TS),
+    sa.Column("decided_at", _TS),
+    sa.Column("effective_at", _TS),
+    sa.Column("reasons_json", sa.Text()),
+    sa.Column("decided_by", sa.String(255)),
+)
+_UNDECIDED_SPHERE = spheres.c.state.in_(
+    [SphereState.OPEN.value, SphereState.COMMITTED.value, SphereState.ABORTED.value]
+)
+# The evaluator's sphere sweep (timeouts, commits and aborts to act on), like the CMs'.
+sa.Index(
+    "ix_condmsg_sphere_due",
+    spheres.c.next_check_at,
+    postgresql_where=_UNDECIDED_SPHERE,
+    sqlite_where=_UNDECIDED_SPHERE,
+)
+
+sphere_participants = sa.Table(
+    "condmsg_sphere_participant",
+    metadata,
+    sa.Column(
+        "sphere_id", sa.String(36), sa.ForeignKey("condmsg_sphere.sphere_id"), primary_key=True
+    ),
+    # Stable across processes: a prepared transaction's global id, a handler's position.
+    sa.Column("participant_id", sa.String(200), primary_key=True),
+    sa.Column("kind", sa.String(16), nullable=False),  # postgresql, handler or custom
+    # Where its work lives: a database URL without its password, a handler's name.
+    sa.Column("resource", sa.Text(), nullable=False),
+    sa.Column("args_json", sa.Text()),
+    sa.Column("run_on", sa.String(16)),  # a handler's outcome: satisfied or violated
+    sa.Column("state", sa.String(16), nullable=False, default=ParticipantState.ENLISTED.value),
+    sa.Column("enlisted_at", _TS, nullable=False),
+    sa.Column("resolved_at", _TS),
+    sa.Column("detail", sa.Text()),
+)

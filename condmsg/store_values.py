@@ -38,3 +38,39 @@ class AnomalyKind(StrEnum):
     LATE_CHANGES_VERDICT = "late_changes_verdict"
     MALFORMED = "malformed"
     CLOCK_SKEW = "clock_skew"
+
+
+class SphereState(StrEnum):
+    """``condmsg_sphere.state``: open for members, a request the evaluator acts on
+    (``committed``, ``aborted``), or the sphere's outcome."""
+
+    OPEN = "open"
+    COMMITTED = "committed"  # the sender committed; the outcome waits for the members
+    ABORTED = "aborted"  # the sender aborted; the evaluator records the violation
+    SATISFIED = "satisfied"
+    VIOLATED = "violated"
+
+    @property
+    def decided(self) -> bool:
+        return self in (SphereState.SATISFIED, SphereState.VIOLATED)
+
+
+class ParticipantState(StrEnum):
+    """``condmsg_sphere_participant.state``: how far a participant has come."""
+
+    ENLISTED = "enlisted"  # its work is open (or, for a handler, waiting for the outcome)
+    PREPARED = "prepared"  # voted yes; its work waits for the outcome
+    VOTED_NO = "voted_no"  # its prepare failed or voted no: the sphere fails
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled_back"
+    RAN = "ran"  # a handler whose outcome came: it ran once
+    SKIPPED = "skipped"  # a handler for the other outcome
+
+    @property
+    def resolved(self) -> bool:
+        return self in (
+            ParticipantState.COMMITTED,
+            ParticipantState.ROLLED_BACK,
+            ParticipantState.RAN,
+            ParticipantState.SKIPPED,
+        )

@@ -135,7 +135,7 @@ class AckBatches:
                 acks=intake.acks,
                 copies=intake.copies,
             )
-        self._observe(batch_report(intake, result.outcomes))
+        self._observe(batch_report(intake, result.outcomes, result.spheres))
         return len(result.outcomes)
 
     def _observe(self, report: Report) -> None:

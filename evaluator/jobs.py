@@ -17,14 +17,17 @@ from sqlalchemy.orm import Session
 
 from condmsg.errors import ConfigError
 from condmsg.outcome import Outcome
+from condmsg.sphere_store import SPHERES
 from condmsg.timeutil import utcnow
 from evaluator import decisions
+from evaluator.actions import Actions
 from evaluator.config import EvaluatorConfig
 from evaluator.failures import is_transient
 from evaluator.intake import describe
 from evaluator.metrics import EvaluatorMetrics
 from evaluator.retention import Archived, retain
 from evaluator.sender_store import SenderStore
+from evaluator.spheres import settle_spheres
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,7 @@ class ScheduledJobs:
     def _sweep_job(self) -> None:
         try:
             self.sweep()
+            self.sweep_spheres()
         except Exception:
             log.exception("deadline sweep failed; the next run retries")
 
@@ -113,6 +117,37 @@ class ScheduledJobs:
                         raise
                     outcomes = self._judge_due_apart(session, ids, now, exc)
             self._metrics.observe_decisions(outcomes)
+            decided += len(outcomes)
+            if len(ids) < batch:
+                break
+        if decided:
+            self._on_decided()
+        return decided
+
+    def sweep_spheres(self) -> int:
+        """Decide or reschedule every Dependency-Sphere whose next check is due (a commit
+        or abort to act on, a deadline passed); returns the spheres decided."""
+        self._store.prepare()
+        batch = self._config.sweep_batch
+        decided = 0
+        while True:
+            with Session(self._store.engine) as session, session.begin():
+                ids = SPHERES.claim_due(session, self._clock(), batch)
+                if not ids:
+                    break
+                now = self._clock()
+                actions = Actions(session, self._store.decisions, now, secret=self._store.secret)
+                settle_spheres(
+                    session,
+                    list(SPHERES.lock(session, ids).values()),
+                    spheres=SPHERES,
+                    actions=actions,
+                    now=now,
+                    ack_grace=self._config.ack_grace,
+                    instance=self._instance,
+                )
+                outcomes = actions.flush()
+            self._metrics.observe_spheres(outcomes)
             decided += len(outcomes)
             if len(ids) < batch:
                 break

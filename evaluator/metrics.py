@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from condmsg.outcome import Outcome
+from condmsg.sphere_outcome import SphereOutcome
 from evaluator.intake import Intake
 from evaluator.retention import Archived
 
@@ -38,6 +39,12 @@ class EvaluatorMetrics:
         self.decisions = Counter(
             "condmsg_evaluator_decisions_total",
             "CMs decided, by verdict",
+            ["verdict"],
+            registry=registry,
+        )
+        self.sphere_decisions = Counter(
+            "condmsg_evaluator_sphere_decisions_total",
+            "Dependency-Spheres decided, by verdict",
             ["verdict"],
             registry=registry,
         )
@@ -74,6 +81,10 @@ class EvaluatorMetrics:
         """Decisions a sweep took."""
         self.observe_report(decisions_report(outcomes))
 
+    def observe_spheres(self, outcomes: Iterable[SphereOutcome]) -> None:
+        """Spheres a sphere sweep decided."""
+        self.observe_report(decisions_report((), outcomes))
+
     def observe_report(self, report: dict[str, Any]) -> None:
         """What one batch did (:func:`batch_report`): this process's own batches, and
         those its intake workers report (:mod:`evaluator.workers`)."""
@@ -84,6 +95,8 @@ class EvaluatorMetrics:
             self.anomalies.labels(kind=str(kind)).inc(int(count))
         for verdict, count in dict(report.get("decisions", {})).items():
             self.decisions.labels(verdict=str(verdict)).inc(int(count))
+        for verdict, count in dict(report.get("spheres", {})).items():
+            self.sphere_decisions.labels(verdict=str(verdict)).inc(int(count))
         for seconds, count in report.get("lateness_s", ()):
             for _ in range(int(count)):
                 self.lateness.observe(float(seconds))
@@ -94,7 +107,9 @@ class EvaluatorMetrics:
             self.retained.labels(table=table).inc(count)
 
 
-def batch_report(intake: Intake, outcomes: Iterable[Outcome]) -> dict[str, Any]:
+def batch_report(
+    intake: Intake, outcomes: Iterable[Outcome], spheres: Iterable[SphereOutcome] = ()
+) -> dict[str, Any]:
     """What one batch did, as a JSON document: counted by
     :meth:`EvaluatorMetrics.observe_report`, in this process or, from an intake worker,
     in its service's (:mod:`evaluator.workers`)."""
@@ -103,16 +118,23 @@ def batch_report(intake: Intake, outcomes: Iterable[Outcome]) -> dict[str, Any]:
         "dead": intake.dead,
         "anomalies": dict(intake.anomalies),
         "contradicted": intake.contradicted,
-        **decisions_report(outcomes),
+        **decisions_report(outcomes, spheres),
     }
 
 
-def decisions_report(outcomes: Iterable[Outcome]) -> dict[str, Any]:
-    """The decisions part of :func:`batch_report`: counts by verdict, and each decision's
-    lateness as ``[seconds, decisions]`` pairs (a batch's decisions share their instants)."""
+def decisions_report(
+    outcomes: Iterable[Outcome], spheres: Iterable[SphereOutcome] = ()
+) -> dict[str, Any]:
+    """The decisions part of :func:`batch_report`: counts by verdict, each decision's
+    lateness as ``[seconds, decisions]`` pairs (a batch's decisions share their instants),
+    and the spheres decided, by verdict."""
     verdicts: CountOf[str] = CountOf()
     lateness: CountOf[float] = CountOf()
     for outcome in outcomes:
         verdicts[outcome.verdict.value] += 1
         lateness[(outcome.decided_at - outcome.effective_at).total_seconds()] += 1
-    return {"decisions": dict(verdicts), "lateness_s": sorted(lateness.items())}
+    report: dict[str, Any] = {"decisions": dict(verdicts), "lateness_s": sorted(lateness.items())}
+    sphere_verdicts = CountOf(outcome.verdict.value for outcome in spheres)
+    if sphere_verdicts:
+        report["spheres"] = dict(sphere_verdicts)
+    return report

@@ -56,6 +56,8 @@ class CmRow(NamedTuple):
     state: str
     notify_success: bool
     effective_at: datetime | None
+    #: The Dependency-Sphere it belongs to: its outcome actions follow the sphere's.
+    sphere_id: str | None = None
 
     @classmethod
     def of(cls, row: Any) -> CmRow:
@@ -67,6 +69,7 @@ class CmRow(NamedTuple):
             state=row.state,
             notify_success=row.notify_success,
             effective_at=to_utc(row.effective_at) if row.effective_at is not None else None,
+            sphere_id=row.sphere_id,
         )
 
 

@@ -22,7 +22,9 @@ from evaluator.store_sqlalchemy import CmLookup, SqlAlchemyDecisionStore
 from outbox import pg
 from outbox.backends import psycopg_connection
 
-_CM_COLUMNS = "cm_id, sender, sent_at, condition_json, state, notify_success, effective_at"
+_CM_COLUMNS = (
+    "cm_id, sender, sent_at, condition_json, state, notify_success, effective_at, sphere_id"
+)
 #: PostgreSQL types of the ack columns (the element types of their arrays).
 _ACK_TYPES = dict.fromkeys(ACK_ROW_KEYS, "text") | dict.fromkeys(
     ("read_at", "committed_at", "received_at"), "timestamptz"
@@ -49,8 +51,18 @@ class PsycopgDecisionStore(SqlAlchemyDecisionStore):
                 state,
                 notify_success,
                 to_utc(effective_at) if effective_at is not None else None,
+                sphere_id,
             )
-            for cm_id, sender, sent_at, condition, state, notify_success, effective_at in rows
+            for (
+                cm_id,
+                sender,
+                sent_at,
+                condition,
+                state,
+                notify_success,
+                effective_at,
+                sphere_id,
+            ) in rows
         }
 
     def _rows_by_cm(self, session: Session, lookup: CmLookup, ids: list[str]) -> Iterable[Any]:

@@ -1,4 +1,5 @@
-"""``condmsg status CM_ID``: a conditional message's condition tree, acks and verdict."""
+"""``condmsg status ID``: a conditional message's condition tree, acks and verdict, or a
+Dependency-Sphere with its participants and every member's tree."""
 
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ from condmsg.condition_codec import condition_from_json
 from condmsg.db import make_engine
 from condmsg.evaluation import evaluate
 from condmsg.settings import Settings
+from condmsg.sphere_store import SPHERES, SphereRow
 from condmsg.timeutil import iso, utcnow
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("status", help="show a conditional message's tree and verdict")
-    parser.add_argument("cm_id")
+    parser = subparsers.add_parser(
+        "status", help="show a conditional message's tree and verdict, or a sphere's"
+    )
+    parser.add_argument("cm_id", metavar="ID", help="a CM id or a sphere id")
     parser.add_argument("--db-url", help="default: CONDMSG_DB_URL")
     parser.set_defaults(handler=run)
 
@@ -41,14 +45,56 @@ def run(args: argparse.Namespace) -> int:
         cm = conn.execute(
             sa.select(sender_tables.cms).where(sender_tables.cms.c.cm_id == args.cm_id)
         ).first()
-        if cm is None:
-            print(f"condmsg status: no conditional message {args.cm_id!r}", file=sys.stderr)
+        if cm is not None:
+            _show_cm(conn, cm, settings)
+            return 0
+        sphere = SPHERES.sphere(conn, args.cm_id)
+        if sphere is None:
+            print(
+                f"condmsg status: no conditional message or sphere {args.cm_id!r}",
+                file=sys.stderr,
+            )
             return 1
-        rows = conn.execute(
-            sa.select(sender_tables.acks)
-            .where(sender_tables.acks.c.cm_id == args.cm_id)
-            .order_by(sender_tables.acks.c.received_at)
-        ).all()
+        _show_sphere(conn, sphere, settings)
+    return 0
+
+
+def _show_sphere(conn: sa.Connection, sphere: SphereRow, settings: Settings) -> None:
+    """The sphere, its participants, then each member's tree."""
+    print(
+        f"sphere {sphere.sphere_id} from {sphere.sender}, begun {iso(sphere.begun_at)}, "
+        f"deadline {iso(sphere.deadline)}, state {sphere.state}"
+    )
+    if sphere.committed_at is not None:
+        print(f"committed {iso(sphere.committed_at)}")
+    if sphere.aborted_at is not None:
+        print(f"aborted {iso(sphere.aborted_at)}: {sphere.abort_reason}")
+    if sphere.decided_at is not None and sphere.effective_at is not None:
+        print(f"decided {iso(sphere.decided_at)} (effective {iso(sphere.effective_at)})")
+        for reason in sphere.reasons:
+            print(f"  {reason}")
+    participants = SPHERES.participants(conn, sphere.sphere_id)
+    if participants:
+        print("participants:")
+        for p in participants:
+            what = p.resource if p.kind != "handler" else f"{p.resource} on {p.run_on}"
+            detail = f" ({p.detail})" if p.detail else ""
+            print(f"  {p.participant_id}: {p.kind} {what}, {p.state}{detail}")
+    members = SPHERES.members(conn, [sphere.sphere_id])[sphere.sphere_id]
+    print(f"members: {len(members)}")
+    cms = sender_tables.cms
+    for member in members:
+        print()
+        row = conn.execute(sa.select(cms).where(cms.c.cm_id == member.cm_id)).one()
+        _show_cm(conn, row, settings)
+
+
+def _show_cm(conn: sa.Connection, cm: Any, settings: Settings) -> None:
+    rows = conn.execute(
+        sa.select(sender_tables.acks)
+        .where(sender_tables.acks.c.cm_id == cm.cm_id)
+        .order_by(sender_tables.acks.c.received_at)
+    ).all()
     counted = sender_tables.AckStatus.COUNTED.value
     acks = [_ack(r) for r in rows if r.status == counted]
     late = [_ack(r) for r in rows if r.status != counted]
@@ -58,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     # A decided CM is shown as it was decided; a pending one as it stands now.
     at = _utc(cm.effective_at) or (utcnow() - settings.ack_grace)
     result = evaluate(condition, sent_at, acks, at)
-    print(f"cm {cm.cm_id} from {cm.sender}, sent {iso(sent_at)}, state {cm.state}")
+    sphere = f", member of sphere {cm.sphere_id}" if cm.sphere_id else ""
+    print(f"cm {cm.cm_id} from {cm.sender}, sent {iso(sent_at)}, state {cm.state}{sphere}")
     if cm.decided_at is not None:
         print(f"decided {iso(_utc(cm.decided_at))} (effective {iso(at)}) by {cm.decided_by}")  # type: ignore[arg-type]
         stored = json.loads(cm.reasons_json or "[]")
@@ -71,7 +118,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"warning: {contradicted}")
     print()
     print(render(condition, result, acks))
-    return 0
 
 
 def _ack(row: Any) -> Ack:

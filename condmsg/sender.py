@@ -43,7 +43,7 @@ from condmsg.send_store import (
     SqlAlchemySendStore,
 )
 from condmsg.settings import Settings
-from condmsg.sphere_outcome import SphereOutcome
+from condmsg.sphere_outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
 from condmsg.sphere_participants import Participant
 from condmsg.spheres import Handler, Sphere, SphereCoordinator
 from condmsg.timeutil import utcnow
@@ -334,8 +334,9 @@ class Sender(OwnsOutbox):
                 return None
             time.sleep(poll_s)
 
-    def outcomes(self, *, timeout: float | None = None) -> Iterator[Outcome]:
-        """Outcome notifications from the outcome queue, as they arrive.
+    def outcomes(self, *, timeout: float | None = None) -> Iterator[Outcome | SphereOutcome]:
+        """Outcome notifications from the outcome queue, as they arrive: each CM's
+        :class:`Outcome` and, for Dependency-Spheres, each sphere's :class:`SphereOutcome`.
 
         Each is acknowledged once the loop asks for the next one; stops after ``timeout``
         seconds without a notification (None: never).
@@ -345,12 +346,15 @@ class Sender(OwnsOutbox):
             channel = connection.channel()
             declare_service_queue(channel, protocol.outcome_queue(self.name))
             channel.basic_qos(prefetch_count=100)
-            for method, _props, body in channel.consume(
+            for method, props, body in channel.consume(
                 protocol.outcome_queue(self.name), inactivity_timeout=timeout
             ):
                 if method is None:
                     return
-                yield Outcome.from_json(body or b"")
+                if props is not None and props.type == SPHERE_OUTCOME_TYPE:
+                    yield SphereOutcome.from_json(body or b"")
+                else:
+                    yield Outcome.from_json(body or b"")
                 channel.basic_ack(int(method.delivery_tag or 0))
         finally:
             if connection.is_open:

@@ -170,6 +170,8 @@ class OutcomeListener:
             try:
                 # Returns after half a second without a notification, to look at the flag.
                 for outcome in self.sender.outcomes(timeout=0.5):
+                    if not isinstance(outcome, Outcome):
+                        continue  # a sphere's outcome: the sphere's handle reads it
                     with self._lock:
                         self._arrived[outcome.cm_id] = (outcome, utcnow())
                     self.story.outcome(outcome)

@@ -9,6 +9,7 @@ prepared transaction committed or rolled back, and each handler run once.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -312,3 +313,37 @@ def test_a_participant_voting_no_fails_the_sphere(world: World, make_receiver: A
     assert refuses.calls == ["prepare", "rollback"]
     assert w.rooms_booked() == []
     assert w.handler_runs() == [("released", "r6")]
+
+
+def test_an_ack_naming_a_sphere_is_dead_lettered_and_changes_nothing(
+    world: World, channel: Any
+) -> None:
+    """Acks carry no sphere: one that names a sphere (or claims its verdict) is not an ack
+    of this protocol, and goes to the dead-letter queue with the reason."""
+    w = world
+    ds = w.sender.begin_sphere(timeout=10 * DAY)
+    member = ds.send(b"notice", _member(w, "qr1"))
+    forged = {
+        "v": 1,
+        "ack_id": uuid.uuid4().hex,
+        "cm_id": member,
+        "destination": w.queue("qr1"),
+        "recipient": None,
+        "receiver": "mallory",
+        "kind": "commit",
+        "read_at": protocol.format_instant(w.sender.clock()),
+        "committed_at": protocol.format_instant(w.sender.clock()),
+        "token": protocol.copy_token(SECRET, member, w.queue("qr1"), None),
+        "sphere_id": ds.sphere_id,
+        "verdict": "satisfied",
+    }
+    channel.basic_publish("", protocol.ack_queue(w.name), json.dumps(forged).encode())
+    dead = wait_for(lambda: get_all(channel, protocol.dead_letter_queue(w.name)))
+    assert "sphere_id" in dead[0][0].headers[protocol.H_REASON]
+    assert _state(w, member) == "pending"
+    ds.commit()
+    assert ds.outcome(timeout=0.5) is None  # the member still waits for a genuine ack
+    with w.sender.engine.connect() as conn:
+        assert (
+            conn.execute(sa.select(sa.func.count()).select_from(sender_tables.acks)).scalar() == 0
+        )

@@ -19,7 +19,14 @@ from condmsg.condition_codec import condition_to_dict
 from tests.unit.strategies import SENT_AT
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE_MODULES = ("conditions", "condition_codec", "acks", "evaluation", "timeutil")
+PURE_MODULES = (
+    "conditions",
+    "condition_codec",
+    "acks",
+    "evaluation",
+    "timeutil",
+    "sphere_outcome",
+)
 IO_LIBRARIES = ("pika", "sqlalchemy", "apscheduler", "pyspark", "psycopg")
 
 SEC = timedelta(seconds=1)

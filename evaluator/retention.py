@@ -157,6 +157,16 @@ def _batch(
     return Archived(directory, {table: len(found) for table, found in rows.items()}), claim
 
 
+def _undecided_sphere(sphere_id: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+    sphere = sender_tables.spheres.c
+    return sa.and_(
+        sphere.sphere_id == sphere_id,
+        sphere.state.not_in(
+            [sender_tables.SphereState.SATISFIED.value, sender_tables.SphereState.VIOLATED.value]
+        ),
+    )
+
+
 def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Claim:
     # Every claim locks its rows ``FOR UPDATE SKIP LOCKED``: SQLAlchemy renders nothing of
     # it on SQLite, where the transaction's write lock already keeps other writers out.
@@ -169,6 +179,8 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
             cm.sent_at < cutoff,
             cm.decided_at < cutoff,
             cm.state != sender_tables.CmState.PENDING.value,
+            # A member of a sphere still undecided stays: the sphere is judged from it.
+            sa.or_(cm.sphere_id.is_(None), ~sa.exists().where(_undecided_sphere(cm.sphere_id))),
         )
         .order_by(cm.sent_at)
         .limit(limit)

@@ -396,3 +396,28 @@ def test_retention_settings_and_configuration_errors(tmp_path: Path) -> None:
         )
     with pytest.raises(ConfigError, match="positive"):
         RetentionPolicy(older_than=timedelta(0), archive=tmp_path)
+
+
+def test_a_member_of_an_undecided_sphere_is_kept(
+    db_url: str, unique_name: str, make_sender: Any, tmp_path: Path
+) -> None:
+    """A sphere is judged from its members: an old decided member stays while its sphere
+    is undecided, and goes with the others once the sphere is decided."""
+    sender = make_sender(db_url, unique_name.replace(".", "-"), clock=lambda: OLD)
+    condition = Destination(f"{unique_name}.q", pickup_within=timedelta(minutes=1))
+    waiting = sender.begin_sphere(timeout=timedelta(days=30))
+    kept = waiting.send(b"x", condition)
+    done = sender.begin_sphere(timeout=timedelta(minutes=5))
+    gone = done.send(b"x", condition)
+    spheres, cms = sender_tables.spheres, sender_tables.cms
+    with sender.engine.begin() as conn:  # both members decided ten days ago
+        conn.execute(sa.update(cms).values(state="satisfied", decided_at=OLD, effective_at=OLD))
+        conn.execute(
+            sa.update(spheres)
+            .where(spheres.c.sphere_id == done.sphere_id)
+            .values(state="violated", decided_at=OLD, effective_at=OLD)
+        )
+    retain(sender.engine, _policy(tmp_path / "archive"), clock=lambda: NOW)
+    with sender.engine.connect() as conn:
+        assert [r for (r,) in conn.execute(sa.select(cms.c.cm_id))] == [kept]
+    assert gone != kept

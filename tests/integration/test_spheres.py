@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from condmsg import Destination, Verdict, protocol, sender_tables
+from condmsg.cli import main
 from condmsg.errors import SphereError
 from condmsg.protocol import MessageKind
 from condmsg.sphere_outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
@@ -347,3 +348,19 @@ def test_an_ack_naming_a_sphere_is_dead_lettered_and_changes_nothing(
         assert (
             conn.execute(sa.select(sa.func.count()).select_from(sender_tables.acks)).scalar() == 0
         )
+
+
+def test_status_draws_a_sphere_with_its_members(world: World, capsys: Any) -> None:
+    w = world
+    ds = w.sender.begin_sphere(timeout=10 * DAY)
+    member = ds.send(b"notice", _member(w, "qr1"))
+    ds.on_failure("released", room="r7")
+    ds.abort("changed plans")
+    assert ds.outcome(timeout=10) is not None
+    assert main(["status", ds.sphere_id, "--db-url", w.pg_url]) == 0
+    out = capsys.readouterr().out
+    assert f"sphere {ds.sphere_id} from {w.name}" in out and "state violated" in out
+    assert "aborted " in out and "sphere aborted: changed plans" in out
+    assert "h1: handler released on violated, ran" in out
+    assert f"cm {member} from {w.name}" in out and f"member of sphere {ds.sphere_id}" in out
+    assert w.queue("qr1") in out  # the member's tree

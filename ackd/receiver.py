@@ -57,13 +57,13 @@ from ackd.receiver_store import ReceiverStore, SqlAlchemyReceiverStore
 from ackd.receiver_store_psycopg import PsycopgReceiverStore
 from ackd.settlement import Settlement
 from ackd.tables import metadata
+from condmsg import migrate
 from condmsg.db import make_engine
 from condmsg.errors import ConfigError
 from condmsg.relaying import OwnsOutbox
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
 from outbox import backends
-from outbox.table import create_tables as create_outbox_tables
 
 __all__ = ["Handler", "Receiver", "ReceiverConfig", "ReceiverStats", "ReceiverTransaction"]
 
@@ -132,8 +132,7 @@ class Receiver(OwnsOutbox):
         #: The connection the app's transactions run on (see ``_bind``) and its thread.
         self._thread_connection: Connection | None = None
         self._thread_connection_owner: int | None = None
-        metadata.create_all(self.engine)
-        create_outbox_tables(self.engine)
+        migrate.ensure(self.engine, "receiver", models=[metadata], create=config.create_schema)
         self._assemble(clock)
 
     def _assemble(self, clock: Callable[[], datetime]) -> None:

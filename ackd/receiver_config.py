@@ -32,6 +32,10 @@ class ReceiverConfig:
     ``retry_backoff_max``; after ``max_attempts`` failures (counted across redeliveries
     and receiver processes by message id) it goes to ``invalid_queue``. The defaults ride
     out about 3 s of a failing database.
+
+    The store must hold the schema this release expects (``condmsg db upgrade --store
+    receiver``); ``create_schema=True`` creates one that does not exist yet (quick starts,
+    tests).
     """
 
     # Not in the repr: URLs may carry passwords, and the secret keys the tokens.
@@ -45,6 +49,7 @@ class ReceiverConfig:
     sequence_timeout: timedelta = DEFAULT_SEQUENCE_TIMEOUT
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     invalid_queue: str = protocol.INVALID_MESSAGE_QUEUE
+    create_schema: bool = False
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:

@@ -160,7 +160,9 @@ def raw_intake(engine: Any, ack_queue: str, n: int) -> float:
 
 def intake(db_url: str, sender_name: str, queue: str, n: int, processes: int) -> dict[str, float]:
     engine = sa.create_engine(db_url, pool_size=4)
-    sender = Sender(amqp_url=AMQP_URL, engine=engine, name=sender_name, secret=SECRET)
+    sender = Sender(
+        amqp_url=AMQP_URL, engine=engine, name=sender_name, secret=SECRET, create_schema=True
+    )
     log(f"(a) sending {n} CMs ...")
     cm_ids = _send_many(sender, Destination(queue, pickup_within=timedelta(minutes=10)), n)
     bodies = _ack_bodies(cm_ids, queue)
@@ -250,7 +252,9 @@ def latencies(
     sweep_interval_s: float,
 ) -> dict[str, Any]:
     engine = sa.create_engine(db_url, pool_size=8)
-    sender = Sender(amqp_url=AMQP_URL, engine=engine, name=sender_name, secret=SECRET)
+    sender = Sender(
+        amqp_url=AMQP_URL, engine=engine, name=sender_name, secret=SECRET, create_schema=True
+    )
     watcher = OutcomeWatcher(sender_name)
     service = Evaluator(
         EvaluatorConfig(
@@ -262,7 +266,7 @@ def latencies(
         ),
         engine=engine,
     ).start()
-    receiver = Receiver(amqp_url=AMQP_URL, db_url=rx_url, recipient="bench")
+    receiver = Receiver(amqp_url=AMQP_URL, db_url=rx_url, recipient="bench", create_schema=True)
     rx_relay = receiver.start_relay()
     decision_ms: list[float] = []
     lateness_ms: list[float] = []
@@ -315,7 +319,14 @@ def latencies(
 def sweep_time(db_url: str, sender_name: str, queue: str, pending: int, rounds: int) -> float:
     """Median seconds of one ``sweep()`` deciding a due batch among ``pending`` CMs."""
     engine = sa.create_engine(db_url, pool_size=4)
-    Sender(amqp_url=AMQP_URL, engine=engine, name=sender_name, secret=SECRET, declare_queues=False)
+    Sender(
+        amqp_url=AMQP_URL,
+        engine=engine,
+        name=sender_name,
+        secret=SECRET,
+        declare_queues=False,
+        create_schema=True,
+    )
     condition = Destination(queue, pickup_within=timedelta(seconds=1))
     log(f"(d) bulk-inserting {pending:,} pending CMs ...")
     with timed() as sw, engine.begin() as conn:

@@ -510,6 +510,7 @@ def measure_receive(b: Bench, rcv_url: str, recipient: str) -> int:
         recipient=recipient,
         secret=SECRET,
         store=RECEIVER_STORES[o.receiver_store](),
+        create_schema=True,
     )
     APP.metadata.create_all(receiver.engine)
     ack_relay = receiver.start_relay() if o.ack_relay else None
@@ -560,7 +561,9 @@ def main() -> None:
             fresh_pg_schema(PG_URL, "bench_snd") as snd_url,
             fresh_pg_schema(PG_URL, "bench_rcv") as rcv_url,  # the receiver's own store
         ):
-            sender = Sender(amqp_url=AMQP_URL, db_url=snd_url, name=name, secret=SECRET)
+            sender = Sender(
+                amqp_url=AMQP_URL, db_url=snd_url, name=name, secret=SECRET, create_schema=True
+            )
             relay = sender.relay(batch_size=RELAY_BATCH, max_batches_in_flight=RELAY_IN_FLIGHT)
             b = Bench(
                 o=o,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +161,55 @@ def _explain(found: StoreRevision, asked: str, bind: Engine | Connection) -> str
     return (
         f"the {found.store} store at {where} is {found.state.value} "
         f"({held}; this release expects {found.head}); {fix}"
+    )
+
+
+def ensure(
+    bind: Engine | Connection,
+    store: str,
+    *,
+    models: Sequence[sa.MetaData] = (),
+    create: bool = False,
+) -> None:
+    """What a service, ``Sender`` or ``Receiver`` runs at its start: raise
+    :class:`SchemaError` (one line naming what to run) unless ``bind`` holds ``store`` at
+    this release's revision with every table and column of ``models``. With ``create``, a
+    store that does not exist yet is created first (quick starts and tests); a store that is
+    behind or ahead is refused all the same: upgrading one is the operator's step."""
+    if create and status(bind, store).state is SchemaState.MISSING:
+        try:
+            upgrade(bind, store)
+        except sa.exc.DBAPIError:
+            # Another process created it at the same moment (two services started on one
+            # fresh store): what counts is that it exists now, which the check says.
+            if status(bind, store).state is SchemaState.MISSING:
+                raise
+    check(bind, store)
+    verify_columns(bind, store, models)
+
+
+def verify_columns(bind: Engine | Connection, store: str, models: Sequence[sa.MetaData]) -> None:
+    """Raise :class:`SchemaError` if a table or column of ``models`` is missing from the
+    database: a store at the right revision that was changed by hand."""
+    with _connected(bind) as conn:
+        inspector = sa.inspect(conn)
+        for metadata in models:
+            for table in metadata.sorted_tables:
+                if not inspector.has_table(table.name):
+                    raise SchemaError(_changed(bind, store, f"table {table.name} is missing"))
+                present = {c["name"] for c in inspector.get_columns(table.name)}
+                missing = [c.name for c in table.columns if c.name not in present]
+                if missing:
+                    lacks = f"table {table.name} lacks column(s) {', '.join(missing)}"
+                    raise SchemaError(_changed(bind, store, lacks))
+
+
+def _changed(bind: Engine | Connection, store: str, what: str) -> str:
+    where = describe_db_url(str(bind.engine.url if isinstance(bind, Connection) else bind.url))
+    return (
+        f"the {store} store at {where} does not match its revision: {what} (changed outside "
+        f"condmsg's migrations); restore it, or create the store afresh with: "
+        f"condmsg db upgrade --store {store}"
     )
 
 

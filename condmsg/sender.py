@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from condmsg import protocol, sender_tables
+from condmsg import migrate, protocol, sender_tables
 from condmsg.amqp import connect
 from condmsg.condition_codec import condition_to_json
 from condmsg.conditions import Condition
@@ -67,6 +67,10 @@ class Sender(OwnsOutbox):
     evaluator for this sender consumes the former and writes the latter. Its rows go
     through the :class:`~condmsg.send_store.SendStore` adapter that serves ``engine``
     (``store`` gives another, for tests and benchmarks).
+
+    The store must hold the schema this release expects (``condmsg db upgrade --store
+    sender``); else :class:`~condmsg.migrate.SchemaError` says what to run.
+    ``create_schema=True`` creates a store that does not exist yet (quick starts, tests).
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class Sender(OwnsOutbox):
         clock: Callable[[], datetime] = utcnow,
         declare_queues: bool = True,
         store: SendStore | None = None,
+        create_schema: bool = False,
     ) -> None:
         if engine is None and db_url is None:
             raise ConfigError("Sender needs db_url (CONDMSG_DB_URL) or an engine")
@@ -98,7 +103,7 @@ class Sender(OwnsOutbox):
         self._clock = clock
         self._declare = declare_queues
         self._declared: set[str] = set()
-        create_tables(self.engine)
+        migrate.ensure(self.engine, "sender", models=[sender_tables.metadata], create=create_schema)
         self.secret = secret or store_secret(self.engine)
         self.spheres = SphereCoordinator(self)
         if declare_queues:

@@ -11,9 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from condmsg import sender_tables
-from condmsg.errors import ConfigError
-from condmsg.sender import create_tables, store_secret
+from condmsg import migrate, sender_tables
+from condmsg.sender import store_secret
 from evaluator.failures import Backoff, first_line
 from evaluator.store import DecisionStore
 from evaluator.store_psycopg import PsycopgDecisionStore
@@ -32,8 +31,8 @@ class SenderStore:
     """The engine of a sender store, its :class:`DecisionStore` (``decisions``: the one
     for the engine's database, unless one is given), and its secret once known.
 
-    Building one does not touch the database: :meth:`prepare` creates the tables (with
-    ``create``; else checks that they exist) and reads the secret if none was given, and
+    Building one does not touch the database: :meth:`prepare` checks the schema (creating a
+    missing store with ``create``) and reads the secret if none was given, and
     :meth:`wait_until_prepared` retries it while the database is unreachable, so a
     service started during a database outage waits for it instead of exiting.
     """
@@ -76,10 +75,11 @@ class SenderStore:
         with self._preparing:
             if self._prepared.is_set():
                 return
-            if self._create:
-                create_tables(self.engine)
-            elif not sa.inspect(self.engine).has_table(sender_tables.cms.name):
-                raise ConfigError(f"no sender store at {self.name} (its tables are missing)")
+            # A store that is missing, behind, ahead or changed by hand is refused with
+            # one line naming the fix (``create`` makes a missing one).
+            migrate.ensure(
+                self.engine, "sender", models=[sender_tables.metadata], create=self._create
+            )
             if self._secret is None:
                 self._secret = store_secret(self.engine)
             self._prepared.set()

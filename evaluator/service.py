@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 
 from condmsg.db import make_engine
 from condmsg.errors import BrokerError, CondmsgError, ConfigError
+from condmsg.migrate import SchemaError
 from condmsg.timeutil import utcnow
 from evaluator.batches import AckBatches, Report
 from evaluator.config import EvaluatorConfig
@@ -181,7 +182,7 @@ class Evaluator:
             try:
                 if not self.wait_until_prepared():
                     return
-            except ConfigError as exc:
+            except (ConfigError, SchemaError) as exc:
                 log.error("the evaluator cannot start: %s", exc)
                 return
             self._start_helpers()

@@ -160,6 +160,7 @@ def make_sender(amqp_url: str, test_secret: bytes) -> Iterator[Callable[..., Any
 
     def factory(db_url: str, name: str, **options: Any) -> Sender:
         options.setdefault("secret", test_secret)
+        options.setdefault("create_schema", True)
         sender = Sender(amqp_url=amqp_url, db_url=db_url, name=name, **options)
         made.append(sender)
         return sender

@@ -131,6 +131,7 @@ class LiveDemo:
             db_url=self.sender_url,
             name=names.sender,
             secret=secret.encode(),
+            create_schema=True,  # the demo's schemas were just reset
         )
         started = time.monotonic()
         evaluator = start_evaluator(

@@ -122,7 +122,9 @@ def _describe(message: Message) -> dict[str, Any]:
 
 def main(config: dict[str, Any]) -> int:
     stop = StopSignals().install().event
-    receiver = Receiver.from_env(recipient=config["recipient"], invalid_queue=config["invalid"])
+    receiver = Receiver.from_env(
+        recipient=config["recipient"], invalid_queue=config["invalid"], create_schema=True
+    )
     relay = receiver.start_relay()
     inbox: queue.Queue[dict[str, Any]] = queue.Queue()
     threading.Thread(target=_commands, args=(inbox,), daemon=True).start()

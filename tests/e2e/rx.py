@@ -36,6 +36,7 @@ def main(config: dict[str, Any]) -> int:
         db_url=config["db_url"],
         recipient=config["recipient"],
         invalid_queue=config["invalid_queue"],
+        create_schema=True,
     )
     relay = receiver.start_relay()
     # The queue may not exist yet (the sender declares it at its first send).

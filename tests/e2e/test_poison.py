@@ -89,6 +89,7 @@ def _reader(procs: Procs, tmp_path: Path, name: str, transactional: bool) -> Rea
         recipient=name,
         secret=SECRET,
         invalid_queue=f"{procs.unique_name}.invalid",
+        create_schema=True,
     )
     queue = f"{procs.unique_name}.{name}"
     receiver._broker.ensure_queue(queue)

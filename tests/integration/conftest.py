@@ -40,6 +40,7 @@ def make_receiver(amqp_url: str, unique_name: str) -> Iterator[Callable[..., Rec
 
     def factory(db_url: str, recipient: str = "alice", **options: Any) -> Receiver:
         options.setdefault("invalid_queue", f"{unique_name}.invalid")
+        options.setdefault("create_schema", True)
         receiver = Receiver(amqp_url=amqp_url, db_url=db_url, recipient=recipient, **options)
         made.append(receiver)
         return receiver

@@ -142,3 +142,65 @@ def test_the_db_command_upgrades_checks_and_explains(tmp_path: Path, pg_url: str
     assert missing.returncode == 1
     assert missing.stderr.count("\n") == 1 and "no_such_database" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+# -- endpoints and services check their store at start ------------------------------------
+
+
+def test_sender_and_receiver_refuse_a_missing_store_unless_asked_to_create_it(
+    db_url: str, amqp_url: str
+) -> None:
+    from ackd import Receiver
+    from condmsg.sender import Sender
+
+    with pytest.raises(migrate.SchemaError, match="create it with: condmsg db upgrade --store"):
+        Sender(amqp_url=amqp_url, db_url=db_url, name="s", declare_queues=False)
+    with pytest.raises(migrate.SchemaError, match="--store receiver"):
+        Receiver(amqp_url=amqp_url, db_url=db_url, recipient="r")
+    sender = Sender(
+        amqp_url=amqp_url, db_url=db_url, name="s", declare_queues=False, create_schema=True
+    )
+    receiver = Receiver(amqp_url=amqp_url, db_url=db_url, recipient="r", create_schema=True)
+    # Created through the migrations: versioned, and at this release's revision.
+    migrate.check(sender.engine, "sender")
+    migrate.check(receiver.engine, "receiver")
+    Sender(amqp_url=amqp_url, db_url=db_url, name="s", declare_queues=False)  # now it exists
+    sender.engine.dispose()
+    receiver.engine.dispose()
+
+
+def test_a_column_dropped_by_hand_is_named(pg_url: str, amqp_url: str) -> None:
+    from condmsg.sender import Sender
+
+    engine = sa.create_engine(pg_url)
+    migrate.upgrade(engine, "sender")
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE condmsg_cm DROP COLUMN facts_json"))
+    message = r"table condmsg_cm lacks column\(s\) facts_json \(changed outside"
+    with pytest.raises(migrate.SchemaError, match=message):
+        Sender(amqp_url=amqp_url, db_url=pg_url, name="s", declare_queues=False, create_schema=True)
+    engine.dispose()
+
+
+def test_the_evaluator_refuses_to_start_on_a_changed_store_with_one_line(
+    pg_url: str, amqp_url: str, unique_name: str
+) -> None:
+    engine = sa.create_engine(pg_url)
+    migrate.upgrade(engine, "sender")
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE condmsg_cm DROP COLUMN facts_json"))
+    engine.dispose()
+    env = {**os.environ, "CONDMSG_DB_URL": pg_url, "CONDMSG_AMQP_URL": amqp_url}
+    done = subprocess.run(
+        [sys.executable, "-m", "evaluator", "--sender", unique_name.replace(".", "-")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, done.stderr
+    assert "cannot start" in errors[0] and "lacks column(s) facts_json" in errors[0]
+    assert "Traceback" not in done.stderr

@@ -209,7 +209,8 @@ def test_a_sphere_is_reattached_from_another_process(
     name = unique_name.replace(".", "-")
     script = (
         "from condmsg.sender import Sender\n"
-        f"s = Sender(amqp_url={amqp_url!r}, db_url={db_url!r}, name={name!r}, secret=b'x')\n"
+        f"s = Sender(amqp_url={amqp_url!r}, db_url={db_url!r}, name={name!r}, secret=b'x', "
+        "create_schema=True)\n"
         "print(s.begin_sphere(timeout=60).sphere_id)\n"
     )
     done = subprocess.run(

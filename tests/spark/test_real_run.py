@@ -30,8 +30,8 @@ def test_the_audit_of_a_real_run_finds_no_discrepancy(
 ) -> None:
     name = unique_name.replace(".", "-")
     q = [f"{unique_name}.q{i}" for i in range(4)]
-    sender = Sender(amqp_url=amqp_url, db_url=pg_url, name=name, secret=SECRET)
-    receiver = Receiver(amqp_url=amqp_url, db_url=pg_url, recipient="alice")
+    sender = Sender(amqp_url=amqp_url, db_url=pg_url, name=name, secret=SECRET, create_schema=True)
+    receiver = Receiver(amqp_url=amqp_url, db_url=pg_url, recipient="alice", create_schema=True)
     evaluator = Evaluator(
         EvaluatorConfig(
             amqp_url=amqp_url,

@@ -26,20 +26,32 @@ from condmsg.errors import ConfigError
 )
 def test_a_recipient_no_ack_could_carry_is_refused(recipient: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says):
-        Receiver(amqp_url="amqp://unused", db_url="sqlite://", recipient=recipient)
+        Receiver(
+            amqp_url="amqp://unused", db_url="sqlite://", create_schema=True, recipient=recipient
+        )
 
 
 def test_a_receiver_id_no_ack_could_carry_is_refused() -> None:
     with pytest.raises(ConfigError, match="receiver id is longer than 255"):
-        Receiver(amqp_url="amqp://unused", db_url="sqlite://", recipient="r", receiver_id="x" * 256)
+        Receiver(
+            amqp_url="amqp://unused",
+            db_url="sqlite://",
+            create_schema=True,
+            recipient="r",
+            receiver_id="x" * 256,
+        )
 
 
 def test_the_default_receiver_id_fits_an_ack_whatever_the_recipient() -> None:
     recipient = "r" * protocol.MAX_NAME_CHARS
-    rx = Receiver(amqp_url="amqp://unused", db_url="sqlite://", recipient=recipient)
+    rx = Receiver(
+        amqp_url="amqp://unused", db_url="sqlite://", create_schema=True, recipient=recipient
+    )
     try:
         assert len(rx.receiver_id) <= protocol.MAX_NAME_CHARS
-        short = Receiver(amqp_url="amqp://unused", db_url="sqlite://", recipient="alice")
+        short = Receiver(
+            amqp_url="amqp://unused", db_url="sqlite://", create_schema=True, recipient="alice"
+        )
         assert short.receiver_id.endswith(":alice")
         short.close()
     finally:
@@ -47,10 +59,16 @@ def test_the_default_receiver_id_fits_an_ack_whatever_the_recipient() -> None:
 
 
 def test_keywords_and_a_config_are_the_same_settings() -> None:
-    config = ReceiverConfig(amqp_url="amqp://unused", db_url="sqlite://", max_attempts=3)
+    config = ReceiverConfig(
+        amqp_url="amqp://unused", db_url="sqlite://", max_attempts=3, create_schema=True
+    )
     from_config = Receiver(config, recipient="alice", poll_interval_s=0.5)
     from_keywords = Receiver(
-        amqp_url="amqp://unused", db_url="sqlite://", recipient="alice", max_attempts=3
+        amqp_url="amqp://unused",
+        db_url="sqlite://",
+        create_schema=True,
+        recipient="alice",
+        max_attempts=3,
     )
     assert from_config.config == replace(config, poll_interval_s=0.5)
     assert from_config.retry == from_keywords.retry == RetryPolicy(max_attempts=3)

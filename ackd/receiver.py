@@ -40,9 +40,11 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
+from ackd.ack_watch import AckWatch
 from ackd.attempts import AttemptCounts
 from ackd.broker import Broker
 from ackd.decisions import RlogDecisions
@@ -58,7 +60,7 @@ from ackd.receiver_store_psycopg import PsycopgReceiverStore
 from ackd.settlement import Settlement
 from ackd.tables import metadata
 from condmsg import migrate
-from condmsg.db import make_engine
+from condmsg.db import describe_db_url, make_engine
 from condmsg.errors import ConfigError
 from condmsg.relaying import OwnsOutbox
 from condmsg.settings import Settings
@@ -91,6 +93,7 @@ class Receiver(OwnsOutbox):
         engine: Engine | None = None,
         store: ReceiverStore | None = None,
         clock: Callable[[], datetime] = utcnow,
+        registry: CollectorRegistry | None = None,
         **settings: Any,
     ) -> None:
         config = ReceiverConfig(**settings) if config is None else replace(config, **settings)
@@ -133,6 +136,12 @@ class Receiver(OwnsOutbox):
         self._thread_connection: Connection | None = None
         self._thread_connection_owner: int | None = None
         migrate.ensure(self.engine, "receiver", models=[metadata], create=config.create_schema)
+        #: Whether this receiver's acks leave its store (a relay publishes its outbox):
+        #: warned about at start and while reading; gauges in ``registry`` if given.
+        self.ack_watch = AckWatch(
+            self.engine, store_name=describe_db_url(str(self.engine.url)), registry=registry
+        )
+        self.ack_watch.check(now=True)
         self._assemble(clock)
 
     def _assemble(self, clock: Callable[[], datetime]) -> None:
@@ -203,11 +212,13 @@ class Receiver(OwnsOutbox):
 
     def read(self, queue: str, timeout: float = 5.0) -> Message | None:
         """The next message of ``queue`` (non-transactional: READ ack), None on timeout."""
+        self.ack_watch.check()
         return self._reader.next_message(queue, timeout, None)
 
     @contextmanager
     def transaction(self) -> Iterator[ReceiverTransaction]:
         """Commits on a clean exit (then acks), rolls back and requeues on an exception."""
+        self.ack_watch.check()
         session = Session(self._bind())
         session.begin()
         tx = ReceiverTransaction(self, session)

@@ -1,5 +1,6 @@
 """The demo's participants as seen from the script: receiver processes it drives through
-their stdin (``condmsg.demo.rx``), and the sender's outcome queue it listens to."""
+their stdin (``condmsg.demo.rx``), and the sender's outcome queue it listens to (CM and
+sphere outcomes)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pika.exceptions
+
+from condmsg import protocol
+from condmsg.amqp import connect
 from condmsg.demo.setup import wait_for
 from condmsg.demo.story import Story
-from condmsg.errors import CondmsgError
+from condmsg.errors import CondmsgError, ProtocolError
 from condmsg.outcome import Outcome
 from condmsg.sender import Sender
+from condmsg.sphere_outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
 from condmsg.timeutil import utcnow
+from condmsg.topology import declare_service_queue
 
 
 class RxProcess:
@@ -154,12 +161,18 @@ def pause(receivers: Iterable[RxProcess]) -> None:
 
 
 class OutcomeListener:
-    """Consumes the sender's outcome queue in a thread: what arrived, and when."""
+    """Consumes the sender's outcome queue in a thread: what arrived, and when.
+
+    The queue carries two documents, told apart by the AMQP message type: a CM's outcome
+    and a Dependency-Sphere's (``SPHERE_OUTCOME_TYPE``); each is decoded by its own codec.
+    """
 
     def __init__(self, sender: Sender, story: Story) -> None:
-        self.sender = sender
+        self.amqp_url = sender.amqp_url
+        self.queue = protocol.outcome_queue(sender.name)
         self.story = story
         self._arrived: dict[str, tuple[Outcome, datetime]] = {}
+        self._spheres: dict[str, tuple[SphereOutcome, datetime]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="outcomes", daemon=True)
@@ -168,20 +181,53 @@ class OutcomeListener:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                # Returns after half a second without a notification, to look at the flag.
-                for outcome in self.sender.outcomes(timeout=0.5):
-                    with self._lock:
-                        self._arrived[outcome.cm_id] = (outcome, utcnow())
-                    self.story.outcome(outcome)
-                    if self._stop.is_set():
-                        break
-            except CondmsgError as exc:  # the broker went away: say so, try again
+                self._consume()
+            except (CondmsgError, pika.exceptions.AMQPError) as exc:
                 self.story.say(f"   (outcome queue: {exc}; reconnecting)")
                 self._stop.wait(1.0)
+
+    def _consume(self) -> None:
+        connection = connect(self.amqp_url, name="condmsg-demo-outcomes")
+        try:
+            channel = connection.channel()
+            declare_service_queue(channel, self.queue)
+            channel.basic_qos(prefetch_count=100)
+            # Yields None after half a second without a notification, to look at the flag.
+            for method, props, body in channel.consume(self.queue, inactivity_timeout=0.5):
+                if method is not None:
+                    self._take(props.type if props else None, body or b"")
+                    # Acked once told: a document that cannot be decoded is told and
+                    # dropped rather than redelivered for ever.
+                    channel.basic_ack(int(method.delivery_tag or 0))
+                if self._stop.is_set():
+                    return
+        finally:
+            if connection.is_open:
+                connection.close()
+
+    def _take(self, message_type: str | None, body: bytes) -> None:
+        try:
+            if message_type == SPHERE_OUTCOME_TYPE:
+                sphere = SphereOutcome.from_json(body)
+                with self._lock:
+                    self._spheres[sphere.sphere_id] = (sphere, utcnow())
+                self.story.sphere_outcome(sphere)
+            else:
+                outcome = Outcome.from_json(body)
+                with self._lock:
+                    self._arrived[outcome.cm_id] = (outcome, utcnow())
+                self.story.outcome(outcome)
+        except ProtocolError as exc:
+            self.story.say(f"   (outcome queue: dropped a document of type {message_type}: {exc})")
 
     def get(self, cm_id: str) -> Outcome | None:
         with self._lock:
             found = self._arrived.get(cm_id)
+        return found[0] if found else None
+
+    def sphere(self, sphere_id: str) -> SphereOutcome | None:
+        with self._lock:
+            found = self._spheres.get(sphere_id)
         return found[0] if found else None
 
     def stop(self) -> None:

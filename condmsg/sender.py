@@ -30,7 +30,7 @@ from condmsg.condition_codec import condition_to_json
 from condmsg.conditions import Condition
 from condmsg.copies import check_app_headers, plan_fanouts
 from condmsg.db import make_engine
-from condmsg.errors import BrokerError, ConditionError, ConfigError
+from condmsg.errors import BrokerError, ConditionError, ConfigError, ProtocolError
 from condmsg.evaluation import Verdict, evaluate
 from condmsg.outcome import Outcome
 from condmsg.outgoing import Outgoing, new_cm_id
@@ -356,10 +356,11 @@ class Sender(OwnsOutbox):
             ):
                 if method is None:
                     return
-                if props is not None and props.type == SPHERE_OUTCOME_TYPE:
-                    yield SphereOutcome.from_json(body or b"")
-                else:
-                    yield Outcome.from_json(body or b"")
+                decoded = _outcome_document(props, body or b"")
+                if decoded is not None:
+                    yield decoded
+                # Acked once handed over (or found undecodable: told in the log, and not
+                # redelivered for ever in front of the valid ones).
                 channel.basic_ack(int(method.delivery_tag or 0))
         finally:
             if connection.is_open:
@@ -416,6 +417,18 @@ class _Shape:
     #: ``next_check_at - sent_at`` of a CM with no ack yet (evaluation is relative to
     #: ``sent_at``), or None if nothing can change on its own.
     first_check: timedelta | None
+
+
+def _outcome_document(props: Any, body: bytes) -> Outcome | SphereOutcome | None:
+    """A document of the outcome queue, by its AMQP type; None (logged) if it does not
+    decode: nothing the evaluator writes, so nothing to wait for."""
+    try:
+        if props is not None and props.type == SPHERE_OUTCOME_TYPE:
+            return SphereOutcome.from_json(body)
+        return Outcome.from_json(body)
+    except ProtocolError as exc:
+        log.warning("dropped an undecodable document from the outcome queue: %s", exc)
+        return None
 
 
 @functools.lru_cache(maxsize=1024)

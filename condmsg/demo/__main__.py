@@ -1,5 +1,5 @@
-"""``make demo``: the paper's two examples end to end on RabbitMQ and PostgreSQL, then the
-Spark audit of what happened.
+"""``make demo``: the paper's two examples end to end on RabbitMQ and PostgreSQL, a
+Dependency-Sphere committed and one aborted, then the Spark audit of what happened.
 
     python -m condmsg.demo [--prefix condmsg-demo] [--schema condmsg_demo] [--out demo-out]
                            [--day 1.0] [--pg-url URL] [--drop-schemas]
@@ -9,11 +9,13 @@ A sender (with its outbox relay) in this process; the evaluator service (``pytho
 evaluator``) and seven receivers (``python -m condmsg.demo.rx``, each with its own relay) as
 processes of their own. The sender's store is the schema ``--schema`` of the PostgreSQL
 database (``CONDMSG_DB_URL`` if it is PostgreSQL, else ``CONDMSG_TEST_PG_URL``); the
-receivers' stores are schemas beside it; the schemas are reset at the start and kept for
-``condmsg status`` afterwards. Queues are named after ``--prefix`` and deleted at the end.
+receivers' stores and the facilities' database (the spheres' room bookings) are schemas
+beside it; the schemas are reset at the start and kept for ``condmsg status`` afterwards.
+Queues are named after ``--prefix`` and deleted at the end.
 
-Exit code 0 when every outcome is the one the paper's examples expect and the audit finds no
-discrepancy, 1 when a check failed, 2 when the demo could not run.
+Exit code 0 when every outcome is the one the paper's examples (and the spheres' rules)
+expect and the audit finds no discrepancy, 1 when a check failed, 2 when the demo could not
+run.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 from condmsg.amqp import connect
 from condmsg.cli import main as condmsg_main
 from condmsg.db import check_reachable, describe_db_url, make_engine
-from condmsg.demo import example1, example2, timelines
+from condmsg.demo import example1, example2, sphere_example, timelines
 from condmsg.demo.agents import OutcomeListener, RxProcess
 from condmsg.demo.audit import export_and_audit
 from condmsg.demo.setup import (
@@ -104,7 +106,10 @@ class LiveDemo:
 
     def run(self) -> None:
         story, names = self.story, self.names
-        story.say("condmsg demo: the paper's two examples on the real services, then the audit")
+        story.say(
+            "condmsg demo: the paper's two examples and Dependency-Spheres on the real "
+            "services, then the audit"
+        )
         story.say(f"   RabbitMQ {self.amqp_url.split('@')[-1]}, queues {names.prefix}.*")
         story.say(f"   PostgreSQL {describe_db_url(self.pg_url)}, schema {names.schema} (+ _rx_*)")
         _check_services(self.pg_url, self.amqp_url)
@@ -185,6 +190,7 @@ class LiveDemo:
                     controllers=controllers,
                     checks=self.checks,
                     day_s=self.day_s,
+                    facilities_url=schema_url(self.pg_url, names.facilities_schema),
                 )
                 try:
                     return self._scenarios(stage)
@@ -198,11 +204,15 @@ class LiveDemo:
             )
 
     def _scenarios(self, stage: Stage) -> dict[str, str]:
-        """Every scenario in turn; returns the CM each one is about, by name."""
+        """Every scenario in turn; returns the CM (or sphere) each one is about, by name."""
         cm_ids: dict[str, str] = {}
         scenarios: list[tuple[str, Callable[[], str]]] = [
             (f"Example 1, run {n}", partial(example1.run, stage, n, spec))
             for n, spec in enumerate(example1.RUNS, 1)
+        ]
+        scenarios += [
+            (f"Dependency-Sphere {n}", partial(sphere_example.run, stage, n, spec))
+            for n, spec in enumerate(sphere_example.RUNS, 1)
         ]
         scenarios.append(("Example 2", partial(example2.run, stage)))
         for name, scenario in scenarios:
@@ -213,8 +223,9 @@ class LiveDemo:
         return cm_ids
 
     def _status(self, cm_ids: dict[str, str]) -> None:
-        """``condmsg status`` of the first and the last run of Example 1."""
-        for name in ("Example 1, run 1", "Example 1, run 3"):
+        """``condmsg status`` of the first and the last run of Example 1, and of the
+        aborted sphere."""
+        for name in ("Example 1, run 1", "Example 1, run 3", "Dependency-Sphere 2"):
             if name not in cm_ids:
                 continue
             self.story.say(f"\n-- {name}: condmsg status {cm_ids[name]}")
@@ -225,7 +236,8 @@ class LiveDemo:
                 self.story.say(f"   {line}")
         if cm_ids and not self.drop:
             self.story.say(
-                f"\n   Any CM of the demo: CONDMSG_DB_URL='{self.sender_url}' condmsg status CM_ID"
+                f"\n   Any CM or sphere of the demo: CONDMSG_DB_URL='{self.sender_url}' "
+                "condmsg status ID"
             )
 
 

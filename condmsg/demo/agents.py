@@ -1,5 +1,6 @@
 """The demo's participants as seen from the script: receiver processes it drives through
-their stdin (``condmsg.demo.rx``), and the sender's outcome queue it listens to."""
+their stdin (``condmsg.demo.rx``), and the sender's outcome queue it listens to (CM and
+sphere outcomes)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from condmsg.demo.story import Story
 from condmsg.errors import CondmsgError
 from condmsg.outcome import Outcome
 from condmsg.sender import Sender
+from condmsg.sphere_outcome import SphereOutcome
 from condmsg.timeutil import utcnow
 
 
@@ -154,12 +156,17 @@ def pause(receivers: Iterable[RxProcess]) -> None:
 
 
 class OutcomeListener:
-    """Consumes the sender's outcome queue in a thread: what arrived, and when."""
+    """Consumes the sender's outcome queue in a thread: what arrived, and when.
+
+    The queue carries a CM's outcome and a Dependency-Sphere's; ``Sender.outcomes`` tells
+    them apart (by the AMQP message type).
+    """
 
     def __init__(self, sender: Sender, story: Story) -> None:
         self.sender = sender
         self.story = story
         self._arrived: dict[str, tuple[Outcome, datetime]] = {}
+        self._spheres: dict[str, tuple[SphereOutcome, datetime]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="outcomes", daemon=True)
@@ -170,20 +177,31 @@ class OutcomeListener:
             try:
                 # Returns after half a second without a notification, to look at the flag.
                 for outcome in self.sender.outcomes(timeout=0.5):
-                    if not isinstance(outcome, Outcome):
-                        continue  # a sphere's outcome: the sphere's handle reads it
-                    with self._lock:
-                        self._arrived[outcome.cm_id] = (outcome, utcnow())
-                    self.story.outcome(outcome)
+                    self._take(outcome)
                     if self._stop.is_set():
                         break
             except CondmsgError as exc:  # the broker went away: say so, try again
                 self.story.say(f"   (outcome queue: {exc}; reconnecting)")
                 self._stop.wait(1.0)
 
+    def _take(self, outcome: Outcome | SphereOutcome) -> None:
+        if isinstance(outcome, SphereOutcome):
+            with self._lock:
+                self._spheres[outcome.sphere_id] = (outcome, utcnow())
+            self.story.sphere_outcome(outcome)
+        else:
+            with self._lock:
+                self._arrived[outcome.cm_id] = (outcome, utcnow())
+            self.story.outcome(outcome)
+
     def get(self, cm_id: str) -> Outcome | None:
         with self._lock:
             found = self._arrived.get(cm_id)
+        return found[0] if found else None
+
+    def sphere(self, sphere_id: str) -> SphereOutcome | None:
+        with self._lock:
+            found = self._spheres.get(sphere_id)
         return found[0] if found else None
 
     def stop(self) -> None:

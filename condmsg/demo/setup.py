@@ -53,7 +53,7 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
 @dataclass(frozen=True, slots=True)
 class Names:
     """``prefix`` names the sender and the queues; ``schema`` the sender's store (receiver
-    stores are ``<schema>_rx_<store>``)."""
+    stores are ``<schema>_rx_<store>``, the room bookings ``<schema>_facilities``)."""
 
     prefix: str
     schema: str
@@ -72,8 +72,13 @@ class Names:
     def rx_schema(self, store: str) -> str:
         return f"{self.schema}_rx_{store}"
 
+    @property
+    def facilities_schema(self) -> str:
+        """The facilities' database, whose room bookings join the demo's spheres."""
+        return f"{self.schema}_facilities"
+
     def schemas(self) -> list[str]:
-        return [self.schema, *(self.rx_schema(s) for s in RX_STORES)]
+        return [self.schema, *(self.rx_schema(s) for s in RX_STORES), self.facilities_schema]
 
     def queues(self) -> list[str]:
         service = [protocol.ack_queue(self.sender), protocol.outcome_queue(self.sender)]

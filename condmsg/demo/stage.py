@@ -47,6 +47,8 @@ class Stage:
     checks: Checks
     #: Seconds per day of Example 1.
     day_s: float
+    #: The facilities' database (a schema), where the spheres book rooms.
+    facilities_url: str
 
     def sent_at(self, cm_id: str) -> datetime:
         with self.sender.engine.connect() as conn:

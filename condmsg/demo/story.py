@@ -14,6 +14,7 @@ from typing import Any
 
 from condmsg.outcome import Outcome
 from condmsg.protocol import parse_instant
+from condmsg.sphere_outcome import SphereOutcome
 from condmsg.timeutil import utcnow
 
 
@@ -103,3 +104,11 @@ class Story:
         text = f"outcome{what} arrived: {outcome.verdict.value.upper()} (decided {decided})"
         reasons = tuple(r.replace(self.prefix, "") for r in outcome.reasons)
         self.line(self.when(outcome.cm_id), "sender", text, reasons)
+
+    def sphere_outcome(self, outcome: SphereOutcome) -> None:
+        clock = self.clock(outcome.sphere_id)
+        decided = clock.offset(outcome.decided_at) if clock else ""
+        text = f"outcome of the sphere arrived: {outcome.verdict.value.upper()} (decided {decided})"
+        members = ", ".join(f"{cm[:8]} {state}" for cm, state in outcome.members.items())
+        reasons = (*(r.replace(self.prefix, "") for r in outcome.reasons), f"members: {members}")
+        self.line(self.when(outcome.sphere_id), "sender", text, reasons)

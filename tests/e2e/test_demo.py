@@ -1,6 +1,7 @@
 """``make demo`` as a check: ``python -m condmsg.demo`` in a process of its own, on names of
 its own (queue prefix, schema), so it can run beside a ``make demo``; it must pass every
-expectation of the paper's examples and the audit, and leave nothing on the broker."""
+expectation of the paper's examples, of the spheres and of the audit, and leave nothing on the
+broker."""
 
 from __future__ import annotations
 
@@ -41,6 +42,15 @@ KEY_LINES = (
     "got the compensation 'Meeting on 3 December cancelled'",
     "qr3/carol's commit ack came after the decision: kept, not counted",
     "receiver log: compensation cancelled (1) and original discarded (1); the app got neither",
+    "-- Dependency-Sphere 1: committed, everyone processes in time.",
+    "-- Dependency-Sphere 2: aborted after the notice succeeded.",
+    "outcome of the sphere arrived: SATISFIED",
+    "outcome of the sphere arrived: VIOLATED",
+    "sphere aborted: the client postponed the signing",
+    "got the compensation 'Contract signing on 10 December cancelled'",
+    "✓ after the commit the booking is prepared, not visible",
+    "✓ release_room ran 1 time(s)",
+    "-- Dependency-Sphere 2: condmsg status",
     "-- Example 2: three competing controllers read qcentral.",
     "✓ all 6 flights satisfied",
     "✓ each flight handled by exactly one controller",
@@ -103,7 +113,7 @@ def test_the_demo_runs_both_examples_and_the_audit(
     assert not failed_checks
     summary = json.loads((out / "audit" / "summary.json").read_text())
     assert summary["metrics"]["discrepancies"] == 0
-    assert summary["totals"]["cms"] == 10 and summary["totals"]["pending"] == 0
+    assert summary["totals"]["cms"] == 12 and summary["totals"]["pending"] == 0
     assert (out / "audit" / "report.html").exists()
     assert str((out / "audit" / "report.html").resolve()) in story
     # Nothing left behind: the queues are deleted, the schemas dropped (--drop-schemas).

@@ -364,3 +364,20 @@ def test_status_draws_a_sphere_with_its_members(world: World, capsys: Any) -> No
     assert "h1: handler released on violated, ran" in out
     assert f"cm {member} from {w.name}" in out and f"member of sphere {ds.sphere_id}" in out
     assert w.queue("qr1") in out  # the member's tree
+
+
+def test_the_outcome_queue_yields_spheres_and_skips_what_does_not_decode(
+    world: World, channel: Any
+) -> None:
+    w = world
+    channel.basic_publish("", protocol.outcome_queue(w.name), b"{not an outcome")
+    ds = w.sender.begin_sphere(timeout=10 * DAY)
+    member = ds.send(b"notice", _member(w, "qr1"))
+    ds.abort()
+    assert ds.outcome(timeout=10) is not None
+    got = wait_for(lambda: list(w.sender.outcomes(timeout=1)))
+    spheres = [o for o in got if isinstance(o, SphereOutcome)]
+    assert [(s.sphere_id, s.verdict, s.members) for s in spheres] == [
+        (ds.sphere_id, Verdict.VIOLATED, {member: "pending"})
+    ]
+    assert get_all(channel, protocol.outcome_queue(w.name)) == []  # nothing stuck behind it

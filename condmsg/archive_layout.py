@@ -17,6 +17,11 @@ test_archive_layout.py`` checks that they agree). Two deliberate differences:
 * ``outcomes`` is not a store table: it is the decision columns of ``condmsg_cm``
   (see :func:`spark_audit.readers.outcomes_of`).
 
+``spheres`` is ``condmsg_sphere`` whole; its participants (``condmsg_sphere_participant``:
+the prepared transactions and handlers a sphere's outcome drives) are not archived: a
+sphere's verdict follows from its own row and its members' CM rows alone
+(:mod:`condmsg.sphere_outcome`), which is all the audit re-judges.
+
 Timestamps are UTC instants (Spark ``TIMESTAMP`` with ``spark.sql.session.timeZone=UTC``;
 Arrow ``timestamp[us, tz=UTC]``).
 """
@@ -149,14 +154,41 @@ ANOMALIES = Table(
     ),
 )
 
-#: The input tables in dependency order (CMs first).
+SPHERES = Table(
+    "spheres",
+    "condmsg_sphere",
+    (
+        Column("sphere_id", "string", False),
+        Column("sender", "string", False),
+        Column("begun_at", "timestamp", False),
+        Column("deadline", "timestamp", False),
+        Column("members", "int"),
+        Column("state", "string", False),
+        Column("committed_at", "timestamp"),
+        Column("aborted_at", "timestamp"),
+        Column("abort_reason", "string"),
+        Column("next_check_at", "timestamp"),
+        Column("decided_at", "timestamp"),
+        Column("effective_at", "timestamp"),
+        Column("reasons_json", "string"),
+        Column("decided_by", "string"),
+    ),
+)
+
+#: The tables of a CM's life, in dependency order (CMs first): those every archive holds,
+#: the evaluator's retention archives (which archive decided CMs, never spheres) included.
 TABLES: tuple[Table, ...] = (CMS, COPIES, ACKS, COMPENSATIONS, ANOMALIES)
-TABLES_BY_NAME = {t.name: t for t in TABLES}
+#: Every table of the layout: ``condmsg export`` writes them all. An archive without a
+#: ``spheres`` table (a retention archive, an export written before spheres were
+#: exported) reads as one without spheres.
+ALL_TABLES: tuple[Table, ...] = (*TABLES, SPHERES)
+TABLES_BY_NAME = {t.name: t for t in ALL_TABLES}
 
 #: The day partitions of ``condmsg export``'s layout: each table's partition column
 #: (Hive-style directories ``<table>/<column>=YYYY-MM-DD/``, days in UTC). The CMs, their
 #: copies and compensations by the day the CM was sent; the acks by the day they were
-#: received; the anomalies by the day they were recorded. An archive without
+#: received; the anomalies by the day they were recorded; the spheres by the day they
+#: were begun (a sphere's members are sent after it begins). An archive without
 #: ``partitioning`` in its manifest holds each table as plain files (the evaluator's
 #: retention archives, ``spark_audit.generate``).
 PARTITION_COLUMNS: dict[str, str] = {
@@ -165,6 +197,7 @@ PARTITION_COLUMNS: dict[str, str] = {
     "compensations": "sent_day",
     "acks": "received_day",
     "anomalies": "recorded_day",
+    "spheres": "begun_day",
 }
 
 #: The decision columns of ``cms`` that make up the ``outcomes`` frame.

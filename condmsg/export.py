@@ -10,7 +10,8 @@ holds, the exports that wrote them). An audit of a window reads only the days it
 The rows are the same cut as the audit's window
 (:func:`spark_audit.readers.apply_window`): CMs sent in ``[since, until)``, decisions and
 releases taken by ``until``, acks received by ``until`` (orphans included), anomalies
-recorded in the window, where ``since`` is midnight UTC of the given ``--since``: the
+recorded in the window, spheres begun in ``[since, until)`` with the commits, aborts and
+decisions taken by ``until``, where ``since`` is midnight UTC of the given ``--since``: the
 export writes whole days. With ``--since`` on an existing export it appends: the days from
 ``since`` on are written again, the earlier ones kept as they are. An audit of the export
 defaults to the export's ``until``.
@@ -30,12 +31,13 @@ import sqlalchemy as sa
 from condmsg import sender_tables as st
 from condmsg.archive_layout import (
     ACKS,
+    ALL_TABLES,
     ANOMALIES,
     CMS,
     COMPENSATIONS,
     COPIES,
     PARTITION_COLUMNS,
-    TABLES,
+    SPHERES,
     Table,
     arrow_schema,
     manifest,
@@ -90,9 +92,6 @@ def _selects(
     in_window = sent_from(start)
     late = sa.or_(cm.decided_at.is_(None), cm.decided_at > until)
 
-    def decision(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
-        return sa.case((late, sa.null()), else_=column).label(column.key)
-
     cms = sa.select(
         cm.cm_id,
         cm.sender,
@@ -105,8 +104,8 @@ def _selects(
         cm.sphere_id,
         sa.case((late, sa.literal("pending")), else_=cm.state).label("state"),
         cm.next_check_at,
-        *(decision(c) for c in (cm.decided_at, cm.effective_at, cm.reasons_json)),
-        *(decision(c) for c in (cm.facts_json, cm.decided_by)),
+        *(_unless(late, c) for c in (cm.decided_at, cm.effective_at, cm.reasons_json)),
+        *(_unless(late, c) for c in (cm.facts_json, cm.decided_by)),
         cm.sent_at.label(_AT),
     ).where(in_window)
     copies = (
@@ -149,7 +148,52 @@ def _selects(
         COMPENSATIONS.name: compensations,
         ACKS.name: acks,
         ANOMALIES.name: anomalies,
+        SPHERES.name: _spheres(start, until),
     }
+
+
+def _unless(hidden: sa.ColumnElement[bool], column: sa.ColumnElement[Any]) -> Any:
+    """``column`` under its own name, null where ``hidden`` (a fact not visible yet)."""
+    return sa.case((hidden, sa.null()), else_=column).label(column.key)
+
+
+def _spheres(start: datetime | None, until: datetime) -> sa.Select[Any]:
+    """The spheres begun in ``[start, until)`` as they stood at ``until`` (the rules of
+    :func:`spark_audit.readers.cut_spheres`): a sphere decided later is in the state its
+    sender's last request by ``until`` left it (``open``, ``committed`` or ``aborted``),
+    without the decision, and a commit or an abort requested later is not visible yet."""
+    sp = st.spheres.c
+    begun = sp.begun_at < until
+    if start is not None:
+        begun = sa.and_(begun, sp.begun_at >= start)
+    late = sa.or_(sp.decided_at.is_(None), sp.decided_at > until)
+    # A decided sphere keeps the request its decision followed, whatever the sender's
+    # clock wrote beside the evaluator's.
+    commit_later = sa.and_(late, sp.committed_at > until)
+    abort_later = sa.and_(late, sp.aborted_at > until)
+
+    state = sa.case(
+        (sa.and_(late, sp.aborted_at <= until), sa.literal("aborted")),
+        (sa.and_(late, sp.committed_at <= until), sa.literal("committed")),
+        (late, sa.literal("open")),
+        else_=sp.state,
+    )
+    spheres = sa.select(
+        sp.sphere_id,
+        sp.sender,
+        sp.begun_at,
+        sp.deadline,
+        sp.members,
+        state.label("state"),
+        _unless(commit_later, sp.committed_at),
+        _unless(abort_later, sp.aborted_at),
+        _unless(abort_later, sp.abort_reason),
+        sp.next_check_at,
+        *(_unless(late, c) for c in (sp.decided_at, sp.effective_at, sp.reasons_json)),
+        _unless(late, sp.decided_by),
+        sp.begun_at.label(_AT),
+    ).where(begun)
+    return spheres
 
 
 def arrow_batches(
@@ -197,7 +241,7 @@ def export_store(
     selects = _selects(start, first, until)
     try:
         with engine.connect() as conn:
-            for table in TABLES:
+            for table in ALL_TABLES:
                 target.clear(table, start)
                 result = conn.execution_options(yield_per=BATCH_ROWS).execute(selects[table.name])
                 counts[table.name] = target.write(table, _by_day(result.partitions(), table))

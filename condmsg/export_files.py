@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from condmsg.archive_layout import MANIFEST, PARTITION_COLUMNS, TABLES, Table, arrow_schema
+from condmsg.archive_layout import ALL_TABLES, MANIFEST, PARTITION_COLUMNS, Table, arrow_schema
 from condmsg.errors import CondmsgError
 
 #: The one file of a day partition.
@@ -129,7 +129,7 @@ def merged_days(
     kept = (previous or {}).get("days", {}) if start is not None else {}
     first = start.date().isoformat() if start is not None else ""
     merged: dict[str, dict[str, int]] = {}
-    for table in TABLES:
+    for table in ALL_TABLES:
         old = {d: n for d, n in kept.get(table.name, {}).items() if d < first}
         merged[table.name] = dict(sorted({**old, **written.get(table.name, {})}.items()))
     return merged

@@ -54,6 +54,20 @@ DEFAULT_CHECKS: tuple[CheckSpec, ...] = (
         "every decided CM's stored verdict equals evaluate() over its counted acks",
     ),
     CheckSpec(
+        "sphere_verdicts_reproducible",
+        "sphere_discrepancies",
+        E,
+        0,
+        "every decided sphere's stored verdict equals the sphere rules over its members",
+    ),
+    CheckSpec(
+        "no_compensation_before_sphere_decision",
+        "sphere_early_releases",
+        E,
+        0,
+        "no sphere member's compensation was released before its sphere was decided",
+    ),
+    CheckSpec(
         "conditions_decode",
         "invalid_conditions",
         E,

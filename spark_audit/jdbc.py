@@ -14,7 +14,8 @@ the two bounds are interpolated into ``partitions`` equal ranges, and each parti
 index range scan, and the acks and CMs of one CM land in the same range. Ids that are not
 hex fall back to ``hashtext(cm_id)`` buckets (balanced, but each partition scans the table).
 The anomalies have a numeric ``id``: they use Spark's ``partitionColumn`` with bounds from
-``min(id)``/``max(id)``.
+``min(id)``/``max(id)``. The spheres (one row per sphere, a small table) are read in one
+partition.
 
 The window is pushed into the SQL (``sent_at`` range, ``received_at``/``recorded_at <=
 until``, acks of CMs in the window or orphans) so PostgreSQL returns only the cut;
@@ -35,7 +36,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
-from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, Table
+from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, SPHERES, Table
 from spark_audit.readers import AuditInput, Window, apply_window
 from spark_audit.schemas import conform
 from spark_audit.settings import least_partitions
@@ -115,6 +116,7 @@ def _queries(window: Window) -> dict[str, str]:
     until = _ts(window.until)
     orphan_since = f" AND a.received_at >= {_ts(window.since)}" if window.since else ""
     recorded_since = f" AND recorded_at >= {_ts(window.since)}" if window.since else ""
+    begun_since = f" AND begun_at >= {_ts(window.since)}" if window.since else ""
     return {
         CMS.name: f"SELECT m.* FROM {CMS.store_table} m WHERE {_cm_window(window, 'm')}",
         COPIES.name: (
@@ -135,6 +137,9 @@ def _queries(window: Window) -> dict[str, str]:
         ),
         ANOMALIES.name: (
             f"SELECT * FROM {ANOMALIES.store_table} WHERE recorded_at <= {until}{recorded_since}"
+        ),
+        SPHERES.name: (
+            f"SELECT * FROM {SPHERES.store_table} WHERE begun_at < {until}{begun_since}"
         ),
     }
 
@@ -221,4 +226,5 @@ def _tables(spark: SparkSession, source: JdbcSource, window: Window) -> dict[str
             numPartitions=partitions,
         )
     frames[ANOMALIES.name] = conform(anomalies, ANOMALIES)
+    frames[SPHERES.name] = conform(_read(spark, source, queries[SPHERES.name]), SPHERES)
     return frames

@@ -16,7 +16,8 @@ jobs:
 5. every CM judged, with one aggregation for the outcome tables, the per-destination
    table, the totals and the rows of the CMs a per-CM detail table lists (by the CM's
    numbers; one lookup gives their ids);
-6. the detail tables (:mod:`spark_audit.details`).
+6. the detail tables (:mod:`spark_audit.details`);
+7. the Dependency-Spheres re-judged from their members (:mod:`spark_audit.sphere_audit`).
 
 The run's session settings and partitions are those of :mod:`spark_audit.settings`.
 """
@@ -41,7 +42,7 @@ from spark_audit.alongside import run_alongside
 from spark_audit.checks import DEFAULT_CHECKS, CheckSpec, run_checks, status
 from spark_audit.details import AuditFrames, write_detail_tables
 from spark_audit.output import SMALL_SCHEMAS, TableWriter
-from spark_audit.readers import AuditInput, Window, sent_in
+from spark_audit.readers import AuditInput, Window, apply_window, sent_in
 from spark_audit.reevaluate.recompute import judge_cut
 from spark_audit.report import render
 from spark_audit.schemas import local_frame
@@ -52,6 +53,7 @@ from spark_audit.settings import (
     least_partitions,
     partitions_for,
 )
+from spark_audit.sphere_audit import write_sphere_tables
 from spark_audit.storage import child
 from spark_audit.summary import build_summary, metrics_from
 from spark_audit.transforms import anomalies, rates
@@ -240,6 +242,9 @@ def _run(
     )
     clock.step("wrote the detail tables")
     cached.release()
+    clock.next("the spheres re-judged")
+    spheres = write_sphere_tables(apply_window(data, window), writer)
+    clock.step("re-judged the spheres")
 
     totals = {
         "cms": int(cut["cms"]),
@@ -250,7 +255,7 @@ def _run(
         "acks": ack_counts["facts"] + ack_counts["other_rows"],
     }
     clock.next("summary.json and report.html")
-    return _write_summary(spark, options, clock, writer, totals, ack_counts, late_metrics)
+    return _write_summary(spark, options, clock, writer, totals, ack_counts, late_metrics, spheres)
 
 
 def _write_latencies(acks: DataFrame, plans: PlanSet, writer: TableWriter) -> dict[str, int]:
@@ -275,6 +280,7 @@ def _write_summary(
     totals: dict[str, int],
     ack_counts: dict[str, int],
     late_metrics: dict[str, int],
+    spheres: dict[str, int],
 ) -> AuditResult:
     """The metrics and checks over the written tables, ``summary.json`` and
     ``report.html`` (once every table is written)."""
@@ -298,6 +304,7 @@ def _write_summary(
         counts=counts,
         collected=writer.collected,
         timings=clock.timings,
+        spheres=spheres,
     )
     out = None if options.out is None else str(options.out)
     if out is not None:

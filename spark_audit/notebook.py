@@ -5,6 +5,7 @@
     run.status                        # "pass" | "warn" | "fail"
     run.cms.where("NOT agrees")       # every CM in the window, judged
     run.tables["late_acks"]           # the detail tables, as frames
+    run.spheres.where("NOT agrees")   # every decided sphere in the window, judged again
 
 Files are written only when ``out`` is given (the same tables, ``summary.json`` and
 ``report.html`` as ``condmsg audit``).
@@ -24,11 +25,19 @@ from condmsg.timeutil import utcnow
 from spark_audit import storage
 from spark_audit.checks import DEFAULT_CHECKS, CheckSpec
 from spark_audit.job import AuditOptions, run_audit
-from spark_audit.readers import AuditInput, Window, export_until, read_parquet, sent_in
+from spark_audit.readers import (
+    AuditInput,
+    Window,
+    apply_window,
+    export_until,
+    read_parquet,
+    sent_in,
+)
 from spark_audit.reevaluate.recompute import judge_cut
 from spark_audit.settings import audit_settings, least_partitions
 from spark_audit.transforms.conditions import plan_set
 from spark_audit.transforms.enrich import cm_ranks, cut_cms, enrich_acks
+from spark_audit.transforms.spheres import judge_spheres
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +48,9 @@ class Audit:
     ``recomputed_verdict``, ``agrees``, ``path`` (how it was judged), ``late_acks``,
     ``flagged``, ``multi``, ``compensated``, ``stale`` and the per-destination deadline
     columns (lazy: computed again by each action; cache it to reuse it). ``tables``: every
-    table ``condmsg audit`` writes (the small ones held by the driver).
+    table ``condmsg audit`` writes (the small ones held by the driver). ``spheres``: every
+    sphere decided in the window with its stored and recomputed verdicts and ``agrees``
+    (:func:`spark_audit.transforms.spheres.judge_spheres`; lazy too).
     """
 
     status: str
@@ -47,6 +58,7 @@ class Audit:
     window: Window
     cms: DataFrame
     tables: dict[str, DataFrame]
+    spheres: DataFrame
 
 
 def audit(
@@ -81,7 +93,9 @@ def audit(
     )
     result = run_audit(spark, data, options, progress=lambda _message: None)
     cms = judged_cms(spark, data, window, stale_grace=stale_grace, partitions=partitions)
-    return Audit(result.status, result.summary, window, cms, result.tables)
+    cut = apply_window(data, window)
+    spheres = judge_spheres(cut.spheres, cut.cms)
+    return Audit(result.status, result.summary, window, cms, result.tables, spheres)
 
 
 def judged_cms(

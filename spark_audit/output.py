@@ -29,7 +29,14 @@ DRIVER_ROWS = 200_000
 #: Small tables written at the same time (:class:`TableWriter`).
 BACKGROUND_WRITES = 4
 #: Detail tables whose first rows the report shows.
-SAMPLED_TABLES = ("discrepancies", "late_ack_effects", "status_mismatches", "stale_pending")
+SAMPLED_TABLES = (
+    "discrepancies",
+    "late_ack_effects",
+    "status_mismatches",
+    "stale_pending",
+    "sphere_discrepancies",
+    "sphere_early_releases",
+)
 SAMPLE_ROWS = 50
 UTC = "UTC"
 #: The column naming each row's table in :meth:`TableWriter.frames`' one query.

@@ -18,12 +18,14 @@ from pyspark.sql import types as T
 
 from condmsg.archive_layout import (
     ACKS,
+    ALL_TABLES,
     ANOMALIES,
     CMS,
     COMPENSATIONS,
     COPIES,
     MANIFEST,
     OUTCOME_COLUMNS,
+    SPHERES,
 )
 from spark_audit import storage
 from spark_audit.schemas import SCHEMAS, conform
@@ -52,6 +54,7 @@ class AuditInput:
     acks: DataFrame
     compensations: DataFrame
     anomalies: DataFrame
+    spheres: DataFrame
 
     @property
     def outcomes(self) -> DataFrame:
@@ -93,7 +96,8 @@ def apply_window(data: AuditInput, window: Window, *, joined: bool = True) -> Au
     * copies and compensations of those CMs; a release after ``until`` is not yet visible;
     * acks received by ``until`` for those CMs, plus acks for CMs unknown to the store
       (orphans) received in the window; acks for CMs outside the window are dropped;
-    * anomalies recorded in the window.
+    * anomalies recorded in the window;
+    * spheres begun in ``[since, until)`` (:func:`cut_spheres`).
 
     ``joined=False``: the source already kept only the acks, copies and compensations
     of the CMs in the window (the JDBC reader's SQL does); only the per-row rules apply.
@@ -113,6 +117,7 @@ def apply_window(data: AuditInput, window: Window, *, joined: bool = True) -> Au
 
     released = F.when(F.col("released_at") <= until, F.col("released_at"))
     anomalies = conform(data.anomalies.where(seen_in(window, "recorded_at")), ANOMALIES)
+    spheres = cut_spheres(data.spheres, window)
     if not joined:
         return AuditInput(
             cms=cms,
@@ -120,6 +125,7 @@ def apply_window(data: AuditInput, window: Window, *, joined: bool = True) -> Au
             acks=data.acks.where(F.col("received_at") <= until),
             compensations=data.compensations.withColumn("released_at", released),
             anomalies=anomalies,
+            spheres=spheres,
         )
     kept = cms.select("cm_id")
     # One join of the acks with every CM's sent_at decides both cases: an ack of a CM in
@@ -143,7 +149,36 @@ def apply_window(data: AuditInput, window: Window, *, joined: bool = True) -> Au
         acks=conform(acks, ACKS),
         compensations=conform(compensations, COMPENSATIONS),
         anomalies=anomalies,
+        spheres=spheres,
     )
+
+
+def cut_spheres(spheres: DataFrame, window: Window) -> DataFrame:
+    """The spheres begun in ``[since, until)`` as they stood at ``until`` (idempotent;
+    ``condmsg export`` writes the same cut): a sphere decided after ``until`` has no
+    decision yet and the state its sender's requests by ``until`` left it in (``aborted``,
+    ``committed`` or ``open``); a commit or an abort requested after ``until`` of a sphere
+    undecided then is not visible. A decided sphere keeps its requests as stored: its
+    decision followed them, whatever the sender's clock wrote beside the evaluator's."""
+    until = F.lit(window.until)
+    late = decided_after(window)
+    aborted = late & (F.col("aborted_at") <= until)
+    committed = late & (F.col("committed_at") <= until)
+    state = (
+        F.when(aborted, F.lit("aborted"))
+        .when(committed, F.lit("committed"))
+        .when(late, F.lit("open"))
+        .otherwise(F.col("state"))
+    )
+    hidden = {
+        "committed_at": late & (F.col("committed_at") > until),
+        "aborted_at": late & (F.col("aborted_at") > until),
+        "abort_reason": late & (F.col("aborted_at") > until),
+        **dict.fromkeys(("decided_at", "effective_at", "reasons_json", "decided_by"), late),
+    }
+    cut = spheres.where(sent_in(window, "begun_at")).withColumn("state", state)
+    cut = cut.withColumns({name: F.when(~when, F.col(name)) for name, when in hidden.items()})
+    return conform(cut, SPHERES)
 
 
 def read_parquet(
@@ -157,7 +192,9 @@ def read_parquet(
     days the CMs were sent in, the acks received and the anomalies recorded from the
     window's first day to its last (an ack of a CM in the window received before the
     window's first day, possible only with the clocks of the sender and the evaluator
-    apart across midnight, is then not read). The frames hold the tables' columns only.
+    apart across midnight, is then not read), the spheres of the days they were begun in.
+    The frames hold the tables' columns only; an export written before spheres were
+    exported has no ``spheres`` table and reads as one without spheres.
     """
     root = str(location)
     if not storage.exists(spark, storage.child(root, CMS.name)):
@@ -165,7 +202,7 @@ def read_parquet(
     manifest = storage.read_json(spark, storage.child(root, MANIFEST)) or {}
     partitioning: dict[str, str] = manifest.get("partitioning") or {}
     frames: dict[str, DataFrame] = {}
-    for table in (CMS, COPIES, ACKS, COMPENSATIONS, ANOMALIES):
+    for table in ALL_TABLES:
         schema = SCHEMAS[table.name]
         path = storage.child(root, table.name)
         column = partitioning.get(table.name)

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from condmsg.archive_layout import OUTCOME_COLUMNS, TABLES, ColumnType, Table
+from condmsg.archive_layout import ALL_TABLES, OUTCOME_COLUMNS, ColumnType, Table
 
 _SPARK_TYPES: dict[ColumnType, T.DataType] = {
     "string": T.StringType(),
@@ -29,7 +29,7 @@ def struct_type(table: Table) -> T.StructType:
     )
 
 
-SCHEMAS: dict[str, T.StructType] = {t.name: struct_type(t) for t in TABLES}
+SCHEMAS: dict[str, T.StructType] = {t.name: struct_type(t) for t in ALL_TABLES}
 
 OUTCOMES_SCHEMA = T.StructType([f for f in SCHEMAS["cms"].fields if f.name in OUTCOME_COLUMNS])
 

@@ -7,6 +7,8 @@ removed one bumps the version)::
     {"schema", "version", "status": "pass" | "warn" | "fail", "generated_at",
      "window": {"since", "until"}, "source", "spark": {"version", "master"},
      "totals": {"cms", "decided", "pending", "native_cms", "shapes", "acks"},
+     "spheres": {"spheres", "decided", "satisfied", "violated", "disagreements",
+                 "early_releases"},
      "metrics": {<metric>: number | null}, "checks": [{"name", "severity", "metric",
      "threshold", "observed", "passed", "description"}], "latency": {<overall p50/p90/p99>},
      "tables": {<name>: {"path", "rows"}}, "timings_s": {<step>: seconds}}
@@ -71,6 +73,8 @@ def metrics_from(
         "deadline_miss_rate": misses / deadlines if deadlines else None,
         "max_proven_skew_ms": skew,
         "relay_p99_ms": overall[0]["relay_p99_ms"] if overall else None,
+        "sphere_discrepancies": counts.get("sphere_discrepancies"),
+        "sphere_early_releases": counts.get("sphere_early_releases"),
     }
 
 
@@ -86,6 +90,7 @@ def build_summary(
     counts: Mapping[str, int],
     collected: Mapping[str, list[dict[str, Any]]],
     timings: Mapping[str, float],
+    spheres: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     overall = [r for r in collected.get("latency", []) if r["level"] == "all"]
     latency = {k: v for k, v in overall[0].items() if k.endswith("_ms")} if overall else {}
@@ -101,6 +106,7 @@ def build_summary(
         "source": source,
         "spark": {"version": spark.version, "master": spark.sparkContext.master},
         "totals": dict(totals),
+        "spheres": dict(spheres or {}),
         "metrics": dict(metrics),
         "checks": [c.as_dict() for c in checks],
         "latency": latency,

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 
 from condmsg import sender_tables as st
-from condmsg.archive_layout import LAYOUT_VERSION, TABLES, arrow_schema
+from condmsg.archive_layout import ALL_TABLES, LAYOUT_VERSION, arrow_schema
 from condmsg.cli import main as condmsg_main
 from condmsg.conditions import Destination
 from tests.spark.builders import T0, ack_row, at, cm_row
@@ -65,7 +65,7 @@ def test_export_writes_the_layout_and_the_cut(sqlite_url: str, tmp_path: Path, c
     )
     assert code == 0
     assert "exported" in capsys.readouterr().out
-    for table in TABLES:
+    for table in ALL_TABLES:
         written = pq.read_table(out / table.name, partitioning=None)
         if written.num_rows:  # an empty table is a directory without files
             assert written.schema == arrow_schema(table), table.name

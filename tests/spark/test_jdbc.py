@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from condmsg import sender_tables as st
-from condmsg.archive_layout import ACKS, ANOMALIES, TABLES
+from condmsg.archive_layout import ACKS, ALL_TABLES, ANOMALIES
 from condmsg.conditions import Destination, DestinationSet
 from condmsg.export import export_store
 from spark_audit.cli import main as audit_main
@@ -84,6 +84,27 @@ def _fill(url: str) -> None:
             ],
         )
         conn.execute(
+            st.spheres.insert(),
+            [
+                {
+                    "sphere_id": f"sphere-{name}",
+                    "sender": "app",
+                    "begun_at": begun,
+                    "deadline": at(30_000),
+                    "members": 0,
+                    "state": state,
+                    "committed_at": committed,
+                    "decided_at": decided,
+                }
+                for name, begun, state, committed, decided in (
+                    ("decided", T0, "satisfied", at(100), at(200)),
+                    ("decided-later", T0, "satisfied", at(100), at(70_000)),
+                    ("committed-later", T0, "committed", at(65_000), None),
+                    ("begun-later", at(61_000), "open", None, None),
+                )
+            ],
+        )
+        conn.execute(
             st.anomalies.insert(),
             [
                 {"kind": "duplicate", "ack_id": f"{_id(1)}-qa", "detail": "d", "recorded_at": at(k)}
@@ -96,7 +117,7 @@ def _fill(url: str) -> None:
 def _rows(data: AuditInput) -> dict[str, list[tuple[Any, ...]]]:
     return {
         t.name: sorted((tuple(r) for r in getattr(data, t.name).collect()), key=lambda r: repr(r))
-        for t in TABLES
+        for t in ALL_TABLES
     }
 
 
@@ -122,6 +143,12 @@ def test_jdbc_reads_the_cut_in_partitions(
     assert data.anomalies.count() == 4
     assert [r["body_bytes"] for r in data.compensations.collect()] == [5]
     assert [r["released_at"] for r in data.compensations.collect()] == [None]
+    spheres = {r["sphere_id"]: r["state"] for r in data.spheres.collect()}
+    assert spheres == {
+        "sphere-decided": "satisfied",
+        "sphere-decided-later": "committed",
+        "sphere-committed-later": "open",
+    }
 
     # The same store exported to Parquet (SQLAlchemy + pyarrow) reads back identically.
     export_store(url, tmp_path / "export", since=window.since, until=window.until)

@@ -65,6 +65,7 @@ def _store(spark: Any, second_status: str) -> AuditInput:
         acks=frame(spark, "acks", acks),
         compensations=frame(spark, "compensations", []),
         anomalies=frame(spark, "anomalies", []),
+        spheres=frame(spark, "spheres", []),
     )
 
 

@@ -130,6 +130,7 @@ def _store(spark: Any) -> AuditInput:
         acks=frame(spark, "acks", acks),
         compensations=frame(spark, "compensations", compensations),
         anomalies=frame(spark, "anomalies", anomaly_rows),
+        spheres=frame(spark, "spheres", []),
     )
 
 
@@ -531,6 +532,7 @@ def test_more_than_64_destinations(spark: Any, tmp_path: Path) -> None:
         acks=frame(spark, "acks", acks),
         compensations=frame(spark, "compensations", compensations),
         anomalies=frame(spark, "anomalies", []),
+        spheres=frame(spark, "spheres", []),
     )
     options = AuditOptions(out=tmp_path, window=Window(until=UNTIL), source="wide")
     result = run_audit(spark, data, options, progress=lambda _m: None)

@@ -19,17 +19,29 @@ STORE = {
     "acks": st.acks,
     "compensations": st.compensations,
     "anomalies": st.anomalies,
+    "spheres": st.spheres,
 }
 #: Layout columns that are not store columns (see the module doc).
 DERIVED = {("compensations", "body_bytes")}
 
 
-@pytest.mark.parametrize("table", layout.TABLES, ids=lambda t: t.name)
+@pytest.mark.parametrize("table", layout.ALL_TABLES, ids=lambda t: t.name)
 def test_each_table_names_its_store_table_and_its_columns(table: layout.Table) -> None:
     store = STORE[table.name]
     assert table.store_table == store.name
     for column in table.column_names:
         assert (table.name, column) in DERIVED or column in store.c, column
+
+
+@pytest.mark.parametrize("table", layout.ALL_TABLES, ids=lambda t: t.name)
+def test_each_store_column_is_archived_but_the_compensation_bodies(table: layout.Table) -> None:
+    left_out = {("compensations", "body")}
+    for column in STORE[table.name].c:
+        assert (table.name, column.name) in left_out or column.name in table.column_names
+
+
+def test_every_table_has_a_day_partition() -> None:
+    assert set(layout.PARTITION_COLUMNS) == set(layout.TABLES_BY_NAME)
 
 
 def test_labels_are_the_stores() -> None:

@@ -1,0 +1,66 @@
+"""The audit's Dependency-Sphere step: the counts of ``summary.json``'s ``spheres`` and
+the detail tables ``sphere_discrepancies`` (decided spheres whose stored verdict the
+sphere rules over their members do not reproduce) and ``sphere_early_releases`` (member
+compensations released before their sphere was decided).
+
+Spheres are few beside CMs: one small job counts them, and only an input that has some
+is joined with its CMs (an export written before spheres were exported has none, and
+its audit scans nothing more).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark_audit.output import TableWriter
+from spark_audit.readers import AuditInput
+from spark_audit.transforms.spheres import (
+    JUDGED_COLUMNS,
+    SATISFIED,
+    VIOLATED,
+    early_releases,
+    judge_spheres,
+)
+
+DISCREPANCIES = "sphere_discrepancies"
+EARLY_RELEASES = "sphere_early_releases"
+
+
+def write_sphere_tables(cut: AuditInput, writer: TableWriter) -> dict[str, int]:
+    """The spheres of ``cut`` (the input cut at the window) judged and checked; writes the
+    detail tables and returns the counts: ``spheres`` (in the window), ``decided``,
+    ``satisfied``, ``violated`` (as stored), ``disagreements`` and ``early_releases``."""
+    counts = _one_row(
+        cut.spheres.agg(
+            F.count(F.lit(1)).alias("spheres"),
+            F.count(F.when(F.col("state").isin(SATISFIED, VIOLATED), True)).alias("decided"),
+            F.count(F.when(F.col("state") == SATISFIED, True)).alias("satisfied"),
+            F.count(F.when(F.col("state") == VIOLATED, True)).alias("violated"),
+        )
+    )
+    judged = judge_spheres(cut.spheres, cut.cms)
+    wrong = judged.where(~F.col("agrees")).select(*JUDGED_COLUMNS)
+    early = early_releases(cut.spheres, cut.cms, cut.compensations)
+    found = {"disagreements": 0, "early_releases": 0}
+    if counts["spheres"]:
+        # Both detail tables counted by one job.
+        found = _one_row(
+            wrong.agg(F.count(F.lit(1)).alias("disagreements")).crossJoin(
+                early.agg(F.count(F.lit(1)).alias("early_releases"))
+            )
+        )
+    writer.frames(
+        {
+            DISCREPANCIES: (wrong, found["disagreements"]),
+            EARLY_RELEASES: (early, found["early_releases"]),
+        }
+    )
+    return {**counts, **found}
+
+
+def _one_row(aggregation: DataFrame) -> dict[str, int]:
+    """The counts of a global aggregation (which has exactly one row)."""
+    row = aggregation.first()
+    assert row is not None
+    return {name: int(value or 0) for name, value in row.asDict().items()}

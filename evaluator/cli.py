@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from condmsg.errors import ConfigError
+from condmsg.logging_setup import add_logging_arguments, configure_logging, log_banner
 from condmsg.settings import (
     ENV_ARCHIVE_DIR,
     ENV_RETENTION,
@@ -24,6 +25,7 @@ from condmsg.stopping import StopSignals
 
 if TYPE_CHECKING:
     from evaluator.config import EvaluatorConfig
+    from evaluator.service import Evaluator
 
 HELP = "decide conditional messages of a sender (acks, timeouts, outcomes)"
 
@@ -73,7 +75,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="processes taking in acks (this one and N-1 workers; PostgreSQL only): one "
         "interpreter lock bounds a process's intake, so use up to one per core (default 1)",
     )
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics here")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve /metrics (Prometheus), /healthz and /readyz on this port (0.0.0.0)",
+    )
+    parser.add_argument(
+        "--gauge-interval",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="between refreshes of the pending-CM and ack-queue gauges (default 15)",
+    )
+    add_logging_arguments(parser)
     parser.add_argument(
         "--no-relay", action="store_true", help="do not publish the outbox (run `condmsg relay`)"
     )
@@ -105,6 +119,7 @@ def _config(args: argparse.Namespace) -> EvaluatorConfig:
     return EvaluatorConfig.from_env(
         sender=args.sender,
         sweep_interval_s=args.sweep_interval,
+        gauge_interval_s=args.gauge_interval,
         batch_size=args.batch_size,
         store_threads=args.store_threads,
         intake_processes=args.intake_processes,
@@ -114,25 +129,53 @@ def _config(args: argparse.Namespace) -> EvaluatorConfig:
     )
 
 
+def _banner(service: Evaluator, metrics_port: int | None) -> None:
+    from condmsg import protocol
+    from condmsg.amqp import describe_url
+
+    config = service.config
+    sender = config.sender
+    writes = [protocol.outcome_queue(sender), protocol.dead_letter_queue(sender)]
+    log_banner(
+        logging.getLogger(__name__),
+        "evaluator",
+        {
+            "sender": sender,
+            "consumes": protocol.ack_queue(sender),
+            "writes": ", ".join(writes)
+            + " and the destinations' notices and compensations"
+            + ("" if config.relay else " (through `condmsg relay`)"),
+            "store": service.engine.url.render_as_string(hide_password=True),
+            "broker": describe_url(config.amqp_url),
+            "metrics_port": "-" if metrics_port is None else metrics_port,
+        },
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    from condmsg.ops_server import serve_ops
     from evaluator.service import Evaluator
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("pika").setLevel(logging.WARNING)
+    configure_logging(args.log_level, args.log_format)
     service = Evaluator(_config(args))
-    if args.metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(args.metrics_port, registry=service.registry)
+    _banner(service, args.metrics_port)
+    server = serve_ops(
+        service.registry, args.metrics_port, live=service.liveness, ready=service.readiness
+    )
     stopping = StopSignals().install().event
     service.start()
     logging.getLogger(__name__).info("evaluator for sender %s started", args.sender)
-    # The service waits for the database and the broker itself; its thread ends on its
-    # own only for a configuration error (logged), which no restart mends.
-    while not stopping.wait(1.0):
-        if not service.running:
-            return 1
-    # Graceful: the batch in hand is finished and acked (or handed back), then the relay
-    # and the scheduler stop.
-    service.stop()
+    try:
+        # The service waits for the database and the broker itself; its thread ends on its
+        # own only for a configuration error (logged), which no restart mends.
+        while not stopping.wait(1.0):
+            if not service.running:
+                return 1
+        # Graceful: the batch in hand is finished and acked (or handed back), then the
+        # relay and the scheduler stop.
+        service.stop()
+    finally:
+        if server is not None:
+            server.stop()
+    logging.getLogger(__name__).info("evaluator for sender %s stopped", args.sender)
     return 0

@@ -75,6 +75,9 @@ class EvaluatorConfig:
     sweep_interval_s: float = 1.0
     #: CMs claimed per sweep transaction.
     sweep_batch: int = 500
+    #: Seconds between refreshes of the store and ack-queue gauges (and of what
+    #: ``/readyz`` knows about reaching the database and RabbitMQ).
+    gauge_interval_s: float = 15.0
     #: Whether the deadline sweeps run in this service (an intake worker runs none).
     sweeps: bool = True
     #: Whether an in-process outbox relay publishes the outcomes (else `condmsg relay`).
@@ -115,6 +118,8 @@ class EvaluatorConfig:
             object.__setattr__(self, "retention_policy", policy)  # frozen: set once here
         if self.clock_skew < timedelta(0):
             raise ConfigError("the clock-skew tolerance must not be negative")
+        if self.gauge_interval_s <= 0:
+            raise ConfigError("the gauge interval must be positive seconds")
         if self.store_threads < 1:
             raise ConfigError("store_threads must be at least 1")
         if self.intake_processes < 1:

@@ -1,8 +1,10 @@
-"""The evaluator's scheduled jobs: deadline sweeps and retention passes.
+"""The evaluator's scheduled jobs: deadline sweeps, gauge refreshes and retention passes.
 
-An APScheduler interval job sweeps due CMs (timeouts) with its own sessions; with a
-retention policy, another one archives and deletes old decided CMs
-(:mod:`evaluator.retention`). A job that fails is logged and retried at its next run.
+An APScheduler interval job sweeps due CMs (timeouts) with its own sessions; another
+refreshes the store and ack-queue gauges (:mod:`evaluator.gauges`); with a retention
+policy, a third archives and deletes old decided CMs (:mod:`evaluator.retention`). A job
+that fails is counted and retried at its next run; a sweep failing the same way every
+second is logged once, not once per run.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from sqlalchemy.orm import Session
 
 from condmsg.errors import ConfigError
 from condmsg.outcome import Outcome
+from condmsg.repeated_failures import RepeatedFailures
 from condmsg.sphere_store import SPHERES
 from condmsg.timeutil import utcnow
 from evaluator import decisions
 from evaluator.actions import Actions
 from evaluator.config import EvaluatorConfig
 from evaluator.failures import is_transient
+from evaluator.gauges import ServiceGauges
 from evaluator.intake import describe
 from evaluator.metrics import EvaluatorMetrics
 from evaluator.retention import Archived, retain
@@ -44,7 +48,8 @@ class ScheduledJobs:
     :meth:`stop`, or at once with :meth:`sweep` and :meth:`retain`.
 
     ``on_decided`` is called after a sweep decided CMs (to wake the outbox relay);
-    ``should_stop`` ends a retention pass between its batches.
+    ``should_stop`` ends a retention pass between its batches. With ``gauges``, they are
+    refreshed every ``config.gauge_interval_s``, the first time at start.
     """
 
     def __init__(
@@ -57,6 +62,7 @@ class ScheduledJobs:
         clock: Callable[[], datetime],
         stop: threading.Event,
         on_decided: Callable[[], None],
+        gauges: ServiceGauges | None = None,
     ) -> None:
         self._config = config
         self._store = store
@@ -65,6 +71,10 @@ class ScheduledJobs:
         self._clock = clock
         self._stop = stop
         self._on_decided = on_decided
+        self._gauges = gauges
+        self._sweep_failures = RepeatedFailures(
+            log, "deadline sweep", on_failure=metrics.sweep_failures.inc
+        )
         self._scheduler = BackgroundScheduler(timezone="UTC")
         if config.sweeps:
             self._scheduler.add_job(
@@ -77,8 +87,19 @@ class ScheduledJobs:
             )
 
     def start(self) -> None:
-        """Schedule retention (from now) and start the scheduler, if there is any job."""
+        """Schedule retention and the gauges (from now) and start the scheduler, if there
+        is any job."""
         self._schedule_retention()
+        if self._gauges is not None:
+            self._scheduler.add_job(
+                self._gauges.refresh,  # it logs and counts its own failures
+                "interval",
+                seconds=self._config.gauge_interval_s,
+                id="gauges",
+                next_run_time=utcnow(),
+                max_instances=1,  # its broker connection is used by one thread at a time
+                coalesce=True,
+            )
         if self._scheduler.get_jobs():  # an intake worker has none
             self._scheduler.start()
 
@@ -86,6 +107,13 @@ class ScheduledJobs:
         """Wait for a running job to finish, then stop the scheduler."""
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
+        if self._gauges is not None:
+            self._gauges.close()
+
+    @property
+    def running(self) -> bool:
+        """Whether the scheduler runs (started, not stopped)."""
+        return bool(self._scheduler.running)
 
     # -- deadline sweeps ------------------------------------------------------------------
 
@@ -93,8 +121,10 @@ class ScheduledJobs:
         try:
             self.sweep()
             self.sweep_spheres()
-        except Exception:
-            log.exception("deadline sweep failed; the next run retries")
+        except Exception as exc:
+            self._sweep_failures.failed(exc)
+        else:
+            self._sweep_failures.succeeded()
 
     def sweep(self) -> int:
         """Decide or reschedule every CM whose next check is due; returns decisions made."""

@@ -6,7 +6,7 @@ from collections import Counter as CountOf
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from condmsg.outcome import Outcome
 from condmsg.sphere_outcome import SphereOutcome
@@ -15,6 +15,9 @@ from evaluator.retention import Archived
 
 
 class EvaluatorMetrics:
+    """The metric objects of one evaluator, registered in ``registry``; the table of
+    names, types and meanings is in docs/operations.md."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.acks = Counter(
             "condmsg_evaluator_acks_total", "Acks stored (counted or late)", registry=registry
@@ -74,6 +77,33 @@ class EvaluatorMetrics:
         self.retention_failures = Counter(
             "condmsg_evaluator_retention_failures_total",
             "Retention batches that failed (nothing of them was deleted)",
+            registry=registry,
+        )
+        self.sweep_failures = Counter(
+            "condmsg_evaluator_sweep_failures_total",
+            "Deadline sweeps that failed (each retried at the next run)",
+            registry=registry,
+        )
+        self.pending_cms = Gauge(
+            "condmsg_evaluator_pending_cms",
+            "CMs of the sender not decided yet (refreshed every gauge interval)",
+            registry=registry,
+        )
+        self.overdue_cms = Gauge(
+            "condmsg_evaluator_overdue_cms",
+            "Pending CMs whose next check is due since longer than one sweep interval "
+            "(the sweeps are behind or failing)",
+            registry=registry,
+        )
+        self.ack_backlog = Gauge(
+            "condmsg_evaluator_ack_queue_messages",
+            "Messages ready in the sender's ack queue, not yet delivered to an evaluator",
+            registry=registry,
+        )
+        self.refresh_failures = Counter(
+            "condmsg_evaluator_gauge_refresh_failures_total",
+            "Refreshes of the store or ack-queue gauges that failed, by source",
+            ["source"],
             registry=registry,
         )
 

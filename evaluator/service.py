@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 
@@ -28,10 +29,12 @@ from sqlalchemy.engine import Engine
 from condmsg.db import make_engine
 from condmsg.errors import BrokerError, CondmsgError, ConfigError
 from condmsg.migrate import SchemaError
+from condmsg.repeated_failures import RepeatedFailures, reason_of
 from condmsg.timeutil import utcnow
 from evaluator.batches import AckBatches, Report
 from evaluator.config import EvaluatorConfig
 from evaluator.consume import consume_acks
+from evaluator.gauges import ServiceGauges
 from evaluator.jobs import ScheduledJobs
 from evaluator.metrics import EvaluatorMetrics
 from evaluator.sender_store import SenderStore
@@ -82,6 +85,10 @@ class Evaluator:
         self.metrics = EvaluatorMetrics(self.registry)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._prepared = False
+        # The consumer's last failure (monotonic seconds, reason), for readiness.
+        self._consume_failed: tuple[float, str] | None = None
+        self._consume_failures = RepeatedFailures(log, "consuming the ack queue")
         self.store = SenderStore(
             self.engine,
             secret=config.secret,
@@ -100,6 +107,14 @@ class Evaluator:
             on_decided=self._wake_relay,
             report=report,
         )
+        # The instance that sweeps reports the store's gauges (an intake worker does not).
+        self.gauges = (
+            ServiceGauges(
+                config, self.engine, self.metrics, clock=clock, on_broker_ok=self._broker_answers
+            )
+            if config.sweeps
+            else None
+        )
         self.jobs = ScheduledJobs(
             config,
             self.store,
@@ -108,6 +123,7 @@ class Evaluator:
             clock=clock,
             stop=self._stop,
             on_decided=self._wake_relay,
+            gauges=self.gauges,
         )
         self.workers = self._make_workers() if config.intake_processes > 1 else None
 
@@ -136,6 +152,11 @@ class Evaluator:
             config.intake_processes - 1, worker_config, self.metrics.observe_report
         )
 
+    def _broker_answers(self) -> None:
+        # The gauges reached the ack queue: the consumer's next retry (within its backoff)
+        # reaches it too, so a consumer outage is over as far as the log is concerned.
+        self._consume_failures.succeeded()
+
     def _wake_relay(self) -> None:
         if self._relay is not None:
             self._relay.wake()
@@ -162,6 +183,35 @@ class Evaluator:
         """Whether the service thread started by :meth:`start` is alive."""
         return self._thread is not None and self._thread.is_alive()
 
+    def liveness(self) -> str | None:
+        """None while the service's threads run (the consuming thread, the scheduler once
+        the store is ready, the in-process relay), else which one ended: ``/healthz``."""
+        if not self.running:
+            return "the evaluator's service thread is not running"
+        if self._prepared and not self.jobs.running:
+            return "the evaluator's scheduler is not running"
+        if self._prepared and self._relay is not None:
+            return self._relay.liveness()
+        return None
+
+    def readiness(self) -> str | None:
+        """None while the service can do its work (the store ready and answering, the ack
+        queue and the relay connected to RabbitMQ), else why not, in one line:
+        ``/readyz``. What the gauges know is as old as their last refresh."""
+        if not self.running:
+            return "the evaluator is not running"
+        if not self._prepared:
+            return f"waiting for the database at {self.store.name}"
+        failed = self._consume_failed
+        gauges = self.gauges
+        if failed is not None and (gauges is None or gauges.broker_ok_at < failed[0]):
+            return f"the ack queue is not consumed: {failed[1]}"
+        if gauges is not None and gauges.store_problem is not None:
+            return gauges.store_problem
+        if gauges is not None and gauges.broker_problem is not None:
+            return gauges.broker_problem
+        return self._relay.readiness() if self._relay is not None else None
+
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -185,6 +235,7 @@ class Evaluator:
             except (ConfigError, SchemaError) as exc:
                 log.error("the evaluator cannot start: %s", exc)
                 return
+            self._prepared = True
             self._start_helpers()
             self._consume_until_stopped()
         finally:
@@ -212,7 +263,9 @@ class Evaluator:
                 consume_acks(self.config, self.batches, self._stop)
                 delay_s = FIRST_RECONNECT_S
             except (BrokerError, pika.exceptions.AMQPError) as exc:
-                log.warning("ack queue unavailable (%s); retrying in %.1fs", exc, delay_s)
+                # Retried with backoff; logged once per change of failure, not per retry.
+                self._consume_failed = (time.monotonic(), reason_of(exc))
+                self._consume_failures.failed(exc, level=logging.WARNING)
                 self._stop.wait(delay_s)
                 delay_s = min(delay_s * 2, MAX_RECONNECT_S)
 

@@ -37,6 +37,10 @@ from outbox.store import Claim, Key, OutboxStatus, OutboxStore
 
 log = logging.getLogger(__name__)
 
+#: How long the loop may go without turning before :meth:`Relay.liveness` reports it stuck
+#: (seconds): well above a slow claim or settle, so that a busy database is not a restart.
+LIVE_STALL_S = 60.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RelayStats:
@@ -109,6 +113,11 @@ class Relay:
         self._published = self._failed = self._retried = self._reconnects = 0
         self._last_error: str | None = None
         self._status: OutboxStatus | None = None
+        # What keeps the relay from working now (None: nothing), for readiness checks;
+        # plain attributes, read without a lock by the health endpoint's thread.
+        self._broker_problem: str | None = None
+        self._store_problem: str | None = None
+        self._stepped_at = time.monotonic()
 
     # -- public control -------------------------------------------------------------------
 
@@ -216,6 +225,29 @@ class Relay:
         """A fresh snapshot of the table (pending, failed, oldest pending age)."""
         return self.store.status()
 
+    def liveness(self, stall_s: float = LIVE_STALL_S) -> str | None:
+        """None while the relay's loop turns (it does at least every half second unless
+        a database or broker call hangs), else why not: for a ``/healthz`` check."""
+        if not self._running:
+            return "the outbox relay is not running"
+        stalled = time.monotonic() - self._stepped_at
+        if stalled > stall_s:
+            return f"the outbox relay's loop has not turned for {stalled:.0f} s"
+        return None
+
+    def readiness(self) -> str | None:
+        """None while the relay can publish (connected to RabbitMQ, its table answering),
+        else why not, in one line: for a ``/readyz`` check."""
+        if not self._running:
+            return "the outbox relay is not running"
+        publisher = self._publisher
+        if publisher is None or not publisher.alive:
+            problem = self._broker_problem or "connecting"
+            return f"the outbox relay is not connected to RabbitMQ: {problem}"
+        if self._store_problem is not None:
+            return f"the outbox table does not answer: {self._store_problem}"
+        return None
+
     # -- loop -----------------------------------------------------------------------------
 
     def _bump(self) -> int:
@@ -237,11 +269,12 @@ class Relay:
         if self._running:
             raise OutboxError("this relay is already running")
         self._running = True
+        self._stepped_at = time.monotonic()
         if self.listen:
             try:
                 channel = self.store.notify_channel()
             except StoreError as exc:
-                self._note_error(str(exc))
+                self._note_error(str(exc), "store")
                 channel = None
             if channel is not None:
                 self._listener = Listener(self.store.engine, channel, self.wake).start()
@@ -252,6 +285,7 @@ class Relay:
         self._wake_event.wait(timeout)
 
     def _step(self) -> None:
+        self._stepped_at = time.monotonic()
         self._wake_event.clear()
         self._settle_done()
         self._check_overdue()
@@ -260,10 +294,24 @@ class Relay:
             return
         self._claim_more()
 
-    def _note_error(self, message: str) -> None:
+    def _note_error(self, message: str, source: str) -> None:
+        """A broker or database failure (``source``), retried with backoff: counted every
+        time, logged only when its text differs from the last one's, so an outage makes
+        one line, not one per retry."""
+        if source == "broker":
+            self.metrics.broker_errors.inc()
+            self._broker_problem = message
+        else:
+            self.metrics.store_errors.inc()
+            self._store_problem = message
         if message != self._last_error:
             log.warning("outbox relay: %s", message)
         self._last_error = message
+
+    def _store_answered(self) -> None:
+        if self._store_problem is not None:
+            self._store_problem = None
+            log.info("outbox relay: the database answers again")
 
     def _ensure_publisher(self) -> bool:
         if self._publisher is not None and self._publisher.alive:
@@ -273,7 +321,7 @@ class Relay:
         self.metrics.connected.set(0)
         if self._publisher is not None:
             if self._publisher.last_error:
-                self._note_error(self._publisher.last_error)
+                self._note_error(self._publisher.last_error, "broker")
             self._publisher.close()
             self._publisher = None
         now = time.monotonic()
@@ -287,7 +335,7 @@ class Relay:
                 publishing=PUBLISHINGS[self.config.publishing](),
             ).start()
         except BrokerError as exc:
-            self._note_error(str(exc))
+            self._note_error(str(exc), "broker")
             self._next_connect_at = now + self._broker_backoff.next_delay()
             return False
         if self._ever_connected:
@@ -295,6 +343,7 @@ class Relay:
             self.metrics.reconnects.inc()
             log.info("outbox relay: reconnected to RabbitMQ")
         self._ever_connected = True
+        self._broker_problem = None
         self._broker_backoff.reset()
         self.metrics.connected.set(1)
         self._rescan = self._more = True
@@ -326,10 +375,11 @@ class Relay:
             try:
                 claim = self.store.claim(self.config.batch_size, after_id=self._cursor)
             except StoreError as exc:
-                self._note_error(str(exc))
+                self._note_error(str(exc), "store")
                 self._next_claim_at = now + self._store_backoff.next_delay()
                 return
             self._store_backoff.reset()
+            self._store_answered()
             self._seen_seq = seq
             if from_head:
                 self._rescan = False
@@ -365,7 +415,7 @@ class Relay:
         result = batch.result
         if result.error is not None:
             self.store.release(claim)
-            self._note_error(str(result.error))
+            self._note_error(str(result.error), "broker")
             self._retried += claim.messages
             self.metrics.retried_broker.inc(claim.messages)
             self._rescan = self._more = True
@@ -389,7 +439,7 @@ class Relay:
             self.store.settle(claim, published=result.published, parked=parked, retry=retry)
         except StoreError as exc:
             # The rows stay pending and go out again: a duplicate, never a loss.
-            self._note_error(str(exc))
+            self._note_error(str(exc), "store")
             self._rescan = True
             return
         self._published += len(result.published)
@@ -421,8 +471,9 @@ class Relay:
         try:
             status = self.store.status()
         except StoreError as exc:
-            self._note_error(str(exc))
+            self._note_error(str(exc), "store")
             return
+        self._store_answered()
         self._status = status
         self.metrics.backlog.set(status.pending)
         self.metrics.failed_rows.set(status.failed)

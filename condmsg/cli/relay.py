@@ -18,7 +18,12 @@ from typing import Any
 import sqlalchemy as sa
 
 import outbox
+from condmsg.amqp import describe_url
+from condmsg.logging_setup import add_logging_arguments, configure_logging, log_banner
+from condmsg.ops_server import serve_ops
 from condmsg.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any) -> None:
@@ -33,9 +38,11 @@ def register(subparsers: Any) -> None:
         "--batches-in-flight", type=int, default=4, help="batches awaiting confirms at once"
     )
     parser.add_argument(
-        "--metrics-port", type=int, help="serve Prometheus metrics on this port (0.0.0.0)"
+        "--metrics-port",
+        type=int,
+        help="serve /metrics (Prometheus), /healthz and /readyz on this port (0.0.0.0)",
     )
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    add_logging_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -61,7 +68,7 @@ def _create_tables(engine: sa.Engine, table: str) -> bool:
             return True
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
             reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
-            logging.getLogger(__name__).warning(
+            log.warning(
                 "waiting for the database at %s: %s; retrying in %.1fs",
                 engine.url.render_as_string(hide_password=True),
                 reason,
@@ -75,11 +82,7 @@ def _create_tables(engine: sa.Engine, table: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("pika").setLevel(logging.WARNING)
+    configure_logging(args.log_level, args.log_format)
     settings = Settings.from_env()
     engine = sa.create_engine(settings.db_url, pool_size=args.batches_in_flight + 2)
     try:
@@ -95,10 +98,21 @@ def run(args: argparse.Namespace) -> int:
             max_batches_in_flight=args.batches_in_flight,
         )
         relay = outbox.Relay(engine, config)
-        if args.metrics_port is not None:
-            from prometheus_client import start_http_server
-
-            start_http_server(args.metrics_port, registry=relay.registry)
+        log_banner(
+            log,
+            "relay",
+            {
+                "table": args.table,
+                "store": engine.url.render_as_string(hide_password=True),
+                "broker": describe_url(config.amqp_url),
+                "consumes": "-",
+                "writes": "the exchanges and queues its rows name",
+                "metrics_port": args.metrics_port if args.metrics_port is not None else "-",
+            },
+        )
+        server = serve_ops(
+            relay.registry, args.metrics_port, live=relay.liveness, ready=relay.readiness
+        )
 
         def _stop(signum: int, _frame: FrameType | None) -> None:
             # Only a flag: see condmsg.stopping for why a handler takes no lock.
@@ -106,9 +120,13 @@ def run(args: argparse.Namespace) -> int:
 
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
-        logging.getLogger(__name__).info("relay started on table %s", args.table)
-        relay.run()
-        logging.getLogger(__name__).info("relay stopped")
+        log.info("relay started on table %s", args.table)
+        try:
+            relay.run()
+        finally:
+            if server is not None:
+                server.stop()
+        log.info("relay stopped")
         return 0
     except outbox.CondmsgError as exc:
         print(f"condmsg relay: {exc}", file=sys.stderr)

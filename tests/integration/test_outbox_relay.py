@@ -99,7 +99,7 @@ def test_every_row_is_published_once_with_its_properties_and_deleted(
         assert props.delivery_mode == 2
         assert props.headers == {"cm": "42", "n": [1, 2], outbox.ROW_ID_HEADER: special}
         published = registry.get_sample_value(
-            "outbox_published_total", {"table": outbox.DEFAULT_TABLE_NAME}
+            "condmsg_outbox_published_total", {"table": outbox.DEFAULT_TABLE_NAME}
         )
         assert published == len(ids)
     finally:

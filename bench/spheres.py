@@ -200,7 +200,9 @@ def spheres(
 
 def run(db_url: str, sender_name: str, queue: str, args: argparse.Namespace) -> dict[str, Any]:
     engine = sa.create_engine(db_url, pool_size=8)
-    sender = Sender(amqp_url=AMQP_URL, engine=engine, name=sender_name, secret=SECRET)
+    sender = Sender(
+        amqp_url=AMQP_URL, engine=engine, name=sender_name, secret=SECRET, create_schema=True
+    )
     watcher = OutcomeWatcher(sender_name)
     service = Evaluator(
         EvaluatorConfig(

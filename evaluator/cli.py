@@ -62,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep-interval", type=float, default=1.0, help="seconds")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument(
+        "--create-schema",
+        action="store_true",
+        help="create the sender store if it does not exist yet (else: condmsg db upgrade)",
+    )
+    parser.add_argument(
         "--store-threads",
         type=int,
         default=2,
@@ -124,6 +129,7 @@ def _config(args: argparse.Namespace) -> EvaluatorConfig:
         store_threads=args.store_threads,
         intake_processes=args.intake_processes,
         relay=not args.no_relay,
+        create=args.create_schema,
         freeze_gc=True,  # this process is the service's own
         **given,
     )

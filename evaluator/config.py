@@ -96,8 +96,9 @@ class EvaluatorConfig:
     freeze_gc: bool = False
     #: Processes taking in acks: this one and ``intake_processes - 1`` workers.
     intake_processes: int = 1
-    #: Whether the store's tables are created when missing (an intake worker must not).
-    create: bool = True
+    #: Whether a store that does not exist yet is created (``--create-schema``; quick starts
+    #: and tests). Off, a missing store is refused with the command that creates it.
+    create: bool = False
     #: What a retention pass archives and deletes (from the ``retention_*`` fields); None
     #: without ``retention``.
     retention_policy: RetentionPolicy | None = field(init=False, default=None, compare=False)

@@ -88,7 +88,7 @@ def each_message(
     """The loop both implementations share: ``messages`` expands a row into its messages
     with what ``put`` needs to publish each; either raises :class:`AmqpEncodingError` to
     refuse the whole row or the one message."""
-    hint = "declare it before enqueueing, then requeue_failed()"
+    hint = "declare it, then requeue the row: condmsg outbox requeue --ids ID"
     outcomes: list[Outcome] = []
     for row in rows:
         try:

@@ -22,24 +22,19 @@ import sqlalchemy as sa
 
 from condmsg import migrate, protocol
 from condmsg.amqp import connect, describe_url
+from condmsg.cli.failures import database_problem
+from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url
 from condmsg.db import describe_db_url
 from condmsg.errors import CondmsgError
-from condmsg.settings import ENV_DB_URL, Settings
-
-_START_POSTGRESQL = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+from condmsg.settings import ENV_DB_URL, ENV_TEST_PG_URL, Settings
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "check-services", help="log in to RabbitMQ and open the database, as the services do"
     )
-    parser.add_argument("--amqp-url", help="default: CONDMSG_AMQP_URL or the local broker")
-    parser.add_argument(
-        "--db-url",
-        "--pg-url",
-        dest="db_url",
-        help=f"default: {ENV_DB_URL}, else CONDMSG_TEST_PG_URL or the local PostgreSQL",
-    )
+    add_amqp_url(parser)
+    add_db_url(parser, "the database", also=f", else ${ENV_TEST_PG_URL}, else the local PostgreSQL")
     parser.add_argument(
         "--store", choices=migrate.STORES, help="also check this store's schema revision"
     )
@@ -83,9 +78,7 @@ def _database(url: str, store: str | None) -> str | None:
     except migrate.SchemaError as exc:
         return str(exc)
     except sa.exc.DBAPIError as exc:
-        reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
-        hint = f"; is it running? {_START_POSTGRESQL}" if "refused" in reason else ""
-        return f"cannot use the database at {describe_db_url(url)}: {reason}{hint}"
+        return database_problem(url, exc, store or "sender")
     finally:
         engine.dispose()
     return None
@@ -93,7 +86,7 @@ def _database(url: str, store: str | None) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    amqp = args.amqp_url or settings.amqp_url
+    amqp = amqp_url(args)
     db = args.db_url or os.environ.get(ENV_DB_URL) or settings.test_pg_url
     problems = [p for p in (_broker(amqp, args.sender), _database(db, args.store)) if p]
     for problem in problems:

@@ -3,7 +3,8 @@
 ``--store`` names the store (``sender``, ``receiver`` or ``outbox``; default ``sender``);
 ``--db-url`` the database (default: ``CONDMSG_DB_URL``; one of the two must be given: this
 command never picks a database the user did not name). Exit codes: 0 done or current, 1
-the check failed, 2 a usage or configuration error.
+the check failed (a database that cannot be used fails it too), 2 a usage or
+configuration error.
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ from typing import Any
 import sqlalchemy as sa
 
 from condmsg import migrate
-from condmsg.cli.options import named_db_url
+from condmsg.cli.failures import database_problem
+from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.db import describe_db_url
 from condmsg.errors import ConfigError
-from condmsg.settings import ENV_DB_URL
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("db", help="upgrade, show or check a store's schema")
     parser.add_argument("action", choices=("upgrade", "current", "check"))
     parser.add_argument("--store", choices=migrate.STORES, default="sender", help="default: sender")
-    parser.add_argument("--db-url", help=f"the database (default: {ENV_DB_URL})")
+    add_db_url(parser, "the database")
     parser.set_defaults(handler=run)
 
 
@@ -38,11 +39,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _act(args.action, args.store, engine)
     except sa.exc.OperationalError as exc:
-        reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
-        print(
-            f"condmsg db: cannot use the database at {describe_db_url(url)}: {reason}",
-            file=sys.stderr,
-        )
+        if args.action != "check":
+            raise  # a configuration error (2), said by condmsg.cli.failures
+        print(f"condmsg db: {database_problem(url, exc, args.store)}", file=sys.stderr)
         return 1
     finally:
         engine.dispose()

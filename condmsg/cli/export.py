@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import Any
 
+from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.timeutil import parse_cli_instant
 
 
@@ -14,7 +15,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "export", help="export a sender store to Parquet for the audit (no Spark needed)"
     )
-    parser.add_argument("--db-url", required=True, help="SQLAlchemy URL of the sender store")
+    add_db_url(parser, "the sender store")
     parser.add_argument(
         "--out", required=True, metavar="DIR", help="output directory (a path, file://, s3://)"
     )
@@ -25,14 +26,14 @@ def register(subparsers: Any) -> None:
         "writing the days from this one on again and keeping the earlier ones",
     )
     parser.add_argument("--until", type=parse_cli_instant, help="end of the cut (default: now)")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, schema_store="sender")
 
 
 def run(args: argparse.Namespace) -> int:
     from condmsg.export import export_store
 
     result = export_store(
-        args.db_url,
+        named_db_url(args, existing=True),
         args.out,
         since=args.since,
         until=args.until,

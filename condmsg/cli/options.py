@@ -1,4 +1,5 @@
-"""Options every command reads the same way."""
+"""Options every command reads the same way: ``--db-url`` and ``--amqp-url``, each with its
+environment variable as the fallback and said so in ``--help``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,39 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
+from condmsg.amqp import describe_url
 from condmsg.errors import ConfigError
-from condmsg.settings import ENV_DB_URL
+from condmsg.settings import DEFAULT_AMQP_URL, ENV_AMQP_URL, ENV_DB_URL, Settings
+
+
+def add_db_url(parser: argparse.ArgumentParser, what: str = "the store", *, also: str = "") -> None:
+    """``--db-url URL``: the SQLAlchemy URL of ``what``; ``also`` extends the fallback."""
+    fallback = f"${ENV_DB_URL}{also}"
+    parser.add_argument(
+        "--db-url", metavar="URL", help=f"SQLAlchemy URL of {what} (default: {fallback})"
+    )
+
+
+def add_amqp_url(parser: argparse.ArgumentParser) -> None:
+    """``--amqp-url URL``: the broker, else ``CONDMSG_AMQP_URL``, else the local one."""
+    parser.add_argument(
+        "--amqp-url",
+        metavar="URL",
+        # argparse %-formats help: the vhost's %2F must be doubled.
+        help=f"RabbitMQ (default: ${ENV_AMQP_URL}, else "
+        f"{describe_url(DEFAULT_AMQP_URL).replace('%', '%%')} as guest)",
+    )
+
+
+def amqp_url(args: argparse.Namespace) -> str:
+    """The broker the user named, else the environment's, else the local development one
+    (a default broker creates nothing, unlike a default database file)."""
+    return str(getattr(args, "amqp_url", None) or Settings.from_env().amqp_url)
+
+
+def given_db_url(args: argparse.Namespace) -> str | None:
+    """``--db-url``, else ``CONDMSG_DB_URL``, else None (for messages about a failure)."""
+    return getattr(args, "db_url", None) or os.environ.get(ENV_DB_URL) or None
 
 
 def named_db_url(args: argparse.Namespace, *, existing: bool = False) -> str:
@@ -17,7 +49,7 @@ def named_db_url(args: argparse.Namespace, *, existing: bool = False) -> str:
     picks one by itself (a default SQLite file would appear in whatever directory it ran
     in). With ``existing``, a SQLite file must already be there: a command that only reads
     a store must not create an empty one."""
-    url = getattr(args, "db_url", None) or os.environ.get(ENV_DB_URL)
+    url = given_db_url(args)
     if not url:
         raise ConfigError(f"name the database: --db-url or {ENV_DB_URL}")
     if existing:

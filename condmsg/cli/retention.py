@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.errors import ConfigError
 from condmsg.settings import ENV_ARCHIVE_DIR, ENV_RETENTION, Settings
 from evaluator.cli import add_policy_arguments
@@ -21,13 +22,12 @@ def register(subparsers: Any) -> None:
         "retention", help="archive decided CMs older than a period to Parquet, then delete them"
     )
     add_policy_arguments(parser, "--older-than")
-    parser.add_argument("--db-url", help="SQLAlchemy URL of the sender store (CONDMSG_DB_URL)")
+    add_db_url(parser, "the sender store")
     parser.add_argument("--batch", type=int, help="CMs per archive (default: 1000)")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, schema_store="sender")
 
 
 def run(args: argparse.Namespace) -> int:
-    from condmsg.cli.options import named_db_url
     from condmsg.db import make_engine
     from evaluator.retention import DEFAULT_BATCH, RetentionPolicy, retain
 

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from condmsg import sender_tables
 from condmsg.acks import Ack, AckKind
-from condmsg.cli.options import named_db_url
+from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.cli.status_view import contradiction, render
 from condmsg.condition_codec import condition_from_json
 from condmsg.db import make_engine
@@ -28,8 +28,8 @@ def register(subparsers: Any) -> None:
         "status", help="show a conditional message's tree and verdict, or a sphere's"
     )
     parser.add_argument("cm_id", metavar="ID", help="a CM id or a sphere id")
-    parser.add_argument("--db-url", help="default: CONDMSG_DB_URL")
-    parser.set_defaults(handler=run)
+    add_db_url(parser, "the sender store")
+    parser.set_defaults(handler=run, schema_store="sender")
 
 
 def _utc(value: datetime | None) -> datetime | None:

@@ -36,3 +36,125 @@ def test_status_does_not_create_a_store(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["status", "cm-1", "--db-url", f"sqlite:///{missing}"]) == 2
     assert f"no store at {missing}" in capsys.readouterr().err
     assert not missing.exists()
+
+
+#: Commands that use a store, and those that also use the broker (relay and evaluator
+#: take theirs from the environment alone).
+DB_COMMANDS = [
+    ["send"],
+    ["consume"],
+    ["outcomes"],
+    ["outbox"],
+    ["status"],
+    ["db"],
+    ["retention"],
+    ["export"],
+    ["check-services"],
+]
+AMQP_COMMANDS = [["send"], ["consume"], ["outcomes"], ["check-services"]]
+
+
+def _help(command: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--help"])
+    assert done.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", DB_COMMANDS)
+def test_every_store_command_says_where_its_database_comes_from(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "--db-url URL SQLAlchemy URL of" in _help(command, capsys)
+    assert "(default: $CONDMSG_DB_URL" in _help(command, capsys)
+
+
+@pytest.mark.parametrize("command", AMQP_COMMANDS)
+def test_every_broker_command_says_where_its_broker_comes_from(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "--amqp-url URL RabbitMQ (default: $CONDMSG_AMQP_URL" in _help(command, capsys)
+
+
+def test_the_debug_flag_is_global(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--debug" in _help([], capsys)
+
+
+def test_a_yaml_node_alone_reads_as_a_versioned_document() -> None:
+    from datetime import timedelta
+
+    from condmsg.cli.inputs import parse_condition
+    from condmsg.conditions import Destination, DestinationSet
+
+    yaml_doc = b"""
+type: set
+min_pickup: 1
+pickup_within_ms: 2000
+members:
+  - {type: destination, name: a}
+  - {type: destination, name: b}
+"""
+    json_doc = (
+        b'{"schema": 1, "condition": {"type": "set", "min_pickup": 1, "pickup_within_ms": 2000,'
+        b' "members": [{"type": "destination", "name": "a"},'
+        b' {"type": "destination", "name": "b"}]}}'
+    )
+    expected = DestinationSet(
+        Destination("a"), Destination("b"), pickup_within=timedelta(seconds=2), min_pickup=1
+    )
+    assert parse_condition(yaml_doc) == expected
+    assert parse_condition(json_doc) == expected
+
+
+@pytest.mark.parametrize(
+    ("document", "said"),
+    [
+        (b"type: destination\nname: [a\n", "neither JSON nor YAML"),
+        (b"- a\n- b\n", "the document must be an object"),
+        (b"{type: destination, name: q}", "at least one time constraint"),
+        (b"{schema: 2, condition: {type: destination, name: q}}", "unsupported schema"),
+    ],
+)
+def test_a_bad_condition_document_is_one_line(document: bytes, said: str) -> None:
+    from condmsg.cli.inputs import parse_condition
+    from condmsg.errors import ConditionError
+
+    with pytest.raises(ConditionError) as raised:
+        parse_condition(document)
+    assert said in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("spec", "inline"),
+    [("{type: destination}", True), ("type: destination", True), ("cond.yaml", False)],
+)
+def test_a_condition_is_a_file_unless_it_is_a_document(
+    spec: str, inline: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from condmsg.cli.inputs import condition_text
+
+    monkeypatch.chdir(tmp_path)
+    if inline:
+        assert condition_text(spec) == spec.encode()
+    else:
+        with pytest.raises(FileNotFoundError):
+            condition_text(spec)
+        (tmp_path / spec).write_text("type: destination")
+        assert condition_text(spec) == b"type: destination"
+
+
+def test_os_errors_name_the_file() -> None:
+    import argparse
+    import errno
+    import os
+
+    from condmsg.cli.failures import explain
+
+    args = argparse.Namespace()
+    denied = PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/srv/payload")
+    assert explain(denied, args) == (
+        "permission denied: /srv/payload; check the file's owner and mode"
+    )
+    assert explain(FileNotFoundError(2, "gone", "/x.yaml"), args) == "no such file: /x.yaml"
+    assert explain(RuntimeError("a bug"), args) is None

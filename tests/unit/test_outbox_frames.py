@@ -223,6 +223,6 @@ def test_both_publishings_write_the_same_bytes_and_refuse_the_same_rows() -> Non
         (2, None): f"cannot be encoded as AMQP: {'k' * 40!r}... is longer than 255 bytes",
         (600, None): f"cannot be encoded as AMQP: header value {-(2**64)} does not fit 64 bits",
         (601, None): "exchange 'gone' does not exist (404 NOT_FOUND); "
-        "declare it before enqueueing, then requeue_failed()",
+        "declare it, then requeue the row: condmsg outbox requeue --ids ID",
         (602, None): f"cannot be encoded as AMQP: header value {2**64} does not fit 64 bits",
     }

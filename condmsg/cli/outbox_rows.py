@@ -1,0 +1,129 @@
+"""``condmsg outbox list|requeue|purge``: the parked rows of a store's outbox.
+
+The relay parks a row it cannot publish (a missing exchange or queue, a message the broker
+refuses, attempts exhausted) with the reason. ``list`` prints them as JSON lines;
+``requeue`` makes them pending again, so the running relay publishes them (after the
+cause is mended); ``purge`` deletes them, and asks for ``--yes``: what it deletes is gone.
+Exit codes: 0 done, 1 ``--ids`` named a row that is not parked, 2 a usage or
+configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import sqlalchemy as sa
+
+from condmsg.cli.options import add_db_url, named_db_url
+from condmsg.errors import ConfigError
+
+
+def register(subparsers: Any) -> None:
+    import outbox
+
+    parser = subparsers.add_parser(
+        "outbox",
+        help="list, requeue or purge the outbox rows the relay parked",
+        description="The parked (failed) rows of a store's outbox. Exit codes: 0 done, 1 a "
+        "row of --ids is not parked, 2 a usage or configuration error.",
+    )
+    parser.add_argument("action", choices=("list", "requeue", "purge"))
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--ids", type=int, nargs="+", metavar="ID", help="these rows")
+    chosen.add_argument("--all", action="store_true", help="every parked row")
+    parser.add_argument("--yes", action="store_true", help="purge: yes, delete them")
+    parser.add_argument(
+        "--limit", type=int, default=1000, help="list: at most this many rows (default: 1000)"
+    )
+    parser.add_argument(
+        "--table",
+        default=outbox.DEFAULT_TABLE_NAME,
+        help=f"the outbox table (default: {outbox.DEFAULT_TABLE_NAME})",
+    )
+    add_db_url(parser, "the store whose outbox it is")
+    parser.set_defaults(handler=run, schema_store="outbox")
+
+
+def run(args: argparse.Namespace) -> int:
+    import outbox
+    from condmsg.db import describe_db_url, make_engine
+
+    if args.action != "list" and not (args.ids or args.all):
+        raise ConfigError(f"outbox {args.action}: name the rows with --ids ID... or --all")
+    if args.action == "purge" and not args.yes:
+        raise ConfigError("outbox purge deletes the rows for good: add --yes")
+    url = named_db_url(args, existing=True)
+    engine = make_engine(url)
+    try:
+        if not sa.inspect(engine).has_table(args.table):
+            raise ConfigError(
+                f"no outbox table {args.table!r} at {describe_db_url(url)}; is it the right "
+                "store? (condmsg db upgrade --store outbox creates one)"
+            )
+        store = outbox.OutboxStore(engine, table_name=args.table)
+        if args.action == "list":
+            _list(store, args)
+            return 0
+        ids = None if args.all else sorted(set(args.ids))
+        if args.action == "requeue":
+            done = store.requeue_failed(ids)
+            print(f"requeued {done} parked row(s); the relay publishes them again")
+        else:
+            done = store.delete_failed(ids)
+            print(f"deleted {done} parked row(s)")
+    finally:
+        engine.dispose()
+    if ids is not None and done < len(ids):
+        print(
+            f"condmsg outbox: {len(ids) - done} of the rows named are not parked "
+            "(see condmsg outbox list)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _list(store: Any, args: argparse.Namespace) -> None:
+    """One JSON line per parked row, oldest first (with ``--ids``, those rows only)."""
+    from outbox.table import FAILED
+
+    t = store.table
+    query = (
+        sa.select(
+            t.c.id,
+            t.c.exchange,
+            t.c.routing_key,
+            t.c.attempts,
+            t.c.last_error,
+            t.c.created_at,
+            t.c.failed_at,
+        )
+        .where(t.c.state == FAILED)
+        .order_by(t.c.id)
+        .limit(args.limit)
+    )
+    if args.ids:
+        query = query.where(t.c.id.in_(args.ids))
+    with store.engine.connect() as conn:
+        for row in conn.execute(query):
+            exchange = f"{row.exchange}/" if row.exchange else ""
+            document = {
+                "id": row.id,
+                "destination": f"{exchange}{row.routing_key}",
+                "exchange": row.exchange,
+                "routing_key": row.routing_key,
+                "reason": row.last_error,
+                "attempts": row.attempts,
+                "created": _instant(row.created_at),
+                "parked": _instant(row.failed_at),
+            }
+            print(json.dumps(document, separators=(",", ":")))
+
+
+def _instant(value: Any) -> str | None:
+    from outbox.store import utc
+
+    return None if value is None else utc(value).isoformat()

@@ -1,0 +1,112 @@
+"""``condmsg send``: send one conditional message and print its CM id; with ``--wait``,
+wait for its outcome and print it as a JSON line.
+
+The CM, its copies and its compensation are recorded in the sender's store in one
+transaction; the copies leave through the store's outbox, which ``condmsg relay`` or the
+evaluator of this sender (its built-in relay) publishes. Exit codes: 0 sent (and, with
+``--wait``, satisfied), 1 violated or not decided within ``--wait`` seconds, 2 a usage or
+configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from condmsg.cli.inputs import condition_text, exclusive_stdin, parse_condition, read_bytes
+from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
+from condmsg.errors import ConditionError, ConfigError
+from condmsg.evaluation import Verdict
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "send",
+        help="send a conditional message; print its CM id (and, with --wait, its outcome)",
+        description="Send a payload under a condition. Exit codes: 0 sent (with --wait: "
+        "satisfied), 1 violated or undecided in time, 2 a usage or configuration error.",
+    )
+    parser.add_argument("--sender", required=True, metavar="NAME", help="the sender identity")
+    parser.add_argument(
+        "--condition",
+        required=True,
+        metavar="FILE|-|DOC",
+        help="the condition as JSON or YAML: a file, - for standard input, or the document "
+        "itself; either the versioned document or its root node alone",
+    )
+    parser.add_argument(
+        "--payload", metavar="FILE|-", help="the payload's bytes (default: an empty payload)"
+    )
+    parser.add_argument(
+        "--compensation",
+        metavar="FILE",
+        help="sent to every destination that consumed the CM if it fails "
+        "(default: a notice condmsg writes)",
+    )
+    parser.add_argument(
+        "--notify-success", action="store_true", help="notify every destination on success"
+    )
+    parser.add_argument(
+        "--content-type",
+        metavar="TYPE",
+        help="of the payload (default: application/octet-stream)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="wait this long for the outcome (needs the evaluator of this sender)",
+    )
+    add_db_url(parser, "the sender store")
+    add_amqp_url(parser)
+    parser.set_defaults(handler=run, schema_store="sender")
+
+
+def run(args: argparse.Namespace) -> int:
+    from condmsg.amqp import connect
+    from condmsg.sender import Sender
+    from condmsg.settings import Settings
+
+    if args.wait is not None and args.wait < 0:
+        raise ConfigError("--wait must not be negative")
+    exclusive_stdin(condition=args.condition, payload=args.payload)
+    try:
+        condition = parse_condition(condition_text(args.condition))
+    except ConditionError as exc:
+        raise ConfigError(f"--condition: {exc}") from None
+    payload = read_bytes(args.payload) if args.payload else b""
+    compensation = read_bytes(args.compensation) if args.compensation else None
+    db_url = named_db_url(args)
+    broker = amqp_url(args)
+    # The sender would record the CM with the broker down (its outbox holds the copies
+    # until a relay can publish them) and only log that it could not declare the queues;
+    # a person at a terminal wants to hear now that the URL or the broker is wrong.
+    connect(broker, name=f"condmsg-send-{args.sender}").close()
+    sender = Sender(
+        name=args.sender, amqp_url=broker, db_url=db_url, secret=Settings.from_env().secret
+    )
+    try:
+        cm_id = sender.send(
+            payload,
+            condition,
+            compensation=compensation,
+            notify_success=args.notify_success,
+            content_type=args.content_type,
+        )
+        print(cm_id, flush=True)
+        if args.wait is None:
+            return 0
+        outcome = sender.outcome(cm_id, timeout=args.wait)
+    finally:
+        sender.engine.dispose()
+    if outcome is None:
+        print(
+            f"condmsg send: {cm_id} not decided within {args.wait:g} s; is `condmsg evaluator "
+            f"--sender {args.sender}` running, and a relay for this store?",
+            file=sys.stderr,
+        )
+        return 1
+    print(json.dumps(outcome.to_dict(), separators=(",", ":")))
+    return 0 if outcome.verdict is Verdict.SATISFIED else 1

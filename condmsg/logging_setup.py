@@ -32,8 +32,9 @@ _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))
     "asctime",
 }
 #: Libraries whose routine lines (APScheduler's "Running job ..." on every sweep, pika's
-#: connection chatter) would drown the service's own at INFO.
-_CHATTY = ("apscheduler", "pika")
+#: connection chatter, Alembic's "Context impl" at every schema check) would drown the
+#: service's own at INFO.
+_CHATTY = ("apscheduler", "pika", "alembic")
 
 
 def add_logging_arguments(parser: argparse.ArgumentParser) -> None:

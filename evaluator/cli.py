@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 from condmsg.errors import ConfigError
 from condmsg.logging_setup import add_logging_arguments, configure_logging, log_banner
 from condmsg.settings import (
+    ENV_AMQP_URL,
     ENV_ARCHIVE_DIR,
+    ENV_DB_URL,
     ENV_RETENTION,
     ENV_RETENTION_INTERVAL_S,
     parse_duration,
@@ -58,6 +61,10 @@ def add_policy_arguments(parser: argparse.ArgumentParser, period: str) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sender", required=True, help="the sender name whose acks to consume")
+    parser.add_argument(
+        "--db-url", help=f"the sender's store (default: ${ENV_DB_URL}; one of them is required)"
+    )
+    parser.add_argument("--amqp-url", help=f"RabbitMQ (default: ${ENV_AMQP_URL})")
     parser.add_argument("--ack-grace-ms", type=int, help="default: CONDMSG_ACK_GRACE_MS or 250")
     parser.add_argument("--sweep-interval", type=float, default=1.0, help="seconds")
     parser.add_argument("--batch-size", type=int, default=500)
@@ -121,6 +128,14 @@ def _config(args: argparse.Namespace) -> EvaluatorConfig:
     }
     if args.ack_grace_ms is not None:
         given["ack_grace"] = timedelta(milliseconds=args.ack_grace_ms)
+    # The store is named by the user, never guessed: a default SQLite file would appear in
+    # whatever directory the service was started in.
+    db_url = args.db_url or os.environ.get(ENV_DB_URL)
+    if not db_url:
+        raise ConfigError(f"name the sender's store: --db-url or {ENV_DB_URL}")
+    given["db_url"] = db_url
+    if args.amqp_url:
+        given["amqp_url"] = args.amqp_url
     return EvaluatorConfig.from_env(
         sender=args.sender,
         sweep_interval_s=args.sweep_interval,

@@ -25,7 +25,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from condmsg import protocol
-from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
+from condmsg.cli.options import (
+    add_amqp_url,
+    add_create_schema,
+    add_db_url,
+    amqp_url,
+    named_db_url,
+)
 from condmsg.errors import BrokerError, ConfigError
 from condmsg.protocol import H_TOKEN
 
@@ -80,6 +86,7 @@ def register(subparsers: Any) -> None:
         f"(default: {protocol.INVALID_MESSAGE_QUEUE})",
     )
     add_db_url(parser, "the receiver store")
+    add_create_schema(parser, "receiver")
     add_amqp_url(parser)
     parser.set_defaults(handler=run, schema_store="receiver")
 
@@ -103,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         db_url=db_url,
         secret=Settings.from_env().secret,
         invalid_queue=args.invalid_queue,
+        create_schema=args.create_schema,
     )
     relay = receiver.start_relay()
     try:

@@ -22,6 +22,17 @@ def add_db_url(parser: argparse.ArgumentParser, what: str = "the store", *, also
     )
 
 
+def add_create_schema(parser: argparse.ArgumentParser, store: str) -> None:
+    """``--create-schema``: create the store if it does not exist yet (else the command
+    refuses a missing store and names ``condmsg db upgrade``)."""
+    parser.add_argument(
+        "--create-schema",
+        action="store_true",
+        help=f"create the {store} store if it does not exist yet (quick starts; else run "
+        f"condmsg db upgrade --store {store})",
+    )
+
+
 def add_amqp_url(parser: argparse.ArgumentParser) -> None:
     """``--amqp-url URL``: the broker, else ``CONDMSG_AMQP_URL``, else the local one."""
     parser.add_argument(

@@ -19,9 +19,9 @@ import sqlalchemy as sa
 
 import outbox
 from condmsg.amqp import describe_url
+from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
 from condmsg.logging_setup import add_logging_arguments, configure_logging, log_banner
 from condmsg.ops_server import serve_ops
-from condmsg.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,8 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "relay", help="publish outbox rows to RabbitMQ (CONDMSG_DB_URL -> CONDMSG_AMQP_URL)"
     )
+    add_db_url(parser, "the store whose outbox to publish")
+    add_amqp_url(parser)
     parser.add_argument("--status", action="store_true", help="print the outbox status, exit")
     parser.add_argument("--table", default=outbox.DEFAULT_TABLE_NAME, help="outbox table name")
     parser.add_argument("--create-tables", action="store_true", help="create the table first")
@@ -83,8 +85,7 @@ def _create_tables(engine: sa.Engine, table: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
-    settings = Settings.from_env()
-    engine = sa.create_engine(settings.db_url, pool_size=args.batches_in_flight + 2)
+    engine = sa.create_engine(named_db_url(args), pool_size=args.batches_in_flight + 2)
     try:
         if args.create_tables and not _create_tables(engine, args.table):
             return 130
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             _print_status(store)
             return 0
         config = outbox.RelayConfig.from_env(
+            amqp_url=amqp_url(args),
             table_name=args.table,
             batch_size=args.batch_size,
             max_batches_in_flight=args.batches_in_flight,

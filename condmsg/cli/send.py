@@ -16,7 +16,13 @@ import sys
 from typing import Any
 
 from condmsg.cli.inputs import condition_text, exclusive_stdin, parse_condition, read_bytes
-from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
+from condmsg.cli.options import (
+    add_amqp_url,
+    add_create_schema,
+    add_db_url,
+    amqp_url,
+    named_db_url,
+)
 from condmsg.errors import ConditionError, ConfigError
 from condmsg.evaluation import Verdict
 
@@ -60,6 +66,7 @@ def register(subparsers: Any) -> None:
         help="wait this long for the outcome (needs the evaluator of this sender)",
     )
     add_db_url(parser, "the sender store")
+    add_create_schema(parser, "sender")
     add_amqp_url(parser)
     parser.set_defaults(handler=run, schema_store="sender")
 
@@ -85,7 +92,11 @@ def run(args: argparse.Namespace) -> int:
     # a person at a terminal wants to hear now that the URL or the broker is wrong.
     connect(broker, name=f"condmsg-send-{args.sender}").close()
     sender = Sender(
-        name=args.sender, amqp_url=broker, db_url=db_url, secret=Settings.from_env().secret
+        name=args.sender,
+        amqp_url=broker,
+        db_url=db_url,
+        secret=Settings.from_env().secret,
+        create_schema=args.create_schema,
     )
     try:
         cm_id = sender.send(

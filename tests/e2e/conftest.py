@@ -66,6 +66,7 @@ class Procs:
 
     def evaluator(self, *extra: str) -> subprocess.Popen[bytes]:
         args = ["-m", "evaluator", "--sender", self.sender, "--sweep-interval", "0.1"]
+        args += ["--create-schema"]  # a test may start it before its sender made the store
         args += ["--ack-grace-ms", "100", *extra]
         return self._spawn(args, self._env(), f"evaluator-{len(self.started)}.log")
 

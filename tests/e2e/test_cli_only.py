@@ -121,6 +121,7 @@ def test_a_cm_from_send_to_status_with_the_command_line_only(
             env,
             "consume",
             queue,
+            "--create-schema",  # the receiver's own SQLite store, made on first use
             "--recipient",
             "controller-7",
             "--transactional",

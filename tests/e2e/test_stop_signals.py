@@ -94,7 +94,7 @@ def test_evaluator_stops_on_sigterm(
         "CONDMSG_DB_URL": pg_url,
         "CONDMSG_SECRET": SECRET.decode(),
     }
-    proc = _start(["evaluator", "--sender", unique_name], env, log)
+    proc = _start(["evaluator", "--sender", unique_name, "--create-schema"], env, log)
     wait_for(lambda: _logged(log, "evaluator for sender") or proc.poll() is not None, 60)
     assert proc.poll() is None, log.read_text()
     time.sleep(delay_s)
@@ -110,7 +110,7 @@ def test_evaluator_refused_by_the_broker_stops_on_sigterm(
         "CONDMSG_DB_URL": pg_url,
         "CONDMSG_SECRET": SECRET.decode(),
     }
-    proc = _start(["evaluator", "--sender", unique_name], env, log)
+    proc = _start(["evaluator", "--sender", unique_name, "--create-schema"], env, log)
     wait_for(lambda: len(log.read_text(errors="replace")) > 0 or proc.poll() is not None, 60)
     time.sleep(1.0)
     assert proc.poll() is None, log.read_text()

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-from condmsg import protocol, sender_tables
+from condmsg import migrate, protocol, sender_tables
 from condmsg.acks import AckKind
 from condmsg.condition_codec import condition_from_json
 from condmsg.conditions import Destination
@@ -80,6 +80,7 @@ def consume(
         f"sqlite:///{store}",
         "--amqp-url",
         amqp_url,
+        "--create-schema",
         *extra,
     )
 
@@ -105,8 +106,14 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def sender(unique_name: str) -> str:
-    """A sender name whose queues the shared fixtures delete after the test."""
+def sender(unique_name: str, pg_url: str) -> str:
+    """A sender name whose queues the shared fixtures delete after the test; its store is
+    created first, as an operator does with ``condmsg db upgrade``."""
+    engine = make_engine(pg_url)
+    try:
+        migrate.upgrade(engine, "sender")
+    finally:
+        engine.dispose()
     return unique_name.replace(".", "-")
 
 

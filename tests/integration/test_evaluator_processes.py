@@ -221,7 +221,7 @@ def test_a_worker_pointed_at_a_database_without_the_store_exits(pg_url: str, amq
         timeout=120,
     )
     assert done.returncode != 0
-    assert "no sender store" in done.stderr
+    assert "is missing" in done.stderr and "condmsg db upgrade --store sender" in done.stderr
     assert done.stdout == ""
     with sa.create_engine(pg_url).connect() as conn:
         assert not sa.inspect(conn).has_table(sender_tables.cms.name)

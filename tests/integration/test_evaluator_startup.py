@@ -173,6 +173,7 @@ def test_the_evaluator_command_waits_for_the_database(amqp_url: str, unique_name
     }
     sender = unique_name.replace(".", "-")
     command = [sys.executable, "-m", "evaluator", "--sender", sender, "--no-relay"]
+    command += ["--create-schema"]
     proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None

@@ -185,7 +185,16 @@ def _metric(service: Service, line_start: str) -> float:
 
 
 def _evaluator_command(sender: str) -> list[str]:
-    return [sys.executable, "-m", "evaluator", "--sender", sender, "--gauge-interval", "0.2"]
+    return [
+        sys.executable,
+        "-m",
+        "evaluator",
+        "--sender",
+        sender,
+        "--gauge-interval",
+        "0.2",
+        "--create-schema",
+    ]
 
 
 def test_evaluator_banner_health_and_metrics(
@@ -239,7 +248,7 @@ def test_evaluator_not_ready_while_rabbitmq_is_unreachable(
 
 def _evaluator(pg_url: str, amqp_url: str, sender: str, **options: Any) -> Evaluator:
     config = EvaluatorConfig(
-        amqp_url=amqp_url, sender=sender, db_url=pg_url, secret=SECRET, **options
+        amqp_url=amqp_url, sender=sender, db_url=pg_url, secret=SECRET, create=True, **options
     )
     return Evaluator(config)
 

@@ -20,6 +20,7 @@ from typing import Any
 import pika.exceptions
 import sqlalchemy as sa
 
+import outbox
 from condmsg import migrate, protocol
 from condmsg.amqp import connect, describe_url
 from condmsg.cli.failures import database_problem
@@ -75,6 +76,8 @@ def _database(url: str, store: str | None) -> str | None:
             conn.execute(sa.text("SELECT 1"))
             if store is not None:
                 migrate.check(conn, store)
+        if store is not None:
+            return _stuck_outbox(engine)
     except migrate.SchemaError as exc:
         return str(exc)
     except sa.exc.DBAPIError as exc:
@@ -82,6 +85,23 @@ def _database(url: str, store: str | None) -> str | None:
     finally:
         engine.dispose()
     return None
+
+
+#: Rows older than this have not met a relay (a running one publishes within a second).
+STUCK_AFTER_S = 30.0
+
+
+def _stuck_outbox(engine: sa.Engine) -> str | None:
+    """A store whose outbox nobody publishes: its acks (or copies) never leave."""
+    status = outbox.OutboxStore(engine).status()
+    age = status.oldest_pending_age_s
+    if age is None or age <= STUCK_AFTER_S:
+        return None
+    return (
+        f"{status.pending} message(s) have waited up to {age:.0f} s in the outbox of "
+        f"{describe_db_url(str(engine.url))}: no relay publishes this store (run condmsg "
+        "relay --db-url with it, or the owner's start_relay())"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

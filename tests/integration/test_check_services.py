@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
+import outbox
 from condmsg import migrate
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
@@ -60,6 +63,23 @@ def test_a_store_without_its_schema_fails_until_upgraded(amqp_url: str, pg_url: 
     migrate.upgrade(engine, "receiver")
     engine.dispose()
     assert _check(*args).returncode == 0
+
+
+def test_a_store_whose_outbox_nobody_publishes_fails(amqp_url: str, pg_url: str) -> None:
+    """A receiver store whose acks wait in its outbox: no relay runs for it."""
+    engine = sa.create_engine(pg_url)
+    migrate.upgrade(engine, "receiver")
+    args = ("--amqp-url", amqp_url, "--db-url", pg_url, "--store", "receiver")
+    with Session(engine) as session, session.begin():
+        outbox.enqueue(session, exchange="", routing_key="q", body=b"ack")
+    assert _check(*args).returncode == 0  # just written: a relay may be on its way
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE condmsg_outbox SET created_at = :at"),
+            {"at": datetime.now(UTC) - timedelta(minutes=2)},
+        )
+    _fails_with(_check(*args), "1 message(s) have waited up to ", "no relay publishes")
+    engine.dispose()
 
 
 def test_missing_sender_queues_fail(amqp_url: str, pg_url: str, unique_name: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 
 import outbox
+from condmsg import migrate
 from condmsg.amqp import describe_url
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
 from condmsg.logging_setup import add_logging_arguments, configure_logging, log_banner
@@ -59,6 +60,21 @@ def _print_status(store: outbox.OutboxStore) -> None:
         print(f"  failed #{row.id} ({row.exchange!r}, {row.routing_key!r}): {row.last_error}")
 
 
+def _check_schema(engine: sa.Engine) -> None:
+    """Refuse an outbox that is missing, behind or ahead (one line naming the fix). An
+    unversioned one that ``outbox.create_tables`` made (the outbox used as a library, outside
+    a condmsg store) is served as it is. A database that cannot be reached yet is left to
+    the relay, which waits for it."""
+    try:
+        if migrate.status(engine, "outbox").revision is None and sa.inspect(engine).has_table(
+            outbox.DEFAULT_TABLE_NAME
+        ):
+            return
+        migrate.check(engine, "outbox")
+    except (sa.exc.OperationalError, sa.exc.InterfaceError):
+        return
+
+
 def _create_tables(engine: sa.Engine, table: str) -> bool:
     """Create the outbox table, waiting with backoff while the database is unreachable (a
     relay started during a database outage waits for it, as the running relay does);
@@ -66,7 +82,10 @@ def _create_tables(engine: sa.Engine, table: str) -> bool:
     delay = 0.5
     while True:
         try:
-            outbox.create_tables(engine, table_name=table)
+            if table == outbox.DEFAULT_TABLE_NAME:
+                migrate.ensure(engine, "outbox", create=True)  # versioned, as db upgrade does
+            else:
+                outbox.create_tables(engine, table_name=table)
             return True
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
             reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
@@ -89,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.create_tables and not _create_tables(engine, args.table):
             return 130
+        if args.table == outbox.DEFAULT_TABLE_NAME:
+            _check_schema(engine)
         store = outbox.OutboxStore(engine, table_name=args.table)
         if args.status:
             _print_status(store)

@@ -204,3 +204,16 @@ def test_the_evaluator_refuses_to_start_on_a_changed_store_with_one_line(
     assert len(errors) == 1, done.stderr
     assert "cannot start" in errors[0] and "lacks column(s) facts_json" in errors[0]
     assert "Traceback" not in done.stderr
+
+
+def test_the_relay_refuses_a_database_without_an_outbox(pg_url: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "condmsg.cli", "relay", "--db-url", pg_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "the outbox store" in line and "is missing" in line and "condmsg db upgrade" in line

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import pika
 import pika.exceptions
 
-from condmsg.errors import BrokerError
+from condmsg.errors import BrokerAuthError, BrokerError
 
 
 def describe_url(url: str) -> str:
@@ -35,9 +35,14 @@ def connect(url: str, *, name: str = "condmsg", heartbeat: int = 30) -> pika.Blo
     try:
         return pika.BlockingConnection(params)
     except pika.exceptions.ProbableAuthenticationError:
-        raise BrokerError(
+        raise BrokerAuthError(
             f"RabbitMQ at {describe_url(url)} refused the credentials; check the user and "
             "password in the AMQP URL"
+        ) from None
+    except pika.exceptions.ProbableAccessDeniedError:
+        raise BrokerAuthError(
+            f"RabbitMQ at {describe_url(url)} denied access to the virtual host; check the "
+            "vhost in the AMQP URL and the user's permissions on it"
         ) from None
     except pika.exceptions.AMQPConnectionError as exc:
         raise BrokerError(

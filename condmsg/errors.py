@@ -13,6 +13,7 @@ from outbox.errors import BrokerError, CondmsgError, StoreError
 
 __all__ = [
     "AckError",
+    "BrokerAuthError",
     "BrokerError",
     "ConditionError",
     "CondmsgError",
@@ -21,6 +22,11 @@ __all__ = [
     "SphereError",
     "StoreError",
 ]
+
+
+class BrokerAuthError(BrokerError):
+    """RabbitMQ refused the credentials, or the user's access to the virtual host: waiting
+    does not mend it (a service gives up after a few tries rather than retrying for ever)."""
 
 
 class ConditionError(CondmsgError, ValueError):

@@ -35,6 +35,10 @@ _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))
 #: connection chatter, Alembic's "Context impl" at every schema check) would drown the
 #: service's own at INFO.
 _CHATTY = ("apscheduler", "pika", "alembic")
+#: pika logs every failed connection attempt at ERROR, with a traceback (and the URL's
+#: parameters), before raising it; the services catch it and say it in one line of their
+#: own, once per change, so pika's are kept for --log-level DEBUG.
+_RAISES_ANYWAY = ("pika",)
 
 
 def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,6 +126,9 @@ def configure_logging(
     quiet = logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING
     for name in _CHATTY:
         logging.getLogger(name).setLevel(quiet)
+    if numeric > logging.DEBUG:
+        for name in _RAISES_ANYWAY:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     return numeric
 
 

@@ -15,6 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from condmsg.errors import CondmsgError
+
 #: At most one reminder per this many seconds while the same failure goes on.
 REMIND_S = 60.0
 
@@ -85,7 +87,9 @@ class RepeatedFailures:
                 "%s failed: %s; retrying quietly until it changes",
                 self._what,
                 reason,
-                exc_info=exc,
+                # condmsg's own errors already say what failed and what to do; the
+                # traceback is for the unexpected ones.
+                exc_info=None if isinstance(exc, CondmsgError) else exc,
             )
         else:
             self._log.log(

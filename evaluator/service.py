@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 
 from condmsg.db import make_engine
-from condmsg.errors import BrokerError, CondmsgError, ConfigError
+from condmsg.errors import BrokerAuthError, BrokerError, CondmsgError, ConfigError
 from condmsg.migrate import SchemaError
 from condmsg.repeated_failures import RepeatedFailures, reason_of
 from condmsg.timeutil import utcnow
@@ -51,6 +51,9 @@ WORKER_STOP_S = 5.0
 #: Waits between reconnections to the ack queue, doubled from the first to the last.
 FIRST_RECONNECT_S = 0.2
 MAX_RECONNECT_S = 10.0
+#: Refusals of the credentials in a row after which the service exits (non-zero) instead of
+#: retrying: about 6 s of backoff, long enough for a broker that is still setting up users.
+AUTH_ATTEMPTS = 5
 
 
 class Evaluator:
@@ -258,10 +261,21 @@ class Evaluator:
 
     def _consume_until_stopped(self) -> None:
         delay_s = FIRST_RECONNECT_S
+        refused = 0
         while not self._stop.is_set():
             try:
                 consume_acks(self.config, self.batches, self._stop)
                 delay_s = FIRST_RECONNECT_S
+                refused = 0
+            except BrokerAuthError as exc:
+                # A broker restart does not refuse credentials; a wrong URL does, for ever.
+                refused += 1
+                if refused >= AUTH_ATTEMPTS:
+                    log.error("the evaluator stops: %s (refused %d times)", exc, refused)
+                    return
+                self._consume_failures.failed(exc, level=logging.WARNING)
+                self._stop.wait(delay_s)
+                delay_s = min(delay_s * 2, MAX_RECONNECT_S)
             except (BrokerError, pika.exceptions.AMQPError) as exc:
                 # Retried with backoff; logged once per change of failure, not per retry.
                 self._consume_failed = (time.monotonic(), reason_of(exc))

@@ -32,7 +32,7 @@ from condmsg.cli.options import (
     amqp_url,
     named_db_url,
 )
-from condmsg.errors import BrokerError, ConfigError
+from condmsg.errors import BrokerError, CondmsgError, ConfigError
 from condmsg.protocol import H_TOKEN
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ READ_SLICE_S = 0.5
 DRAIN_S = 30.0
 
 
-class _Refused(Exception):
+class _Refused(CondmsgError):
     """``--exec`` exited non-zero inside a transaction: roll it back."""
 
 

@@ -228,3 +228,28 @@ def test_the_relay_command_creating_its_table_waits_for_the_database() -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 130
+
+
+def test_an_evaluator_whose_credentials_are_refused_exits_non_zero(
+    amqp_url: str, pg_url: str, unique_name: str
+) -> None:
+    """A broker restart never refuses credentials; a wrong password does, for ever: after a
+    few refusals in a row the service exits with one line saying why."""
+    env = {
+        **os.environ,
+        "CONDMSG_AMQP_URL": amqp_url.replace("guest:guest@", "guest:wrong@"),
+        "CONDMSG_DB_URL": pg_url,
+        "CONDMSG_SECRET": SECRET.decode(),
+    }
+    command = [sys.executable, "-m", "evaluator", "--sender", unique_name.replace(".", "-")]
+    done = subprocess.run(
+        [*command, "--create-schema", "--no-relay"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    stops = [line for line in done.stderr.splitlines() if "the evaluator stops" in line]
+    assert len(stops) == 1 and "refused the credentials" in stops[0], done.stderr
+    assert "guest:wrong" not in done.stderr and "Traceback" not in done.stderr

@@ -11,7 +11,6 @@ import argparse
 import logging
 import signal
 import sys
-import time
 from types import FrameType
 from typing import Any
 
@@ -23,6 +22,7 @@ from condmsg.amqp import describe_url
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
 from condmsg.logging_setup import add_logging_arguments, configure_logging, log_banner
 from condmsg.ops_server import serve_ops
+from condmsg.stopping import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -78,28 +78,33 @@ def _check_schema(engine: sa.Engine) -> None:
 def _create_tables(engine: sa.Engine, table: str) -> bool:
     """Create the outbox table, waiting with backoff while the database is unreachable (a
     relay started during a database outage waits for it, as the running relay does);
-    False if interrupted meanwhile."""
+    False if SIGTERM or SIGINT came meanwhile (noticed through a flag, never by
+    interrupting a connection attempt halfway)."""
+    stop = StopSignals().install()
     delay = 0.5
-    while True:
-        try:
-            if table == outbox.DEFAULT_TABLE_NAME:
-                migrate.ensure(engine, "outbox", create=True)  # versioned, as db upgrade does
-            else:
-                outbox.create_tables(engine, table_name=table)
-            return True
-        except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
-            reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
-            log.warning(
-                "waiting for the database at %s: %s; retrying in %.1fs",
-                engine.url.render_as_string(hide_password=True),
-                reason,
-                delay,
-            )
+    try:
+        while not stop.requested:
             try:
-                time.sleep(delay)
-            except KeyboardInterrupt:
-                return False
-            delay = min(delay * 2, 30.0)
+                if table == outbox.DEFAULT_TABLE_NAME:
+                    migrate.ensure(engine, "outbox", create=True)  # versioned, as db upgrade
+                else:
+                    outbox.create_tables(engine, table_name=table)
+                return True
+            except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+                reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+                log.warning(
+                    "waiting for the database at %s: %s; retrying in %.1fs",
+                    engine.url.render_as_string(hide_password=True),
+                    reason,
+                    delay,
+                )
+                stop.event.wait(delay)
+                delay = min(delay * 2, 30.0)
+        return False
+    finally:
+        stop.event.set()  # ends its watcher thread
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -115,3 +115,57 @@ def test_evaluator_refused_by_the_broker_stops_on_sigterm(
     time.sleep(1.0)
     assert proc.poll() is None, log.read_text()
     assert _stops_in_time(proc, signal.SIGTERM) == 0
+
+
+def _has_schema(store: Path) -> bool:
+    import sqlite3
+
+    if not store.exists():
+        return False
+    with sqlite3.connect(store) as conn:
+        found = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'condmsg_schema_version'")
+        return found.fetchone() is not None
+
+
+def _declare(amqp_url: str, queue: str) -> None:
+    from condmsg.amqp import connect
+    from condmsg.topology import declare_destination
+
+    connection = connect(amqp_url)
+    try:
+        declare_destination(connection, queue)
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("transactional", [False, True])
+def test_consume_waiting_for_messages_stops_on_sigterm(
+    amqp_url: str, unique_name: str, tmp_path: Path, transactional: bool
+) -> None:
+    queue = f"{unique_name}.q"
+    _declare(amqp_url, queue)
+    log = tmp_path / "consume.log"
+    args = ["consume", queue, "--recipient", "r", "--create-schema", "--timeout", "120"]
+    args += ["--db-url", f"sqlite:///{tmp_path / 'rx.db'}", "--amqp-url", amqp_url]
+    proc = _start([*args, *(["--transactional"] if transactional else [])], {}, log)
+    store = tmp_path / "rx.db"
+    # Reading polls the queue (no consumer to see): its store created means it is reading.
+    wait_for(lambda: _has_schema(store) or proc.poll() is not None, 60)
+    assert proc.poll() is None, log.read_text()
+    assert _stops_in_time(proc, signal.SIGTERM) in (0, 1), log.read_text()
+
+
+def test_evaluator_with_intake_workers_stops_on_sigterm(
+    amqp_url: str, pg_url: str, unique_name: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "evaluator.log"
+    env = {
+        "CONDMSG_AMQP_URL": amqp_url,
+        "CONDMSG_DB_URL": pg_url,
+        "CONDMSG_SECRET": SECRET.decode(),
+    }
+    args = ["evaluator", "--sender", unique_name, "--create-schema", "--intake-processes", "2"]
+    proc = _start(args, env, log)
+    wait_for(lambda: _logged(log, "evaluator for sender") or proc.poll() is not None, 60)
+    assert proc.poll() is None, log.read_text()
+    assert _stops_in_time(proc, signal.SIGTERM) == 0, log.read_text()

@@ -9,7 +9,7 @@ on. Messages never contain secrets or credentials.
 
 from __future__ import annotations
 
-from outbox.errors import BrokerError, CondmsgError, StoreError
+from outbox.errors import BrokerAuthError, BrokerError, CondmsgError, StoreError
 
 __all__ = [
     "AckError",
@@ -22,11 +22,6 @@ __all__ = [
     "SphereError",
     "StoreError",
 ]
-
-
-class BrokerAuthError(BrokerError):
-    """RabbitMQ refused the credentials, or the user's access to the virtual host: waiting
-    does not mend it (a service gives up after a few tries rather than retrying for ever)."""
 
 
 class ConditionError(CondmsgError, ValueError):

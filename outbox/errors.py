@@ -27,6 +27,11 @@ class BrokerError(CondmsgError):
     """
 
 
+class BrokerAuthError(BrokerError):
+    """RabbitMQ refused the credentials, or the user's access to the virtual host: waiting
+    does not mend it (a service gives up after a few tries rather than retrying for ever)."""
+
+
 class StoreError(CondmsgError):
     """The database could not be reached or refused an operation."""
 

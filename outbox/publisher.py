@@ -39,7 +39,7 @@ from pika.channel import Channel
 from pika.frame import Method
 from pika.spec import Basic, BasicProperties
 
-from outbox.errors import BrokerError
+from outbox.errors import BrokerAuthError, BrokerError
 from outbox.frames import FramePublishing
 from outbox.message import StoredMessage
 from outbox.publishing import COPY_HEADER, ROW_ID_HEADER, MessageKey, PikaPublishing, Publishing
@@ -54,6 +54,9 @@ PUBLISHINGS: dict[str, type[Publishing]] = {
 }
 
 _NO_EXCHANGE = re.compile(r"no exchange '(?P<name>[^']*)'")
+
+
+_REFUSALS = (pika.exceptions.ProbableAuthenticationError, pika.exceptions.ProbableAccessDeniedError)
 
 
 def describe_connect_error(url: str, exc: BaseException) -> str:
@@ -134,6 +137,8 @@ class Publisher:
         self._ready = threading.Event()
         self._dead = False
         self.last_error: str | None = None
+        #: The broker refused the login or the vhost (waiting does not mend that).
+        self.refused = False
         self._thread: threading.Thread | None = None
         self._conn: SelectConnection | None = None
         self._channel: Channel | None = None
@@ -160,7 +165,7 @@ class Publisher:
         self._thread.start()
         if not self._ready.wait(self._connect_timeout_s + 5.0) or self._dead:
             self.close()
-            raise BrokerError(
+            raise (BrokerAuthError if self.refused else BrokerError)(
                 self.last_error
                 or f"cannot reach RabbitMQ at {broker_address(self.amqp_url)}: no answer "
                 f"within {self._connect_timeout_s:g} s; is the broker running?"
@@ -244,6 +249,7 @@ class Publisher:
 
     def _on_open_error(self, conn: SelectConnection, exc: BaseException) -> None:
         self.last_error = describe_connect_error(self.amqp_url, exc)
+        self.refused = isinstance(exc, _REFUSALS)
         conn.ioloop.stop()
 
     def _on_closed(self, conn: SelectConnection, exc: BaseException) -> None:

@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine
 
 from outbox.backoff import Backoff, retry_delay_s
 from outbox.config import RelayConfig
-from outbox.errors import BrokerError, OutboxError, OutboxTimeout, StoreError
+from outbox.errors import BrokerAuthError, BrokerError, OutboxError, OutboxTimeout, StoreError
 from outbox.metrics import RelayMetrics
 from outbox.notify import Listener
 from outbox.publisher import PUBLISHINGS, PendingBatch, Publisher
@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 #: How long the loop may go without turning before :meth:`Relay.liveness` reports it stuck
 #: (seconds): well above a slow claim or settle, so that a busy database is not a restart.
 LIVE_STALL_S = 60.0
+
+
+#: Refusals of the login in a row after which the relay stops (about 3 s of backoff).
+REFUSALS_BEFORE_GIVING_UP = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +92,10 @@ class Relay:
         self._stop_event = threading.Event()
         # Set by request_stop, which a signal handler may call: a plain attribute, no lock.
         self._stop_requested = False
+        #: Why the relay gave up by itself (None: it did not): RabbitMQ refused its login
+        #: :data:`REFUSALS_BEFORE_GIVING_UP` times in a row.
+        self.fatal: str | None = None
+        self._refusals = 0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._running = False
@@ -133,6 +141,8 @@ class Relay:
             raise OutboxError("this relay is already running")
         self._stop_event.clear()
         self._stop_requested = False
+        self.fatal = None
+        self._refusals = 0
         self._thread = threading.Thread(target=self.run, name="outbox-relay", daemon=True)
         self._thread.start()
         return self
@@ -337,6 +347,11 @@ class Relay:
         except BrokerError as exc:
             self._note_error(str(exc), "broker")
             self._next_connect_at = now + self._broker_backoff.next_delay()
+            self._refusals = self._refusals + 1 if isinstance(exc, BrokerAuthError) else 0
+            if self._refusals >= REFUSALS_BEFORE_GIVING_UP:
+                # A broker restart never refuses a login; a wrong password does, for ever.
+                self.fatal = f"{exc} (refused {self._refusals} times)"
+                self.request_stop()
             return False
         if self._ever_connected:
             self._reconnects += 1

@@ -154,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
         finally:
             if server is not None:
                 server.stop()
+        if relay.fatal is not None:
+            log.error("the relay stops: %s", relay.fatal)
+            return 1
         log.info("relay stopped")
         return 0
     except outbox.CondmsgError as exc:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -252,4 +253,25 @@ def test_an_evaluator_whose_credentials_are_refused_exits_non_zero(
     assert done.returncode == 1, done.stderr
     stops = [line for line in done.stderr.splitlines() if "the evaluator stops" in line]
     assert len(stops) == 1 and "refused the credentials" in stops[0], done.stderr
+    assert "guest:wrong" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_relay_whose_credentials_are_refused_exits_non_zero(
+    tmp_path: Path, amqp_url: str
+) -> None:
+    env = {
+        **os.environ,
+        "CONDMSG_AMQP_URL": amqp_url.replace("guest:guest@", "guest:wrong@"),
+        "CONDMSG_DB_URL": f"sqlite:///{tmp_path / 'store.db'}",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "condmsg.cli", "relay", "--create-tables"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    stops = [line for line in done.stderr.splitlines() if "the relay stops" in line]
+    assert len(stops) == 1 and "refused the login" in stops[0], done.stderr
     assert "guest:wrong" not in done.stderr and "Traceback" not in done.stderr

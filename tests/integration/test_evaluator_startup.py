@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -231,8 +230,9 @@ def test_the_relay_command_creating_its_table_waits_for_the_database() -> None:
     assert proc.returncode == 130
 
 
-def test_an_evaluator_whose_credentials_are_refused_exits_non_zero(
-    amqp_url: str, pg_url: str, unique_name: str
+@pytest.mark.parametrize("service", ["evaluator", "relay"])
+def test_a_service_whose_credentials_are_refused_exits_non_zero(
+    amqp_url: str, pg_url: str, unique_name: str, service: str
 ) -> None:
     """A broker restart never refuses credentials; a wrong password does, for ever: after a
     few refusals in a row the service exits with one line saying why."""
@@ -242,36 +242,15 @@ def test_an_evaluator_whose_credentials_are_refused_exits_non_zero(
         "CONDMSG_DB_URL": pg_url,
         "CONDMSG_SECRET": SECRET.decode(),
     }
-    command = [sys.executable, "-m", "evaluator", "--sender", unique_name.replace(".", "-")]
+    sender = unique_name.replace(".", "-")
+    command = {
+        "evaluator": ["-m", "evaluator", "--sender", sender, "--create-schema", "--no-relay"],
+        "relay": ["-m", "condmsg.cli", "relay", "--create-tables"],
+    }[service]
     done = subprocess.run(
-        [*command, "--create-schema", "--no-relay"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, *command], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 1, done.stderr
-    stops = [line for line in done.stderr.splitlines() if "the evaluator stops" in line]
-    assert len(stops) == 1 and "refused the credentials" in stops[0], done.stderr
-    assert "guest:wrong" not in done.stderr and "Traceback" not in done.stderr
-
-
-def test_a_relay_whose_credentials_are_refused_exits_non_zero(
-    tmp_path: Path, amqp_url: str
-) -> None:
-    env = {
-        **os.environ,
-        "CONDMSG_AMQP_URL": amqp_url.replace("guest:guest@", "guest:wrong@"),
-        "CONDMSG_DB_URL": f"sqlite:///{tmp_path / 'store.db'}",
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "condmsg.cli", "relay", "--create-tables"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 1, done.stderr
-    stops = [line for line in done.stderr.splitlines() if "the relay stops" in line]
-    assert len(stops) == 1 and "refused the login" in stops[0], done.stderr
+    stops = [line for line in done.stderr.splitlines() if f"the {service} stops" in line]
+    assert len(stops) == 1 and "refused the" in stops[0], done.stderr
     assert "guest:wrong" not in done.stderr and "Traceback" not in done.stderr

@@ -44,6 +44,7 @@ from condmsg.condition_codec import condition_to_json
 from condmsg.outcome import Outcome
 from condmsg.sender import Outgoing, Sender
 from condmsg.settings import DEFAULT_ACK_GRACE
+from condmsg.sphere_outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
 from condmsg.timeutil import utcnow
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
@@ -211,11 +212,14 @@ def intake(db_url: str, sender_name: str, queue: str, n: int, processes: int) ->
 
 
 class OutcomeWatcher:
-    """Consumes the sender's outcome queue in a thread; arrival time (epoch s) per CM."""
+    """Consumes the sender's outcome queue in a thread; arrival time (epoch s) per CM and,
+    told apart by the AMQP message type, per Dependency-Sphere."""
 
     def __init__(self, sender_name: str) -> None:
         self.arrived: dict[str, float] = {}
         self.outcomes: dict[str, Outcome] = {}
+        self.spheres: dict[str, float] = {}
+        self.sphere_verdicts: dict[str, str] = {}
         self._queue = protocol.outcome_queue(sender_name)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -224,14 +228,19 @@ class OutcomeWatcher:
     def _run(self) -> None:
         connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
         channel = connection.channel()
-        for method, _props, body in channel.consume(
+        for method, props, body in channel.consume(
             self._queue, auto_ack=True, inactivity_timeout=0.05
         ):
             if method is not None and body is not None:
                 at = time.time()
-                outcome = Outcome.from_json(body)
-                self.arrived.setdefault(outcome.cm_id, at)
-                self.outcomes[outcome.cm_id] = outcome
+                if props is not None and props.type == SPHERE_OUTCOME_TYPE:
+                    sphere = SphereOutcome.from_json(body)
+                    self.spheres.setdefault(sphere.sphere_id, at)
+                    self.sphere_verdicts[sphere.sphere_id] = sphere.verdict.value
+                else:
+                    outcome = Outcome.from_json(body)
+                    self.arrived.setdefault(outcome.cm_id, at)
+                    self.outcomes[outcome.cm_id] = outcome
             if self._stop.is_set():
                 break
         channel.cancel()

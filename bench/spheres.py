@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -38,12 +36,10 @@ import pika
 import sqlalchemy as sa
 
 from bench._common import emit_result, fresh_pg_schema, log, percentile, wait_until
-from bench.evaluator import SECRET, _ack_bodies, _publish
+from bench.evaluator import SECRET, OutcomeWatcher, _ack_bodies, _publish
 from condmsg import Destination, protocol, sender_tables
-from condmsg.outcome import Outcome
 from condmsg.sender import Outgoing, Sender
 from condmsg.settings import DEFAULT_ACK_GRACE
-from condmsg.sphere_outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 
@@ -53,43 +49,6 @@ TARGET_SPHERE_P99_MS = 200.0
 WARM_UP = 5  # spheres or CMs per series left out of the figures
 #: How long a sphere may stay open: far beyond any figure measured here.
 SPHERE_TIMEOUT = timedelta(minutes=10)
-
-
-class OutcomeWatcher:
-    """Consumes the sender's outcome queue in a thread: the arrival (epoch seconds) of each
-    CM's and each sphere's notification, told apart by the AMQP message type."""
-
-    def __init__(self, sender_name: str) -> None:
-        self.cms: dict[str, float] = {}
-        self.spheres: dict[str, float] = {}
-        self.verdicts: dict[str, str] = {}
-        self._queue = protocol.outcome_queue(sender_name)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        connection = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-        channel = connection.channel()
-        for method, props, body in channel.consume(
-            self._queue, auto_ack=True, inactivity_timeout=0.05
-        ):
-            if method is not None and body is not None:
-                at = time.time()
-                if props is not None and props.type == SPHERE_OUTCOME_TYPE:
-                    sphere = SphereOutcome.from_json(body)
-                    self.spheres.setdefault(sphere.sphere_id, at)
-                    self.verdicts[sphere.sphere_id] = sphere.verdict.value
-                else:
-                    self.cms.setdefault(Outcome.from_json(body).cm_id, at)
-            if self._stop.is_set():
-                break
-        channel.cancel()
-        connection.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 class AckPublisher:
@@ -147,11 +106,11 @@ def singles(
     for _ in range(n + WARM_UP):
         cm_id = sender.send(b"x", condition)
         acks.ack([cm_id])
-        assert wait_until(lambda c=cm_id: c in watcher.cms, timeout_s=30, poll_s=0.002)  # type: ignore[misc]
+        assert wait_until(lambda c=cm_id: c in watcher.arrived, timeout_s=30, poll_s=0.002)  # type: ignore[misc]
         ids.append(cm_id)
     ids = ids[WARM_UP:]
     decided = _decided_at(sender.engine, ids)
-    return [(watcher.cms[c] - decided[c]) * 1000 for c in ids]
+    return [(watcher.arrived[c] - decided[c]) * 1000 for c in ids]
 
 
 def spheres(
@@ -190,7 +149,7 @@ def spheres(
     rows = _sphere_rows(sender.engine, kept)
     from_member, from_commit = [], []
     for sphere_id in kept:
-        assert watcher.verdicts[sphere_id] == "satisfied", watcher.verdicts[sphere_id]
+        assert watcher.sphere_verdicts[sphere_id] == "satisfied", watcher.sphere_verdicts[sphere_id]
         arrived = watcher.spheres[sphere_id]
         last = max(decided[c] for c in members[sphere_id])
         from_member.append((arrived - last) * 1000)

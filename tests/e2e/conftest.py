@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +125,36 @@ def ack_consumers(amqp_url: str, sender: str) -> int:
     finally:
         if connection.is_open:
             connection.close()
+
+
+def publish_acks(amqp_url: str, sender: str, pairs: list[tuple[str, str]]) -> None:
+    """Genuine READ acks straight to the ack queue (as receiver relays would), one for each
+    ``(cm_id, destination)``."""
+    from condmsg import protocol
+    from condmsg.acks import AckKind
+    from condmsg.timeutil import utcnow
+
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for cm_id, destination in pairs:
+            ack = protocol.AckMessage(
+                ack_id=uuid.uuid4().hex,
+                cm_id=cm_id,
+                destination=destination,
+                kind=AckKind.READ,
+                read_at=utcnow(),
+                committed_at=None,
+                recipient=None,
+                receiver="e2e",
+                token=protocol.copy_token(SECRET, cm_id, destination, None),
+            )
+            channel.basic_publish(
+                "", protocol.ack_queue(sender), ack.to_json(), pika.BasicProperties(delivery_mode=2)
+            )
+    finally:
+        connection.close()
 
 
 def records(out: Path) -> list[dict[str, Any]]:

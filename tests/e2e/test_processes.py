@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -19,14 +18,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from condmsg import Destination, DestinationSet, Verdict, protocol, sender_tables
-from condmsg.acks import AckKind
 from condmsg.evaluation import evaluate
 from condmsg.outcome import Outcome
-from condmsg.timeutil import utcnow
 from evaluator import store
 from evaluator.sender_store import decision_store
 
-from .conftest import SECRET, Procs, ack_consumers, records, wait_for
+from .conftest import Procs, ack_consumers, publish_acks, records, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -171,31 +168,6 @@ def _send_many(sender: Any, queue: str, n: int, window: timedelta) -> list[str]:
         return [sender.send(b"x", condition, session=session) for _ in range(n)]
 
 
-def _publish_acks(amqp_url: str, sender: str, queue: str, cm_ids: list[str]) -> None:
-    """Genuine READ acks published straight to the ack queue (as receiver relays would)."""
-    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
-    try:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        for cm_id in cm_ids:
-            ack = protocol.AckMessage(
-                ack_id=uuid.uuid4().hex,
-                cm_id=cm_id,
-                destination=queue,
-                kind=AckKind.READ,
-                read_at=utcnow(),
-                committed_at=None,
-                recipient=None,
-                receiver="e2e",
-                token=protocol.copy_token(SECRET, cm_id, queue, None),
-            )
-            channel.basic_publish(
-                "", protocol.ack_queue(sender), ack.to_json(), pika.BasicProperties(delivery_mode=2)
-            )
-    finally:
-        connection.close()
-
-
 def _drain_outcomes(amqp_url: str, sender: str, expected: int, timeout: float) -> list[bytes]:
     """Every outcome message: waits for ``expected`` distinct CMs, then for stragglers."""
     connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
@@ -243,7 +215,7 @@ def test_two_evaluator_processes_decide_2000_cms_exactly_once(
     cm_ids = _send_many(sender, queue, n, timedelta(seconds=60))
     first, second = procs.evaluator(), procs.evaluator()
     procs.wait_ready([], consumers=2)
-    _publish_acks(procs.amqp_url, procs.sender, queue, cm_ids)
+    publish_acks(procs.amqp_url, procs.sender, [(c, queue) for c in cm_ids])
     wait_for(lambda: _states(sender.engine) == {"satisfied": n}, timeout=60)
     bodies = _drain_outcomes(procs.amqp_url, procs.sender, n, timeout=60)
     outcome_ids = [Outcome.from_json(b).cm_id for b in bodies]
@@ -279,7 +251,7 @@ def test_evaluator_killed_mid_stream_and_restarted(
     options = ("--batch-size", "10", "--no-relay", "--intake-processes", str(processes))
     victim = procs.evaluator(*options)
     procs.wait_ready([], consumers=processes)
-    _publish_acks(procs.amqp_url, procs.sender, queue, acked[:half])
+    publish_acks(procs.amqp_url, procs.sender, [(c, queue) for c in acked[:half]])
     wait_for(lambda: _states(sender.engine).get("satisfied", 0) >= 50, timeout=30)
     victim.send_signal(signal.SIGKILL)
     assert victim.wait(30) == -signal.SIGKILL
@@ -287,7 +259,7 @@ def test_evaluator_killed_mid_stream_and_restarted(
     wait_for(lambda: ack_consumers(procs.amqp_url, procs.sender) == 0, timeout=30)
     states = _states(sender.engine)
     assert states.get("pending", 0) >= len(acked) - half, states  # killed mid-stream
-    _publish_acks(procs.amqp_url, procs.sender, queue, acked[half:])
+    publish_acks(procs.amqp_url, procs.sender, [(c, queue) for c in acked[half:]])
     restarted = procs.evaluator(*options)
     wait_for(lambda: _states(sender.engine).get("pending", 0) == 0, timeout=60)
     assert _states(sender.engine) == {"satisfied": len(acked), "violated": len(unacked)}

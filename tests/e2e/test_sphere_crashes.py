@@ -9,7 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,39 +19,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from condmsg import Destination, protocol, sender_tables
-from condmsg.acks import AckKind
 from condmsg.sphere_outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
 from condmsg.sphere_participants import prepared_gids
-from condmsg.timeutil import utcnow
 
-from .conftest import ROOT, SECRET, Procs, wait_for
+from .conftest import ROOT, SECRET, Procs, publish_acks, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres]
-
-
-def _publish_acks(amqp_url: str, sender: str, pairs: list[tuple[str, str]]) -> None:
-    """Genuine READ acks for ``(cm_id, queue)`` straight to the ack queue."""
-    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
-    try:
-        channel = connection.channel()
-        channel.confirm_delivery()
-        for cm_id, queue in pairs:
-            ack = protocol.AckMessage(
-                ack_id=uuid.uuid4().hex,
-                cm_id=cm_id,
-                destination=queue,
-                kind=AckKind.READ,
-                read_at=utcnow(),
-                committed_at=None,
-                recipient=None,
-                receiver="e2e",
-                token=protocol.copy_token(SECRET, cm_id, queue, None),
-            )
-            channel.basic_publish(
-                "", protocol.ack_queue(sender), ack.to_json(), pika.BasicProperties(delivery_mode=2)
-            )
-    finally:
-        connection.close()
 
 
 def _sphere_outcomes(amqp_url: str, sender: str) -> list[SphereOutcome]:
@@ -132,14 +104,14 @@ def test_the_evaluator_killed_mid_sphere(procs: Procs, world: tuple[Any, sa.Engi
         if i < 6:
             ds.commit()  # committed before the crash (prepared transactions held)
         spheres.append(ds)
-    _publish_acks(procs.amqp_url, procs.sender, [(first, q) for first, _ in members])
+    publish_acks(procs.amqp_url, procs.sender, [(first, q) for first, _ in members])
     wait_for(lambda: len(_rows(engine, "SELECT 1 FROM condmsg_cm WHERE state = 'satisfied'")) >= 6)
     victim.send_signal(signal.SIGKILL)
     assert victim.wait(30) == -signal.SIGKILL
     # While it is down: the second members are acked (but every fourth sphere's never is),
     # and the other spheres are committed.
     fails = {i for i in range(12) if i % 4 == 0}
-    _publish_acks(
+    publish_acks(
         procs.amqp_url, procs.sender, [(m[1], q) for i, m in enumerate(members) if i not in fails]
     )
     for ds in spheres[6:]:
@@ -243,7 +215,7 @@ def test_the_sender_killed_after_prepare_transaction(
     assert child.wait(30) == -signal.SIGKILL
     gid = f"condmsg-{began['sphere_id']}-p1"
     assert _our_prepared(engine) == [gid]  # in doubt: prepared, and its process gone
-    _publish_acks(procs.amqp_url, procs.sender, [(began["member"], q)])
+    publish_acks(procs.amqp_url, procs.sender, [(began["member"], q)])
     # The member is satisfied; the sphere's outcome comes from its recorded commit (or the
     # lack of one: then its timeout).
     wait_for(lambda: _spheres(engine)[began["sphere_id"]] == verdict, timeout=30)

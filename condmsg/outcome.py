@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from condmsg.errors import ProtocolError
@@ -44,6 +44,18 @@ class Outcome:
             facts=tuple(facts_to_dict(f) for f in result.destinations),
         )
 
+    @classmethod
+    def from_row(cls, row: Any) -> Outcome:
+        """The outcome of a decided ``condmsg_cm`` row (its decision columns)."""
+        return cls(
+            cm_id=row.cm_id,
+            verdict=Verdict(row.state),
+            reasons=tuple(json.loads(row.reasons_json or "[]")),
+            decided_at=_as_utc(row.decided_at),
+            effective_at=_as_utc(row.effective_at),
+            facts=tuple(json.loads(row.facts_json or "[]")),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "v": PROTOCOL_VERSION,
@@ -72,6 +84,11 @@ class Outcome:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ProtocolError(f"malformed outcome document ({exc!r})") from None
+
+
+def _as_utc(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes; condmsg stores UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def facts_to_dict(facts: DestinationFacts) -> dict[str, Any]:

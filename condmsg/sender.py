@@ -31,7 +31,7 @@ from condmsg.conditions import Condition
 from condmsg.copies import check_app_headers, plan_fanouts
 from condmsg.db import make_engine
 from condmsg.errors import BrokerError, ConditionError, ConfigError, ProtocolError
-from condmsg.evaluation import Verdict, evaluate
+from condmsg.evaluation import evaluate
 from condmsg.outcome import Outcome
 from condmsg.outgoing import Outgoing, new_cm_id
 from condmsg.payloads import JSON, encode_payload
@@ -327,14 +327,7 @@ class Sender(OwnsOutbox):
             if row is None:
                 raise ConfigError(f"unknown conditional message {cm_id!r} in this sender's store")
             if row.state != sender_tables.CmState.PENDING.value:
-                return Outcome(
-                    cm_id=cm_id,
-                    verdict=Verdict(row.state),
-                    reasons=tuple(json.loads(row.reasons_json or "[]")),
-                    decided_at=_utc(row.decided_at),
-                    effective_at=_utc(row.effective_at),
-                    facts=tuple(json.loads(row.facts_json or "[]")),
-                )
+                return Outcome.from_row(row)
             if time.monotonic() >= deadline:
                 return None
             time.sleep(poll_s)
@@ -441,10 +434,6 @@ def _shape(condition: Condition) -> _Shape:
         window=condition.evaluation_window(),
         first_check=None if first is None else first - origin,
     )
-
-
-def _utc(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def create_tables(engine: Engine) -> None:

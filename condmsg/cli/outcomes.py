@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -97,7 +96,6 @@ def _follow(args: argparse.Namespace) -> int:
 def _decided(args: argparse.Namespace) -> int:
     from condmsg import sender_tables
     from condmsg.db import make_engine
-    from condmsg.evaluation import Verdict
     from condmsg.outcome import Outcome
 
     cms = sender_tables.cms
@@ -112,21 +110,7 @@ def _decided(args: argparse.Namespace) -> int:
     try:
         with engine.connect() as conn:
             for row in conn.execute(query):
-                _emit(
-                    Outcome(
-                        cm_id=row.cm_id,
-                        verdict=Verdict(row.state),
-                        reasons=tuple(json.loads(row.reasons_json or "[]")),
-                        decided_at=_utc(row.decided_at),
-                        effective_at=_utc(row.effective_at),
-                        facts=tuple(json.loads(row.facts_json or "[]")),
-                    ).to_dict()
-                )
+                _emit(Outcome.from_row(row).to_dict())
     finally:
         engine.dispose()
     return 0
-
-
-def _utc(value: datetime) -> datetime:
-    """SQLite hands back naive datetimes; the store holds UTC."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

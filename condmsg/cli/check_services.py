@@ -21,6 +21,7 @@ import pika.exceptions
 import sqlalchemy as sa
 
 import outbox
+from ackd.ack_watch import STALE_AFTER_S
 from condmsg import migrate, protocol
 from condmsg.amqp import connect, describe_url
 from condmsg.cli.failures import database_problem
@@ -87,15 +88,11 @@ def _database(url: str, store: str | None) -> str | None:
     return None
 
 
-#: Rows older than this have not met a relay (a running one publishes within a second).
-STUCK_AFTER_S = 30.0
-
-
 def _stuck_outbox(engine: sa.Engine) -> str | None:
     """A store whose outbox nobody publishes: its acks (or copies) never leave."""
     status = outbox.OutboxStore(engine).status()
     age = status.oldest_pending_age_s
-    if age is None or age <= STUCK_AFTER_S:
+    if age is None or age <= STALE_AFTER_S:
         return None
     return (
         f"{status.pending} message(s) have waited up to {age:.0f} s in the outbox of "

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from condmsg.archive_layout import (
 )
 from condmsg.errors import StoreError
 from condmsg.export_files import ExportTarget, merged_days, previous_first
-from condmsg.timeutil import utcnow
+from condmsg.timeutil import stored_instant, utcnow
 
 BATCH_ROWS = 50_000
 #: The label of the instant naming a row's day partition, after the table's columns.
@@ -69,10 +69,7 @@ def day_start(instant: datetime) -> datetime:
 
 
 def _utc(value: Any) -> Any:
-    # SQLite hands back naive datetimes; the store only ever writes UTC instants.
-    if isinstance(value, datetime):
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    return value
+    return stored_instant(value) if isinstance(value, datetime) else value
 
 
 def _selects(

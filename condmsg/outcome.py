@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from condmsg.errors import ProtocolError
 from condmsg.evaluation import DestinationFacts, EvaluationResult, Verdict
 from condmsg.protocol import PROTOCOL_VERSION, compact_json, format_instant, parse_instant
+from condmsg.timeutil import stored_instant
 
 OUTCOME_CONTENT_TYPE = "application/vnd.condmsg.outcome+json"
 OUTCOME_TYPE = "condmsg.outcome"
@@ -51,8 +52,8 @@ class Outcome:
             cm_id=row.cm_id,
             verdict=Verdict(row.state),
             reasons=tuple(json.loads(row.reasons_json or "[]")),
-            decided_at=_as_utc(row.decided_at),
-            effective_at=_as_utc(row.effective_at),
+            decided_at=stored_instant(row.decided_at),
+            effective_at=stored_instant(row.effective_at),
             facts=tuple(json.loads(row.facts_json or "[]")),
         )
 
@@ -84,11 +85,6 @@ class Outcome:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ProtocolError(f"malformed outcome document ({exc!r})") from None
-
-
-def _as_utc(value: datetime) -> datetime:
-    # SQLite hands back naive datetimes; condmsg stores UTC.
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def facts_to_dict(facts: DestinationFacts) -> dict[str, Any]:

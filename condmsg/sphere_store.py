@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from condmsg import sender_tables
 from condmsg.sphere_outcome import MemberFacts, SphereFacts
 from condmsg.store_values import ParticipantState, SphereState
+from condmsg.timeutil import stored_instant
 
 Bind = Session | Connection
 
@@ -38,10 +39,7 @@ _UNRESOLVED = (
 
 
 def _utc(value: datetime | None) -> datetime | None:
-    # SQLite hands back naive datetimes, psycopg the session's time zone; all are UTC.
-    if value is None:
-        return None
-    return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return None if value is None else stored_instant(value)
 
 
 class SphereRow(NamedTuple):

@@ -60,6 +60,13 @@ def iso(value: datetime) -> str:
     return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def stored_instant(value: datetime) -> datetime:
+    """An instant read back from a store, as an aware UTC datetime: SQLite hands back naive
+    datetimes and psycopg the session's time zone, and everything condmsg stores is UTC
+    (the evaluation is quickest on ``datetime.UTC`` itself)."""
+    return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
 def parse_cli_instant(text: str) -> datetime:
     """An instant given on a command line (``--since``, ``--until``): ISO 8601, UTC where
     it has no offset. Raises ``argparse.ArgumentTypeError`` (argparse's usage error)."""
@@ -69,7 +76,7 @@ def parse_cli_instant(text: str) -> datetime:
         value = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 instant: {text!r}") from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return stored_instant(value)
 
 
 def describe_duration(value: timedelta) -> str:

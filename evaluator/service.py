@@ -52,7 +52,7 @@ WORKER_STOP_S = 5.0
 FIRST_RECONNECT_S = 0.2
 MAX_RECONNECT_S = 10.0
 #: Refusals of the credentials in a row after which the service exits (non-zero) instead of
-#: retrying: about 6 s of backoff, long enough for a broker that is still setting up users.
+#: retrying: about 3 s of backoff, long enough for a broker that is still setting up users.
 AUTH_ATTEMPTS = 5
 
 

@@ -13,7 +13,7 @@ acks, decides, and writes the outcome actions to the outbox in one transaction.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 from typing import Any, NamedTuple, Protocol
 
@@ -23,6 +23,7 @@ from condmsg import sender_tables
 from condmsg.acks import Ack
 from condmsg.condition_codec import condition_from_json
 from condmsg.conditions import Condition
+from condmsg.timeutil import stored_instant
 
 #: The keys of an ack row for :meth:`AckStore.insert_acks`: the ``condmsg_ack`` columns.
 ACK_ROW_KEYS = tuple(sender_tables.acks.c.keys())
@@ -39,11 +40,8 @@ def parse_condition(document: str) -> Condition:
     return condition_from_json(document)
 
 
-def to_utc(value: datetime) -> datetime:
-    """A stored instant as an aware UTC datetime."""
-    # SQLite hands back naive datetimes, psycopg the session's time zone; everything
-    # condmsg stores is UTC (and the evaluation is quickest on datetime.UTC itself).
-    return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
+#: A stored instant as an aware UTC datetime.
+to_utc = stored_instant
 
 
 class CmRow(NamedTuple):

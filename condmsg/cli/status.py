@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,7 +20,7 @@ from condmsg.db import make_engine
 from condmsg.evaluation import evaluate
 from condmsg.settings import Settings
 from condmsg.sphere_store import SPHERES, SphereRow
-from condmsg.timeutil import iso, utcnow
+from condmsg.timeutil import iso, stored_instant, utcnow
 
 
 def register(subparsers: Any) -> None:
@@ -33,9 +33,7 @@ def register(subparsers: Any) -> None:
 
 
 def _utc(value: datetime | None) -> datetime | None:
-    if value is None:
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return None if value is None else stored_instant(value)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -421,7 +421,8 @@ class SphereCoordinator:
         while True:
             with self._engine.connect() as conn:
                 row = self.store.sphere(conn, sphere_id)
-                members = self.store.members(conn, [sphere_id])[sphere_id] if row else []
+                decided = row is not None and row.decided
+                members = self.store.members(conn, [sphere_id])[sphere_id] if decided else []
             if row is None:
                 raise SphereError(f"no sphere {sphere_id!r} in this sender's store")
             if row.decided:

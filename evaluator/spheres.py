@@ -45,7 +45,11 @@ def settle_spheres(
         its = members.get(sphere.sphere_id, [])
         judgement = judge_sphere(sphere_facts(sphere, its), effective)
         if not judgement.decided:
-            spheres.set_next_check(session, sphere.sphere_id, sphere.deadline + ack_grace)
+            # Looked at again once its deadline has passed by the grace (a commit, an abort
+            # or a member's decision brings it back sooner).
+            later = sphere.deadline + ack_grace
+            if sphere.next_check_at != later:
+                spheres.set_next_check(session, sphere.sphere_id, later)
             continue
         assert judgement.effective_at is not None
         won = spheres.decide(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -42,7 +42,7 @@ from spark_audit.alongside import run_alongside
 from spark_audit.checks import DEFAULT_CHECKS, CheckSpec, run_checks, status
 from spark_audit.details import AuditFrames, write_detail_tables
 from spark_audit.output import SMALL_SCHEMAS, TableWriter
-from spark_audit.readers import AuditInput, Window, apply_window, sent_in
+from spark_audit.readers import AuditInput, Window, sent_in
 from spark_audit.reevaluate.recompute import judge_cut
 from spark_audit.report import render
 from spark_audit.schemas import local_frame
@@ -95,7 +95,7 @@ class AuditResult:
     out: str | None
     timings: dict[str, float] = field(default_factory=dict)
     #: Every table of the audit as a frame (those written: read from where they were).
-    tables: dict[str, DataFrame] = field(default_factory=dict)
+    tables: Mapping[str, DataFrame] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -243,7 +243,7 @@ def _run(
     clock.step("wrote the detail tables")
     cached.release()
     clock.next("the spheres re-judged")
-    spheres = write_sphere_tables(apply_window(data, window), writer)
+    spheres = write_sphere_tables(data, window, writer)
     clock.step("re-judged the spheres")
 
     totals = {

@@ -13,6 +13,7 @@ Files are written only when ``out`` is given (the same tables, ``summary.json`` 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -57,7 +58,7 @@ class Audit:
     summary: dict[str, Any]
     window: Window
     cms: DataFrame
-    tables: dict[str, DataFrame]
+    tables: Mapping[str, DataFrame]
     spheres: DataFrame
 
 

@@ -1,15 +1,17 @@
 """The audit's tables under ``tables/``: their writer and the schemas of the small ones.
 
-Every table is written by Spark's Parquet writer, so the output location can be any
-Hadoop URI (``file://``, ``hdfs://``, ``s3a://``). Small tables are built on the driver
-(collected rows, or rows computed there) and written as one file each from a frame of
-those rows; a detail table with more than :data:`DRIVER_ROWS` rows is written straight
-from its query, by the executors.
+Every location is a Hadoop URI (``file://``, ``hdfs://``, ``s3a://``) or a plain path. A
+detail table with more than :data:`DRIVER_ROWS` rows is written straight from its query
+by Spark's Parquet writer, on the executors. The other tables are small and already on
+the driver (collected rows, or rows computed there): each is written as one Parquet file
+through Hadoop's FileSystem API (:func:`spark_audit.storage.write_parquet`), in the
+layout Spark's writer leaves, because a Spark job per table would cost more than the
+audit's work on a small input.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import reduce
 from typing import Any
@@ -19,8 +21,8 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.util import inheritable_thread_target
 
+from spark_audit import storage
 from spark_audit.settings import one_shuffle_partition
 from spark_audit.storage import child
 
@@ -116,6 +118,39 @@ CM_SCHEMAS: dict[str, pa.Schema] = {
         [("cm_id", _STR), ("sender", _STR), ("condition_json", _STR), ("error", _STR)]
     ),
 }
+#: The sphere tables (:mod:`spark_audit.sphere_audit`), written with these schemas when
+#: the window has no spheres; ``tests/spark/test_spheres.py`` holds them to the frames'.
+SPHERE_SCHEMAS: dict[str, pa.Schema] = {
+    "sphere_discrepancies": pa.schema(
+        [
+            ("sphere_id", _STR),
+            ("sender", _STR),
+            ("stored_verdict", _STR),
+            ("recomputed_verdict", _STR),
+            ("agrees", pa.bool_()),
+            ("recomputed_reason", _STR),
+            ("deadline", _TS),
+            ("committed_at", _TS),
+            ("aborted_at", _TS),
+            ("decided_at", _TS),
+            ("effective_at", _TS),
+            ("members_recorded", pa.int32()),
+            ("members_found", _I64),
+            ("members_satisfied_in_time", _I64),
+            ("members_violated", _I64),
+            ("stored_reasons_json", _STR),
+        ]
+    ),
+    "sphere_early_releases": pa.schema(
+        [
+            ("sphere_id", _STR),
+            ("cm_id", _STR),
+            ("destination", _STR),
+            ("released_at", _TS),
+            ("sphere_decided_at", _TS),
+        ]
+    ),
+}
 DISCREPANCY_SCHEMA = pa.schema(
     [
         ("cm_id", _STR),
@@ -135,19 +170,40 @@ DISCREPANCY_SCHEMA = pa.schema(
 )
 
 
+class Tables(Mapping[str, DataFrame]):
+    """The audit's tables as frames by name. A table held by the driver becomes a frame
+    only when asked for (a frame of local rows costs the driver a plan), then stays one."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self.frames: dict[str, DataFrame] = {}
+        self.local: dict[str, pa.Table] = {}
+
+    def __getitem__(self, name: str) -> DataFrame:
+        if name not in self.frames:
+            self.frames[name] = self.spark.createDataFrame(self.local[name])
+        return self.frames[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**self.local, **self.frames})
+
+    def __len__(self) -> int:
+        return len({**self.local, **self.frames})
+
+
 class TableWriter:
     """Writes the tables under ``root`` (a path or URI; None: writes nothing) and keeps
     each as a frame (:attr:`tables`), with its row count and samples.
 
-    The small tables are written in the background (:data:`BACKGROUND_WRITES` at a time):
-    each is a Spark job of one task whose time is nearly all the driver's (planning, the
-    output committer's file operations), so the audit's next steps run meanwhile.
-    :meth:`wait` for them before relying on the files; :meth:`close` in any case."""
+    The tables on the driver are written in the background (:data:`BACKGROUND_WRITES` at
+    a time): on an object store each file is a few requests, which the audit's next
+    steps need not wait for. :meth:`wait` for them before relying on the files;
+    :meth:`close` in any case."""
 
     def __init__(self, spark: SparkSession, root: str | None) -> None:
         self.spark = spark
         self.root = root
-        self.tables: dict[str, DataFrame] = {}
+        self.tables = Tables(spark)
         self.counts: dict[str, int] = {}
         self.collected: dict[str, list[dict[str, Any]]] = {}
         self._pool: ThreadPoolExecutor | None = None
@@ -165,25 +221,19 @@ class TableWriter:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def _write_later(self, frame: DataFrame, location: str) -> None:
+    def _write_later(self, table: pa.Table, location: str) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(BACKGROUND_WRITES, "condmsg-audit-write")
-
-        def write() -> None:
-            frame.coalesce(1).write.mode("overwrite").parquet(location)
-
-        # The thread's jobs carry the step's job group and description.
-        self._pending.append(self._pool.submit(inheritable_thread_target(self.spark)(write)))
+        self._pending.append(self._pool.submit(storage.write_parquet, self.spark, location, table))
 
     def rows(self, name: str, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
         self.arrow(name, pa.Table.from_pylist(rows, schema=schema), keep_all=True)
 
     def arrow(self, name: str, table: pa.Table, *, keep_all: bool = False) -> None:
-        """A table computed on the driver: a frame of its rows, written as one file."""
-        frame = self.spark.createDataFrame(table)
-        self.tables[name] = frame
+        """A table computed on the driver, written as one file."""
+        self.tables.local[name] = table
         if self.root is not None:
-            self._write_later(frame, child(self.root, name))
+            self._write_later(table, child(self.root, name))
         self.counts[name] = table.num_rows
         if keep_all:
             self.collected[name] = table.to_pylist()
@@ -223,7 +273,7 @@ class TableWriter:
         elif expected <= DRIVER_ROWS:
             self.arrow(name, frame.toArrow())
         elif self.root is None:
-            self.tables[name] = frame
+            self.tables.frames[name] = frame
             self.counts[name] = frame.count()
             if name in SAMPLED_TABLES and self.counts[name]:
                 rows = frame.limit(SAMPLE_ROWS).collect()
@@ -232,7 +282,7 @@ class TableWriter:
             path = child(self.root, name)
             frame.write.mode("overwrite").parquet(path)
             written = frame.sparkSession.read.parquet(path)
-            self.tables[name] = written
+            self.tables.frames[name] = written
             self.counts[name] = written.count()
             if name in SAMPLED_TABLES and self.counts[name]:
                 rows = written.limit(SAMPLE_ROWS).collect()

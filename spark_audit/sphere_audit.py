@@ -4,8 +4,8 @@ sphere rules over their members do not reproduce) and ``sphere_early_releases`` 
 compensations released before their sphere was decided).
 
 Spheres are few beside CMs: one small job counts them, and only an input that has some
-is joined with its CMs (an export written before spheres were exported has none, and
-its audit scans nothing more).
+is cut and joined with its CMs; without spheres both tables are written empty, with
+their schemas (:data:`spark_audit.output.SPHERE_SCHEMAS`), and nothing more is planned.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_audit.output import TableWriter
-from spark_audit.readers import AuditInput
+from spark_audit.output import SPHERE_SCHEMAS, TableWriter
+from spark_audit.readers import AuditInput, Window, apply_window, cut_spheres
 from spark_audit.transforms.spheres import (
     JUDGED_COLUMNS,
     SATISFIED,
@@ -27,29 +27,32 @@ DISCREPANCIES = "sphere_discrepancies"
 EARLY_RELEASES = "sphere_early_releases"
 
 
-def write_sphere_tables(cut: AuditInput, writer: TableWriter) -> dict[str, int]:
-    """The spheres of ``cut`` (the input cut at the window) judged and checked; writes the
-    detail tables and returns the counts: ``spheres`` (in the window), ``decided``,
-    ``satisfied``, ``violated`` (as stored), ``disagreements`` and ``early_releases``."""
+def write_sphere_tables(data: AuditInput, window: Window, writer: TableWriter) -> dict[str, int]:
+    """The spheres of ``data`` in ``window`` judged and checked; writes the detail tables
+    and returns the counts: ``spheres`` (in the window), ``decided``, ``satisfied``,
+    ``violated`` (as stored), ``disagreements`` and ``early_releases``."""
     counts = _one_row(
-        cut.spheres.agg(
+        cut_spheres(data.spheres, window).agg(
             F.count(F.lit(1)).alias("spheres"),
             F.count(F.when(F.col("state").isin(SATISFIED, VIOLATED), True)).alias("decided"),
             F.count(F.when(F.col("state") == SATISFIED, True)).alias("satisfied"),
             F.count(F.when(F.col("state") == VIOLATED, True)).alias("violated"),
         )
     )
+    if not counts["spheres"]:
+        for name in (DISCREPANCIES, EARLY_RELEASES):
+            writer.arrow(name, SPHERE_SCHEMAS[name].empty_table())
+        return {**counts, "disagreements": 0, "early_releases": 0}
+    cut = apply_window(data, window)
     judged = judge_spheres(cut.spheres, cut.cms)
     wrong = judged.where(~F.col("agrees")).select(*JUDGED_COLUMNS)
     early = early_releases(cut.spheres, cut.cms, cut.compensations)
-    found = {"disagreements": 0, "early_releases": 0}
-    if counts["spheres"]:
-        # Both detail tables counted by one job.
-        found = _one_row(
-            wrong.agg(F.count(F.lit(1)).alias("disagreements")).crossJoin(
-                early.agg(F.count(F.lit(1)).alias("early_releases"))
-            )
+    # Both detail tables counted by one job.
+    found = _one_row(
+        wrong.agg(F.count(F.lit(1)).alias("disagreements")).crossJoin(
+            early.agg(F.count(F.lit(1)).alias("early_releases"))
         )
+    )
     writer.frames(
         {
             DISCREPANCIES: (wrong, found["disagreements"]),

@@ -1,14 +1,16 @@
-"""The audit's table writer: detail tables collected by one query, or written by Spark."""
+"""The audit's table writer: detail tables collected by one query, or written by Spark; the
+tables on the driver written through Hadoop's FileSystem API."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_audit import output
+from spark_audit import output, storage
 from spark_audit.output import TableWriter
 from tests.spark.conftest import SPARK_MARKS
 
@@ -65,3 +67,39 @@ def test_one_small_table_is_collected_alone(spark: Any, tmp_path: Path) -> None:
     writer.close()
     assert writer.counts == {"one": 1, "empty": 0}
     assert _read(tmp_path, "one").to_pylist() == [{"ack_id": "a"}]
+
+
+def test_a_driver_table_is_written_where_spark_reads_it_and_replaces_the_last(
+    spark: Any, tmp_path: Path
+) -> None:
+    schema = pa.schema([("kind", pa.string()), ("at", pa.timestamp("us", tz="UTC"))])
+    first = pa.Table.from_pylist([{"kind": "old", "at": None}] * 3, schema=schema)
+    at = pa.scalar(1_700_000_000_000_000, pa.timestamp("us", tz="UTC"))
+    second = pa.Table.from_pylist([{"kind": "new", "at": at.as_py()}], schema=schema)
+    location = (tmp_path / "tables" / "kinds").as_uri()
+    storage.write_parquet(spark, location, first)
+    storage.write_parquet(spark, location, second)
+
+    # (Hadoop's local filesystem adds a hidden ``.crc`` file beside each.)
+    written = sorted(p.name for p in (tmp_path / "tables" / "kinds").iterdir() if p.name[0] != ".")
+    assert written == sorted([storage.PART_FILE, storage.SUCCESS_FILE])
+    read = spark.read.parquet(location)
+    assert dict(read.dtypes) == {"kind": "string", "at": "timestamp"}
+    assert [(r["kind"], r["at"].timestamp()) for r in read.collect()] == [("new", 1_700_000_000.0)]
+    assert pq.read_table(tmp_path / "tables" / "kinds").to_pylist() == second.to_pylist()
+
+
+def test_the_tables_on_the_driver_become_frames_when_asked_for(spark: Any, tmp_path: Path) -> None:
+    writer = TableWriter(spark, None)
+    writer.rows(
+        "anomaly_counts",
+        [{"kind": "duplicate", "count": 2}],
+        output.SMALL_SCHEMAS["anomaly_counts"],
+    )
+    assert list(writer.tables) == ["anomaly_counts"] and not writer.tables.frames
+    assert writer.tables["anomaly_counts"].collect()[0].asDict() == {
+        "kind": "duplicate",
+        "count": 2,
+    }
+    assert writer.tables["anomaly_counts"] is writer.tables["anomaly_counts"]
+    assert not (tmp_path / "anomaly_counts").exists()  # no root: nothing written

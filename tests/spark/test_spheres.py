@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
@@ -19,6 +20,7 @@ from condmsg.conditions import Destination
 from condmsg.export import export_store
 from condmsg.sphere_outcome import MemberFacts, SphereFacts, judge_sphere
 from spark_audit.job import AuditOptions, run_audit
+from spark_audit.output import SPHERE_SCHEMAS
 from spark_audit.readers import AuditInput, Window, cut_spheres, read_parquet
 from spark_audit.transforms.spheres import judge_spheres
 from tests.spark.builders import T0, ack_row, at, cm_row, frame
@@ -204,6 +206,15 @@ def test_a_forged_sphere_verdict_and_an_early_compensation_are_reported(
     assert early["released_at"] < early["sphere_decided_at"]
     report = (tmp_path / "report.html").read_text()
     assert "Dependency-Spheres" in report and "forged" in report
+    # The schemas a window without spheres is written with are these tables'.
+    for name, schema in SPHERE_SCHEMAS.items():
+        assert _columns(pq.read_schema(next((tmp_path / "tables" / name).glob("*.parquet")))) == (
+            _columns(schema)
+        )
+
+
+def _columns(schema: pa.Schema) -> list[tuple[str, str]]:
+    return [(field.name, str(field.type)) for field in schema]
 
 
 def test_spheres_decided_after_the_cut_are_not_judged(spark: Any, tmp_path: Path) -> None:
@@ -273,7 +284,9 @@ def test_an_export_from_before_spheres_audits(spark: Any, sqlite_url: str, tmp_p
     assert result.summary["spheres"]["spheres"] == 0
     assert result.summary["metrics"]["sphere_discrepancies"] == 0
     assert result.status == "pass"
-    assert pq.read_table(tmp_path / "audit" / "tables" / "sphere_discrepancies").num_rows == 0
+    for name, schema in SPHERE_SCHEMAS.items():
+        empty = pq.read_table(tmp_path / "audit" / "tables" / name)
+        assert (empty.num_rows, _columns(empty.schema)) == (0, _columns(schema))
 
 
 @pytest.mark.parametrize("until", [at(500), at(700)])

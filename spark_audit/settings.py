@@ -55,7 +55,7 @@ def audit_settings(spark: SparkSession, partitions: int) -> Iterator[None]:
       (``partitions_for``; the run raises it once it knows the number of CMs), except
       the few small queries, which run on one (:func:`one_shuffle_partition`). With
       Spark's default of 200, every stage after a shuffle would run 200 tiny tasks
-      (see docs/audit-performance.md);
+      (see bench/RESULTS.md);
     * files are read in splits sized for :data:`READ_SPLITS` per partition the run
       starts with, ``partitions`` (``spark.sql.files.minPartitionNum``, unless the
       session sets it; a split never gets smaller than a Parquet row group or
@@ -113,7 +113,7 @@ def partitions_for(spark: SparkSession, cms: int, least: int) -> int:
     """The audit's partitions, of the shared frames and of its shuffles: ``least`` (the
     options' or :func:`least_partitions`), or more where the CMs would give a partition
     more than :data:`CMS_PER_PARTITION` on average (the per-CM hash tables of a task, the
-    join's and the aggregation's, then stay small; docs/audit-performance.md has the
+    join's and the aggregation's, then stay small; bench/RESULTS.md has the
     measurements behind the bound). The user's ``spark.sql.shuffle.partitions`` (at
     launch) is taken as it is."""
     if launch_setting(spark, SHUFFLE_PARTITIONS) is not None:

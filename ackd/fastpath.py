@@ -35,11 +35,11 @@ fall back on its own would need a ``SAVEPOINT`` in every commit, which costs the
 more than the fallback is worth). A connection that keeps losing them (a pooler in
 transaction mode) gets plain statements from then on.
 
-What was measured and rejected: psycopg's pipeline mode saves the same round trips with
-bound parameters, but on a local socket it costs more than it saves (twice the client
-CPU of plain statements and a longer wall time per message); psycopg's client-side
-binding (``ClientCursor.mogrify``) adapts each value through its adapter registry, several
-times the cost of the literals rendered here. The figures are in ``bench/RESULTS.md``.
+Why not psycopg's own ways: its pipeline mode saves the same round trips with bound
+parameters, but on a local socket it costs more than it saves (more client CPU than plain
+statements, and a longer wall time per message); its client-side binding
+(``ClientCursor.mogrify``) adapts each value through its adapter registry, which costs
+more than the literals rendered here. The figures are in ``bench/RESULTS.md``.
 
 Both statements run on the session's own connection, so they are part of the app's
 transaction exactly as portable SQLAlchemy statements would be. The receiver reaches them

@@ -25,8 +25,8 @@ class Outgoing:
 
 
 def new_cm_id() -> str:
-    """A random (version 4) UUID in its text form, as ``str(uuid.uuid4())`` makes it at
-    twice the cost (a send makes one per CM)."""
+    """A random (version 4) UUID in its text form, as ``str(uuid.uuid4())`` makes it, built
+    more cheaply than that (a send makes one per CM)."""
     raw = bytearray(os.urandom(16))
     raw[6] = raw[6] & 0x0F | 0x40  # version 4
     raw[8] = raw[8] & 0x3F | 0x80  # the RFC 4122 variant

@@ -13,8 +13,8 @@ How a claim works, and why:
   rows the broker refused or nacked are written back first (parked as failed, or pending
   with a retry time), with their ids. A broker failure rolls the transaction back and the
   rows are pending again, untouched. Locking and deleting in one statement touches each
-  row once: a separate ``SELECT … FOR UPDATE`` and ``DELETE`` touched it twice and cost
-  the relay about half its throughput.
+  row once, where a separate ``SELECT … FOR UPDATE`` and ``DELETE`` would touch it twice
+  and slow the relay down (figures in ``bench/RESULTS.md``).
 * SQLite has no row locks: the claim is a plain read and only one relay may run against a
   SQLite database (documented); settling happens in one short write transaction.
 

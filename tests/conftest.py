@@ -87,8 +87,8 @@ _cleanup_connection: list[object] = []
 
 
 def _delete_queues_of(name: str) -> None:
-    """Delete every queue and exchange a test named after ``name`` (idempotent, ~0.3 ms
-    each). RabbitMQ 3.10 gives each queue file handles from a fixed budget (1024 by
+    """Delete every queue and exchange a test named after ``name`` (idempotent and cheap).
+    RabbitMQ 3.10 gives each queue file handles from a fixed budget (1024 by
     default); queues left behind by hundreds of tests exhaust it and new connections
     then hang in their handshake."""
     import pika

@@ -2,9 +2,9 @@
 
 The suite runs under ``pytest -n 2 --dist loadgroup``; every Spark test carries
 ``xdist_group("spark")`` (see ``pytestmark`` in each module), so they all run on one worker
-and share this session: starting a JVM costs seconds, a job ~100 ms. Expensive shared data
-(the generated store and its audit) is session-scoped too: xdist interleaves modules on a
-worker, which would tear a module-scoped fixture down and build it again.
+and share this session: starting a JVM costs far more than running a job. Expensive shared
+data (the generated store and its audit) is session-scoped too: xdist interleaves modules
+on a worker, which would tear a module-scoped fixture down and build it again.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ from spark_audit.session import SessionOptions, build_session
 from spark_audit.settings import audit_settings, least_partitions, partitions_for
 from spark_audit.templates import default_templates
 
-#: The targets (issue 29): the audit within 3x the floor at 10M acks and 4x the plain
+#: The targets: the audit within 3x the floor at 10M acks and 4x the plain
 #: scan + groupBy, and a warm audit of 20,000 acks within 3 s.
 TARGET_AUDIT_VS_FLOOR = 3.0
 TARGET_AUDIT_VS_SCAN = 4.0

@@ -176,7 +176,7 @@ def latency(db_url: str, queue: str) -> dict[str, float]:
     try:
         time.sleep(0.5)  # let the relay connect and LISTEN before the clock starts
         total = int(RATE * DURATION_S)
-        # One commit costs a few ms here (fsync); several producers share the steady rate.
+        # A commit waits for its fsync; several producers share the steady rate.
         t0 = time.monotonic()
         threads = [
             threading.Thread(target=_produce, args=(engine, queue, k, total, t0, commits))

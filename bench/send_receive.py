@@ -29,8 +29,8 @@
     ``transaction_read`` / raw >= 0.7.
 
 Baselines and subjects alternate, ``--rounds`` times; figures are medians over rounds.
-``--receive`` messages (3,000) make each receive measurement last 1.5-3 s: with 1,000,
-the consumer's start (qos, consume, the first prefetch window) weighed on both sides.
+``--receive`` messages (3,000) make each receive measurement long enough that the
+consumer's start (qos, consume, the first prefetch window) does not weigh on either side.
 Sender and receiver each get a fresh PostgreSQL schema (dropped afterwards); queues are
 unique to the run and deleted afterwards.
 
@@ -384,15 +384,15 @@ def app_row(message: Message, session: Session | None) -> None:
 
 
 def app_row_sa(message: Message, session: Session | None) -> None:
-    """The same SQL through SQLAlchemy's ``exec_driver_sql`` (its Core execution, about
-    25 µs of CPU a statement here, then counts against condmsg)."""
+    """The same SQL through SQLAlchemy's ``exec_driver_sql`` (its Core execution's CPU
+    then counts against condmsg)."""
     assert session is not None
     session.connection().exec_driver_sql(RAW_INSERT, (message.cm_id, message.body))
 
 
 def app_row_orm(message: Message, session: Session | None) -> None:
-    """The app's row through the ORM session's ``execute`` (SQLAlchemy's own cost, about
-    0.15 ms of CPU a message here, is then part of the figure)."""
+    """The app's row through the ORM session's ``execute`` (SQLAlchemy's own cost is then
+    part of the figure)."""
     assert session is not None
     session.execute(sa.insert(APP), [{"cm_id": message.cm_id, "body": message.body}])
 

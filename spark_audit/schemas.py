@@ -53,7 +53,7 @@ def local_frame(spark: SparkSession, rows: list[dict[str, Any]], schema: T.Struc
     """A small frame of driver-side ``rows`` (dicts) with ``schema``, built through Arrow.
 
     The rows reach the JVM as one Arrow stream: no Python worker has to start to unpickle
-    them (the first one costs about a second on a cold session).
+    them (the first one is slow to start on a cold session).
     """
     table = pa.Table.from_pylist(rows, schema=to_arrow_schema(schema, timezone="UTC"))
     return spark.createDataFrame(table, schema)

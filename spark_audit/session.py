@@ -70,15 +70,15 @@ def session_config(
         # --driver-java-options / spark.executor.extraJavaOptions.
         "spark.driver.extraJavaOptions": HUGE_METHODS,
         "spark.executor.extraJavaOptions": HUGE_METHODS,
-        # One audit generates about 160 classes (whole-stage code, the compiled verdicts);
-        # with Spark's default cache of 100, a second audit in the same JVM would compile
-        # most of them again with Janino, a large part of a warm audit's time (figures in
-        # bench/RESULTS.md). Static: it takes effect where this session starts the JVM.
+        # An audit generates more classes (whole-stage code, the compiled verdicts) than
+        # Spark's default cache of 100 holds, so a second audit in the same JVM would
+        # compile most of them again with Janino, a large part of a warm audit's time.
+        # Static: it takes effect where this session starts the JVM.
         "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
         # PySpark's DataFrame debugging records the Python call site in the JVM around
-        # every DataFrame and Column call: about five Py4J round trips each (the active
+        # every DataFrame and Column call: several Py4J round trips each (the active
         # session, the origin class, a config read, set and clear). Off, an audit makes
-        # about a third of the Py4J calls. Spark's error messages then name
+        # far fewer Py4J calls. Spark's error messages then name
         # the failing expression but not the Python line that built it.
         "spark.python.sql.dataFrameDebugging.enabled": "false",
     }

@@ -200,7 +200,7 @@ def enrich_acks(
     ``status``, ``dest_code`` for the destination (``other_destination`` is its name
     where ``dest_code`` is null). ``text``: also the text columns ``ack_id, cm_id,
     destination, kind, status`` (:data:`TEXT_COLUMNS`; without them the audit's cache of
-    this frame is much cheaper to build: text columns are the widest, see docs/audit.md).
+    this frame is cheaper to build: text columns are the widest, see docs/audit.md).
     """
     joined = _join_cms(_coded(_events(acks, compensations, window)), cms_cut)
     enriched = _on_time(_ack_columns(plans.with_leaves(joined.where(_in_cut(window)))))

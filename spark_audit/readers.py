@@ -28,7 +28,7 @@ from condmsg.archive_layout import (
     SPHERES,
 )
 from spark_audit import storage
-from spark_audit.schemas import SCHEMAS, conform
+from spark_audit.schemas import SCHEMAS, conform, local_frame
 
 _DECISION_COLUMNS = ("decided_at", "effective_at", "reasons_json", "facts_json", "decided_by")
 
@@ -207,7 +207,7 @@ def read_parquet(
         path = storage.child(root, table.name)
         column = partitioning.get(table.name)
         if not storage.exists(spark, path):
-            frame = spark.createDataFrame([], schema)
+            frame = local_frame(spark, [], schema)
         elif column is None:
             frame = spark.read.schema(schema).parquet(path)
         else:

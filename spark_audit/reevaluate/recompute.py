@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_audit.reevaluate.fallback import python_verdicts
-from spark_audit.schemas import SCHEMAS
+from spark_audit.schemas import SCHEMAS, local_frame
 from spark_audit.transforms.conditions import PlanSet, plan_set
 from spark_audit.transforms.enrich import (
     COUNTED_STATUS,
@@ -99,7 +99,7 @@ def recompute(cases: DataFrame, acks: DataFrame, *, native: bool = True) -> Data
     ranks = cm_ranks(cut)
     if ranks is not None:
         cut = cut_cms(cms, plans, None, partitions, ranks)
-    none = spark.createDataFrame([], SCHEMAS["compensations"])
+    none = local_frame(spark, [], SCHEMAS["compensations"])
     enriched = enrich_acks(acks.withColumn("status", F.lit(COUNTED_STATUS)), none, cut, plans, None)
     judged = judge_cut(cut, enriched, plans, until=None, stale_grace=timedelta(0))
     ids = cut.select("cm_key", "cm_rank", "cm_id")

@@ -1,8 +1,9 @@
 """The audit on a real Spark standalone cluster: a master and one worker started from the
 pip package's launcher (``spark-class``) on 127.0.0.1, the audit run through
 ``spark-submit`` with the archive of ``make audit-dist`` on data at ``file://`` URIs; its
-summary must be the local-mode run's exactly. Both daemons (and the worker's executor)
-are stopped however the test ends."""
+summary must be the local-mode run's exactly, and the executor must have run with the
+user's Java option and the audit's. Both daemons (and the worker's executor) are stopped
+however the test ends."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import pytest
 from spark_audit import dist
 from spark_audit.cli import main as audit_main
 from spark_audit.generate import generate
+from spark_audit.session import HUGE_METHODS
 from tests.spark.conftest import SPARK_MARKS
 from tests.spark.test_generated_audit import SPEC as SMALL_SPEC
 
@@ -36,6 +38,8 @@ CMS = 10_500
 #: Keys of summary.json that describe the run rather than the audit's findings.
 RUN_KEYS = ("generated_at", "source", "spark", "timings_s")
 _START_S = 90.0
+#: HotSpot's quick compiler alone: what docs/audit.md advises for small audits.
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
 def _spark_bin(name: str) -> str:
@@ -166,6 +170,10 @@ def test_the_audit_on_a_standalone_cluster_matches_local_mode(
         *("--py-files", str(archive)),
         *("--driver-memory", "1g", "--executor-memory", "768m"),
         *("--conf", "spark.ui.enabled=false"),
+        # A small audit in fresh JVMs, configured as docs/audit.md advises: the user's
+        # Java options, to which the audit adds its own on the executors.
+        *("--driver-java-options", QUICK_JIT),
+        *("--conf", f"spark.executor.extraJavaOptions={QUICK_JIT}"),
         str(ROOT / "spark_audit" / "__main__.py"),
         *("--parquet", store.as_uri(), "--out", remote.as_uri(), "--quiet"),
     ]
@@ -180,8 +188,12 @@ def test_the_audit_on_a_standalone_cluster_matches_local_mode(
     with capsys.disabled():
         print(
             f"\n[cluster] spark-submit audit of {injected.acks} acks: {elapsed:.1f}s "
-            "(start-up included)"
+            f"(start-up included; {QUICK_JIT})"
         )
+    # The executor ran with the user's Java option and the audit's, merged.
+    (executor_log,) = (tmp_path / "work").glob("app-*/*/stderr")
+    launched = executor_log.read_text().splitlines()[0]
+    assert QUICK_JIT in launched and HUGE_METHODS in launched, launched
 
     local_summary = json.loads((local / "summary.json").read_text())
     remote_summary = json.loads((remote / "summary.json").read_text())

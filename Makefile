@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) $(JDBC_JAR) prepared-transactions services lint
-	$(BIN)/pytest -n 2 --dist loadgroup
+	$(BIN)/pytest -n 2 --dist loadgroup --durations=25
 
 demo: $(STAMP) prepared-transactions services
 	$(BIN)/python -m condmsg.demo

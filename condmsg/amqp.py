@@ -6,6 +6,7 @@ evaluator) opens its own connection and uses it from one thread only.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 import pika
@@ -20,6 +21,14 @@ def describe_url(url: str) -> str:
     host = parts.hostname or "localhost"
     port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
     return f"{parts.scheme or 'amqp'}://{host}:{port}{parts.path or '/'}"
+
+
+def broker_reason(exc: BaseException) -> str:
+    """The broker's own words in a refused connection (``NOT_ALLOWED - vhost x not
+    found``), which pika nests in its error's text; else that text."""
+    text = str(exc)
+    found = re.search(r"'([A-Z_]+ - [^']*)'", text)
+    return found.group(1) if found else text.splitlines()[0] if text else type(exc).__name__
 
 
 def connect(url: str, *, name: str = "condmsg", heartbeat: int = 30) -> pika.BlockingConnection:
@@ -39,10 +48,11 @@ def connect(url: str, *, name: str = "condmsg", heartbeat: int = 30) -> pika.Blo
             f"RabbitMQ at {describe_url(url)} refused the credentials; check the user and "
             "password in the AMQP URL"
         ) from None
-    except pika.exceptions.ProbableAccessDeniedError:
+    except pika.exceptions.ProbableAccessDeniedError as exc:
         raise BrokerAuthError(
-            f"RabbitMQ at {describe_url(url)} denied access to the virtual host; check the "
-            "vhost in the AMQP URL and the user's permissions on it"
+            f"RabbitMQ at {describe_url(url)} denied access to the virtual host "
+            f"({broker_reason(exc)}); check the vhost in the AMQP URL and the user's "
+            "permissions on it"
         ) from None
     except pika.exceptions.AMQPConnectionError as exc:
         raise BrokerError(

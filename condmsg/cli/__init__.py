@@ -5,9 +5,10 @@ Part of the application layer on top of the library: the commands start the serv
 are the only parts of ``condmsg`` that import them (DESIGN section 4).
 
 Each subcommand lives in its own module of this package and exposes
-``register(subparsers)``; the module is imported only when the parser is built, so
-``condmsg --help`` stays fast and a heavy dependency (pyspark) is loaded only by the
-command that needs it.
+``register(subparsers)``. A command line that names its command builds the parser of that
+command alone, so ``condmsg status`` does not import the receiver, the evaluator or the
+audit; ``condmsg --help`` (or a command it does not know) builds them all. pyspark is
+loaded only when ``condmsg audit`` runs.
 
 Exit codes: 0 done, 1 a failed check or outcome (a command says which), 2 a usage or
 configuration error, which includes a service or file the command cannot use: one line on
@@ -24,25 +25,34 @@ from collections.abc import Sequence
 
 from condmsg import __version__
 
-#: Modules of this package that provide subcommands, in ``--help`` order.
-COMMAND_MODULES = (
-    "version",
-    "check_services",
-    "db",
-    "send",
-    "consume",
-    "outcomes",
-    "relay",
-    "outbox_rows",
-    "evaluator",
-    "retention",
-    "status",
-    "export",
-    "audit",
-)
+#: Each command and the module of this package that provides it, in ``--help`` order.
+COMMANDS = {
+    "version": "version",
+    "check-services": "check_services",
+    "db": "db",
+    "send": "send",
+    "consume": "consume",
+    "outcomes": "outcomes",
+    "relay": "relay",
+    "outbox": "outbox_rows",
+    "evaluator": "evaluator",
+    "retention": "retention",
+    "status": "status",
+    "export": "export",
+    "audit": "audit",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def named_command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (its first argument that is not an option), if known."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of the command ``only``."""
     parser = argparse.ArgumentParser(
         prog="condmsg",
         description="Conditional messaging for RabbitMQ: send with conditions, "
@@ -53,14 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="show the traceback of an error, not one line"
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(f"condmsg.cli.{name}")
-        module.register(subparsers)
+    for command, module_name in COMMANDS.items():
+        if only is None or command == only:
+            importlib.import_module(f"condmsg.cli.{module_name}").register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(named_command(argv))
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:

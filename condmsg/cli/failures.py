@@ -17,7 +17,7 @@ import socket
 import pika.exceptions
 import sqlalchemy as sa
 
-from condmsg.amqp import describe_url
+from condmsg.amqp import broker_reason, describe_url
 from condmsg.cli.options import amqp_url, given_db_url
 from condmsg.db import describe_db_url
 from condmsg.errors import CondmsgError
@@ -72,7 +72,7 @@ def explain(exc: BaseException, args: argparse.Namespace) -> str | None:
         return f"RabbitMQ at {broker} refused the credentials; check the user and password"
     if isinstance(exc, pika.exceptions.ProbableAccessDeniedError):
         return (
-            f"RabbitMQ at {broker} refused access ({first_line(exc)}); check the virtual "
+            f"RabbitMQ at {broker} refused access ({broker_reason(exc)}); check the virtual "
             "host and the user's permissions"
         )
     if isinstance(exc, pika.exceptions.AMQPError):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -49,6 +50,11 @@ def test_a_reachable_broker_and_database_pass(amqp_url: str, pg_url: str) -> Non
 def test_a_wrong_password_fails(amqp_url: str, pg_url: str) -> None:
     wrong = amqp_url.replace("guest:guest@", "guest:wrong@")
     _fails_with(_check("--amqp-url", wrong, "--db-url", pg_url), "refused the credentials")
+
+
+def test_a_missing_virtual_host_fails_with_the_brokers_reason(amqp_url: str, pg_url: str) -> None:
+    missing = urlsplit(amqp_url)._replace(path="/no_such_vhost").geturl()
+    _fails_with(_check("--amqp-url", missing, "--db-url", pg_url), "vhost no_such_vhost not found")
 
 
 def test_a_missing_database_fails(amqp_url: str, pg_url: str) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from condmsg import __version__
-from condmsg.cli import main
+from condmsg.cli import COMMANDS, build_parser, main, named_command
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -158,3 +161,25 @@ def test_os_errors_name_the_file() -> None:
     )
     assert explain(FileNotFoundError(2, "gone", "/x.yaml"), args) == "no such file: /x.yaml"
     assert explain(RuntimeError("a bug"), args) is None
+
+
+def test_a_named_command_builds_only_its_parser() -> None:
+    """``condmsg status ...`` loads neither the receiver, the evaluator nor the audit."""
+    probe = (
+        "import sys; from condmsg.cli import build_parser, named_command\n"
+        "parser = build_parser(named_command(['--debug', 'status', 'some-cm']))\n"
+        "parser.parse_args(['status', 'some-cm'])\n"
+        "heavy = {'ackd', 'evaluator', 'spark_audit', 'pyarrow'}\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))"
+    )
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == "[]", ran.stdout + ran.stderr
+
+
+def test_help_and_an_unknown_command_build_every_parser() -> None:
+    assert named_command(["--help"]) is None
+    assert named_command(["--debug", "nonsense"]) is None
+    assert named_command(["outbox", "list"]) == "outbox"
+    parser = build_parser(None)
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(commands.choices) == list(COMMANDS)

@@ -61,6 +61,13 @@ DEFAULT_CHECKS: tuple[CheckSpec, ...] = (
         "every decided sphere's stored verdict equals the sphere rules over its members",
     ),
     CheckSpec(
+        "sphere_members_complete",
+        "sphere_member_mismatches",
+        E,
+        0,
+        "every decided sphere's recorded member count equals its members found in the log",
+    ),
+    CheckSpec(
         "no_compensation_before_sphere_decision",
         "sphere_early_releases",
         E,

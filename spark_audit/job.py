@@ -290,6 +290,8 @@ def _write_summary(
         counts[f"status:{problem}"] = ack_counts[problem]
     for metric, value in late_metrics.items():
         counts[f"metric:{metric}"] = value
+    counts["metric:sphere_disagreements"] = spheres["disagreements"]
+    counts["metric:sphere_member_mismatches"] = spheres["member_mismatches"]
     metrics = metrics_from(totals, counts, writer.collected)
     results = run_checks(metrics, options.checks)
     verdict = status(results)

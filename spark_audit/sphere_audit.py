@@ -1,6 +1,7 @@
 """The audit's Dependency-Sphere step: the counts of ``summary.json``'s ``spheres`` and
 the detail tables ``sphere_discrepancies`` (decided spheres whose stored verdict the
-sphere rules over their members do not reproduce) and ``sphere_early_releases`` (member
+sphere rules over their members do not reproduce, or whose recorded member count is not
+the number of members found) and ``sphere_early_releases`` (member
 compensations released before their sphere was decided).
 
 Spheres are few beside CMs: one small job counts them, and only an input that has some
@@ -30,7 +31,8 @@ EARLY_RELEASES = "sphere_early_releases"
 def write_sphere_tables(data: AuditInput, window: Window, writer: TableWriter) -> dict[str, int]:
     """The spheres of ``data`` in ``window`` judged and checked; writes the detail tables
     and returns the counts: ``spheres`` (in the window), ``decided``, ``satisfied``,
-    ``violated`` (as stored), ``disagreements`` and ``early_releases``."""
+    ``violated`` (as stored), ``disagreements``, ``member_mismatches`` and
+    ``early_releases``."""
     counts = _one_row(
         cut_spheres(data.spheres, window).agg(
             F.count(F.lit(1)).alias("spheres"),
@@ -42,22 +44,26 @@ def write_sphere_tables(data: AuditInput, window: Window, writer: TableWriter) -
     if not counts["spheres"]:
         for name in (DISCREPANCIES, EARLY_RELEASES):
             writer.arrow(name, SPHERE_SCHEMAS[name].empty_table())
-        return {**counts, "disagreements": 0, "early_releases": 0}
+        return {**counts, "disagreements": 0, "member_mismatches": 0, "early_releases": 0}
     cut = apply_window(data, window)
     judged = judge_spheres(cut.spheres, cut.cms)
-    wrong = judged.where(~F.col("agrees")).select(*JUDGED_COLUMNS)
+    disagrees = ~F.col("agrees")
+    # Every member of a decided sphere was sent before its decision, in the window: one
+    # recorded but not found is a member CM missing from the log.
+    incomplete = F.col("members_recorded") != F.col("members_found")
+    wrong = judged.where(disagrees | incomplete).select(*JUDGED_COLUMNS)
     early = early_releases(cut.spheres, cut.cms, cut.compensations)
     # Both detail tables counted by one job.
     found = _one_row(
-        wrong.agg(F.count(F.lit(1)).alias("disagreements")).crossJoin(
-            early.agg(F.count(F.lit(1)).alias("early_releases"))
-        )
+        judged.agg(
+            F.count(F.when(disagrees, True)).alias("disagreements"),
+            F.count(F.when(incomplete, True)).alias("member_mismatches"),
+            F.count(F.when(disagrees | incomplete, True)).alias("listed"),
+        ).crossJoin(early.agg(F.count(F.lit(1)).alias("early_releases")))
     )
+    listed = found.pop("listed")
     writer.frames(
-        {
-            DISCREPANCIES: (wrong, found["disagreements"]),
-            EARLY_RELEASES: (early, found["early_releases"]),
-        }
+        {DISCREPANCIES: (wrong, listed), EARLY_RELEASES: (early, found["early_releases"])}
     )
     return {**counts, **found}
 

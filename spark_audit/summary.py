@@ -8,7 +8,7 @@ removed one bumps the version)::
      "window": {"since", "until"}, "source", "spark": {"version", "master"},
      "totals": {"cms", "decided", "pending", "native_cms", "shapes", "acks"},
      "spheres": {"spheres", "decided", "satisfied", "violated", "disagreements",
-                 "early_releases"},
+                 "member_mismatches", "early_releases"},
      "metrics": {<metric>: number | null}, "checks": [{"name", "severity", "metric",
      "threshold", "observed", "passed", "description"}], "latency": {<overall p50/p90/p99>},
      "tables": {<name>: {"path", "rows"}}, "timings_s": {<step>: seconds}}
@@ -73,7 +73,8 @@ def metrics_from(
         "deadline_miss_rate": misses / deadlines if deadlines else None,
         "max_proven_skew_ms": skew,
         "relay_p99_ms": overall[0]["relay_p99_ms"] if overall else None,
-        "sphere_discrepancies": counts.get("sphere_discrepancies"),
+        "sphere_discrepancies": counts.get("metric:sphere_disagreements"),
+        "sphere_member_mismatches": counts.get("metric:sphere_member_mismatches"),
         "sphere_early_releases": counts.get("sphere_early_releases"),
     }
 

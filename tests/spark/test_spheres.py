@@ -142,21 +142,26 @@ def _sphere(sphere_id: str, state: str, **columns: Any) -> dict[str, Any]:
 def _store(spark: Any) -> AuditInput:
     """``agreed``: satisfied, as its members are; ``forged``: recorded satisfied with a
     violated member whose compensation went out before the sphere's decision;
-    ``waiting``: committed, undecided."""
+    ``waiting``: committed, undecided; ``short``: satisfied as its two members are, but
+    three recorded (one member's CM is missing from the log)."""
     cms = [
         _member("m1", "agreed", "satisfied"),
         _member("m2", "agreed", "satisfied"),
         _member("m3", "forged", "satisfied"),
         _member("m4", "forged", "violated"),
         _member("m5", "waiting", "satisfied"),
+        _member("m6", "short", "satisfied"),
+        _member("m7", "short", "satisfied"),
         cm_row("loner", QUICK, state="violated", decided_at=at(1_250), effective_at=at(1_000)),
     ]
-    acks = [ack_row(f"a-{c}", c, "qa", read_at=at(100)) for c in ("m1", "m2", "m3", "m5")]
+    read = ("m1", "m2", "m3", "m5", "m6", "m7")
+    acks = [ack_row(f"a-{c}", c, "qa", read_at=at(100)) for c in read]
     decided = {"committed_at": at(50), "decided_at": at(1_300), "effective_at": at(1_050)}
     spheres = [
         _sphere("agreed", "satisfied", **decided, reasons_json='["all satisfied"]'),
         _sphere("forged", "satisfied", **decided, reasons_json='["forged"]'),
         _sphere("waiting", "committed", committed_at=at(50), members=1),
+        _sphere("short", "satisfied", **decided, members=3, reasons_json='["all satisfied"]'),
     ]
     compensations = [
         {"cm_id": cm, "destination": "qa", "system_generated": True, "released_at": released}
@@ -179,21 +184,30 @@ def test_a_forged_sphere_verdict_and_an_early_compensation_are_reported(
     result = run_audit(spark, _store(spark), options, progress=lambda _m: None)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["spheres"] == {
-        "spheres": 3,
-        "decided": 2,
-        "satisfied": 2,
+        "spheres": 4,
+        "decided": 3,
+        "satisfied": 3,
         "violated": 0,
         "disagreements": 1,
+        "member_mismatches": 1,
         "early_releases": 1,
     }
     assert summary["metrics"]["discrepancies"] == 0  # the members agree with their acks
     assert summary["metrics"]["sphere_discrepancies"] == 1
+    assert summary["metrics"]["sphere_member_mismatches"] == 1
     assert summary["metrics"]["sphere_early_releases"] == 1
     failed = {c["name"] for c in summary["checks"] if not c["passed"]}
-    assert {"sphere_verdicts_reproducible", "no_compensation_before_sphere_decision"} <= failed
+    assert failed >= {
+        "sphere_verdicts_reproducible",
+        "sphere_members_complete",
+        "no_compensation_before_sphere_decision",
+    }
     assert result.status == "fail"
 
-    (wrong,) = pq.read_table(tmp_path / "tables" / "sphere_discrepancies").to_pylist()
+    listed = pq.read_table(tmp_path / "tables" / "sphere_discrepancies").to_pylist()
+    wrong, short = sorted(listed, key=lambda row: row["sphere_id"])
+    assert (short["sphere_id"], short["agrees"]) == ("short", True)
+    assert (short["members_recorded"], short["members_found"]) == (3, 2)
     assert (wrong["sphere_id"], wrong["stored_verdict"]) == ("forged", "satisfied")
     assert (wrong["recomputed_verdict"], wrong["recomputed_reason"]) == (
         "violated",
@@ -223,11 +237,12 @@ def test_spheres_decided_after_the_cut_are_not_judged(spark: Any, tmp_path: Path
     options = AuditOptions(out=None, window=Window(until=at(1_200)), source="spheres")
     summary = run_audit(spark, _store(spark), options, progress=lambda _m: None).summary
     assert summary["spheres"] == {
-        "spheres": 3,
+        "spheres": 4,
         "decided": 0,
         "satisfied": 0,
         "violated": 0,
         "disagreements": 0,
+        "member_mismatches": 0,
         "early_releases": 0,
     }
 

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from condmsg.archive_layout import MANIFEST, TABLES, arrow_schema, write_manifest
+from condmsg.archive_layout import ALL_TABLES, MANIFEST, arrow_schema, write_manifest
 from condmsg.errors import CondmsgError
 
 #: The one part file per table, as ``condmsg export`` names it.
@@ -56,7 +56,7 @@ def write_archive(
             raise FileExistsError(f"{final} exists already")
         temporary.mkdir()
         counts: dict[str, int] = {}
-        for table in TABLES:
+        for table in ALL_TABLES:
             rows = tables.get(table.name, ())
             directory = temporary / table.name
             directory.mkdir()

@@ -3,15 +3,21 @@
 A pass takes ``cutoff = now - older_than`` and works in bounded batches, one transaction
 each:
 
-1. claim up to ``batch`` CMs with ``decided_at < cutoff`` (a pending CM is never taken);
-   on PostgreSQL ``FOR UPDATE SKIP LOCKED``, so several evaluator instances share the work
-   without waiting for each other and never take the same CM;
+1. claim up to ``batch`` CMs with ``decided_at < cutoff`` (a pending CM is never taken)
+   that belong to no Dependency-Sphere, and up to ``batch`` decided spheres whose members
+   were all decided before the cutoff, with those members: a sphere is judged from its
+   members, so the two are archived together (a sphere with a participant whose work is
+   still open stays, for the sender's recovery); on PostgreSQL ``FOR UPDATE SKIP
+   LOCKED``, so several evaluator instances share the work without waiting for each other
+   and never take the same CM or sphere;
 2. claim up to ``batch`` *orphans*: anomalies and acks whose CM is not in the store (an
    ``unknown_cm`` anomaly, an anomaly without a CM id, an ack row left without its CM),
    recorded (anomalies) or received (acks) before the cutoff;
 3. read everything of the claimed CMs: the CM rows with their decision columns (the
    outcomes), copies, compensations (their size; the layout never copies payloads), acks
-   and anomalies, whatever their own age;
+   and anomalies, whatever their own age; and the claimed spheres' rows and participant
+   rows (the participants, which the layout has no table for, go into the manifest's
+   ``retention`` entry);
 4. delete exactly those rows by primary key, and check that every delete removed as many
    rows as were read (a difference aborts the batch);
 5. write them as one archive directory in the layout ``condmsg export`` writes
@@ -38,9 +44,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from condmsg import sender_tables
-from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, Table
+from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, SPHERES, Table
 from condmsg.db import describe_db_url
 from condmsg.errors import ConfigError, StoreError
+from condmsg.store_values import ParticipantState, SphereState
 from condmsg.timeutil import utcnow
 from evaluator.archive import write_archive
 
@@ -79,13 +86,16 @@ class Archived:
 
 @dataclass(slots=True)
 class _Claim:
-    cm_ids: list[str] = field(default_factory=list)
+    cm_ids: list[str] = field(default_factory=list)  # CMs of no sphere, then members
     ack_ids: list[str] = field(default_factory=list)  # orphan acks
     anomaly_ids: list[int] = field(default_factory=list)  # orphan anomalies
+    sphere_ids: list[str] = field(default_factory=list)
+    plain_cms: int = 0  # how many of cm_ids belong to no sphere
 
     def more_after(self, limit: int) -> bool:
         """A full claim of any kind: there may be more of it after this batch."""
-        return limit in (len(self.cm_ids), len(self.ack_ids), len(self.anomaly_ids))
+        claimed = (self.plain_cms, len(self.sphere_ids), len(self.ack_ids), len(self.anomaly_ids))
+        return limit in claimed
 
 
 def retain(
@@ -136,12 +146,14 @@ def _batch(
             rows = _collect(conn, claim)
             if not any(rows.values()):
                 return None, claim
-            _delete(conn, claim, rows)
+            participants = _participants(conn, claim.sphere_ids)
+            _delete(conn, claim, rows, len(participants))
             extra = {
                 "retention": {
                     "cutoff": cutoff.isoformat(),
                     "older_than_s": policy.older_than.total_seconds(),
                     "instance": instance,
+                    "sphere_participants": participants,
                 }
             }
             # Written while the deletes are uncommitted: if this raises, they roll back.
@@ -157,16 +169,6 @@ def _batch(
     return Archived(directory, {table: len(found) for table, found in rows.items()}), claim
 
 
-def _undecided_sphere(sphere_id: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
-    sphere = sender_tables.spheres.c
-    return sa.and_(
-        sphere.sphere_id == sphere_id,
-        sphere.state.not_in(
-            [sender_tables.SphereState.SATISFIED.value, sender_tables.SphereState.VIOLATED.value]
-        ),
-    )
-
-
 def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Claim:
     # Every claim locks its rows ``FOR UPDATE SKIP LOCKED``: SQLAlchemy renders nothing of
     # it on SQLite, where the transaction's write lock already keeps other writers out.
@@ -179,8 +181,8 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
             cm.sent_at < cutoff,
             cm.decided_at < cutoff,
             cm.state != sender_tables.CmState.PENDING.value,
-            # A member of a sphere still undecided stays: the sphere is judged from it.
-            sa.or_(cm.sphere_id.is_(None), ~sa.exists().where(_undecided_sphere(cm.sphere_id))),
+            # A sphere's members go with their sphere (below).
+            cm.sphere_id.is_(None),
         )
         .order_by(cm.sent_at)
         .limit(limit)
@@ -190,6 +192,13 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
         .with_for_update(skip_locked=True)
     )
     claim = _Claim(cm_ids=list(conn.scalars(cms)))
+    claim.plain_cms = len(claim.cm_ids)
+    claim.sphere_ids = list(conn.scalars(_spheres(cutoff, limit)))
+    for chunk in _chunks(claim.sphere_ids):
+        # The members of a claimed sphere: no other claim takes them (they belong to a
+        # sphere this transaction holds), so the lock only waits for intake.
+        members = sa.select(cm.cm_id).where(cm.sphere_id.in_(chunk)).with_for_update()
+        claim.cm_ids += conn.scalars(members)
     if not orphans:
         return claim
     ack, anomaly = sender_tables.acks.c, sender_tables.anomalies.c
@@ -210,6 +219,47 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
     claim.ack_ids = list(conn.scalars(acks.limit(limit)))
     claim.anomaly_ids = list(conn.scalars(anomalies.limit(limit)))
     return claim
+
+
+def _spheres(cutoff: datetime, limit: int) -> sa.Select[tuple[str]]:
+    """Up to ``limit`` spheres decided before ``cutoff`` whose members were all decided
+    before it too, and none of whose participants still has open work (``enlisted`` or
+    ``prepared``: the sender's recovery finishes those from the sphere's row)."""
+    sphere, cm = sender_tables.spheres.c, sender_tables.cms.c
+    participant = sender_tables.sphere_participants.c
+    decided = [SphereState.SATISFIED.value, SphereState.VIOLATED.value]
+    open_work = [ParticipantState.ENLISTED.value, ParticipantState.PREPARED.value]
+    member_too_recent = sa.exists().where(
+        cm.sphere_id == sphere.sphere_id, sa.or_(cm.decided_at.is_(None), cm.decided_at >= cutoff)
+    )
+    unfinished = sa.exists().where(
+        participant.sphere_id == sphere.sphere_id, participant.state.in_(open_work)
+    )
+    return (
+        sa.select(sphere.sphere_id)
+        .where(
+            sphere.state.in_(decided),
+            sphere.decided_at < cutoff,
+            ~member_too_recent,
+            ~unfinished,
+        )
+        .order_by(sphere.begun_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True, of=sender_tables.spheres)
+    )
+
+
+def _participants(conn: Connection, sphere_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """The participant rows of ``sphere_ids``, as JSON-ready dicts (instants in ISO 8601)."""
+    table = sender_tables.sphere_participants
+    found: list[dict[str, Any]] = []
+    for chunk in _chunks(sphere_ids):
+        query = sa.select(table).where(table.c.sphere_id.in_(chunk))
+        for row in conn.execute(query).mappings():
+            found.append(
+                {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
+            )
+    return found
 
 
 def _projection(table: Table) -> list[sa.ColumnElement[Any]]:
@@ -239,28 +289,34 @@ def _collect(conn: Connection, claim: _Claim) -> dict[str, list[Any]]:
     }
     rows[ACKS.name] += _select(conn, ACKS, "ack_id", claim.ack_ids)
     rows[ANOMALIES.name] += _select(conn, ANOMALIES, "id", claim.anomaly_ids)
+    rows[SPHERES.name] = _select(conn, SPHERES, "sphere_id", claim.sphere_ids)
     return rows
 
 
-def _delete(conn: Connection, claim: _Claim, rows: dict[str, list[Any]]) -> None:
+def _delete(conn: Connection, claim: _Claim, rows: dict[str, list[Any]], participants: int) -> None:
     """Delete exactly the rows read: acks and anomalies by their own keys (a row that
-    appeared since is not in the archive, so it stays), the CM's dependants before the CM
-    (foreign keys)."""
-    keys: list[tuple[Table, str, list[Any]]] = [
-        (ACKS, "ack_id", [row.ack_id for row in rows[ACKS.name]]),
-        (ANOMALIES, "id", [row.id for row in rows[ANOMALIES.name]]),
-        (COPIES, "cm_id", claim.cm_ids),
-        (COMPENSATIONS, "cm_id", claim.cm_ids),
-        (CMS, "cm_id", claim.cm_ids),
+    appeared since is not in the archive, so it stays), the CM's dependants before the CM,
+    a sphere's participants before the sphere (foreign keys)."""
+    read = {table: len(found) for table, found in rows.items()}
+    read[sender_tables.sphere_participants.name] = participants
+    keys: list[tuple[sa.Table, str, list[Any]]] = [
+        (sender_tables.acks, "ack_id", [row.ack_id for row in rows[ACKS.name]]),
+        (sender_tables.anomalies, "id", [row.id for row in rows[ANOMALIES.name]]),
+        (sender_tables.copies, "cm_id", claim.cm_ids),
+        (sender_tables.compensations, "cm_id", claim.cm_ids),
+        (sender_tables.cms, "cm_id", claim.cm_ids),
+        (sender_tables.sphere_participants, "sphere_id", claim.sphere_ids),
+        (sender_tables.spheres, "sphere_id", claim.sphere_ids),
     ]
-    for table, key, ids in keys:
-        store = sender_tables.metadata.tables[table.store_table]
+    layout = {t.store_table: t.name for t in (ACKS, ANOMALIES, COPIES, COMPENSATIONS, CMS, SPHERES)}
+    for store, key, ids in keys:
         deleted = 0
         for chunk in _chunks(ids):
             deleted += conn.execute(sa.delete(store).where(store.c[key].in_(chunk))).rowcount
-        if deleted != len(rows[table.name]):
+        expected = read[layout.get(store.name, store.name)]
+        if deleted != expected:
             raise StoreError(
-                f"retention read {len(rows[table.name])} rows of {store.name} but would delete "
+                f"retention read {expected} rows of {store.name} but would delete "
                 f"{deleted}; the batch is rolled back"
             )
 

@@ -398,26 +398,75 @@ def test_retention_settings_and_configuration_errors(tmp_path: Path) -> None:
         RetentionPolicy(older_than=timedelta(0), archive=tmp_path)
 
 
-def test_a_member_of_an_undecided_sphere_is_kept(
+def test_a_sphere_is_archived_with_all_its_members_or_not_at_all(
     db_url: str, unique_name: str, make_sender: Any, tmp_path: Path
 ) -> None:
-    """A sphere is judged from its members: an old decided member stays while its sphere
-    is undecided, and goes with the others once the sphere is decided."""
+    """A sphere is judged from its members, so a sphere and its members leave the store
+    together: once the sphere and every member were decided before the cutoff and no
+    participant's work is open. Its participant rows go into the manifest."""
     sender = make_sender(db_url, unique_name.replace(".", "-"), clock=lambda: OLD)
     condition = Destination(f"{unique_name}.q", pickup_within=timedelta(minutes=1))
-    waiting = sender.begin_sphere(timeout=timedelta(days=30))
-    kept = waiting.send(b"x", condition)
-    done = sender.begin_sphere(timeout=timedelta(minutes=5))
-    gone = done.send(b"x", condition)
     spheres, cms = sender_tables.spheres, sender_tables.cms
-    with sender.engine.begin() as conn:  # both members decided ten days ago
+    participants = sender_tables.sphere_participants
+    members: dict[str, list[str]] = {}
+    for name, count in (("waiting", 1), ("done", 2), ("late_member", 2), ("open_work", 1)):
+        sphere = sender.begin_sphere(timeout=timedelta(days=30))
+        members[name] = [sphere.send(b"x", condition) for _ in range(count)]
+        members[name].insert(0, sphere.sphere_id)
+    ids = {name: found[0] for name, found in members.items()}
+    decided = {"state": "violated", "decided_at": OLD, "effective_at": OLD}
+    with sender.engine.begin() as conn:  # every member decided ten days ago, but one
         conn.execute(sa.update(cms).values(state="satisfied", decided_at=OLD, effective_at=OLD))
         conn.execute(
-            sa.update(spheres)
-            .where(spheres.c.sphere_id == done.sphere_id)
-            .values(state="violated", decided_at=OLD, effective_at=OLD)
+            sa.update(cms)
+            .where(cms.c.cm_id == members["late_member"][2])
+            .values(decided_at=RECENT, effective_at=RECENT)
         )
-    retain(sender.engine, _policy(tmp_path / "archive"), clock=lambda: NOW)
+        conn.execute(
+            sa.update(spheres).where(spheres.c.sphere_id != ids["waiting"]).values(**decided)
+        )
+        conn.execute(
+            sa.insert(participants),
+            [
+                {
+                    "sphere_id": ids["done"],
+                    "participant_id": "handler-0",
+                    "kind": "handler",
+                    "resource": "release",
+                    "run_on": "violated",
+                    "state": "ran",
+                    "enlisted_at": OLD,
+                    "resolved_at": OLD,
+                },
+                {
+                    "sphere_id": ids["open_work"],
+                    "participant_id": "pg-gid-1",
+                    "kind": "postgresql",
+                    "resource": "postgresql://db/app",
+                    "run_on": None,
+                    "state": "prepared",
+                    "enlisted_at": OLD,
+                    "resolved_at": None,
+                },
+            ],
+        )
+    archived = retain(sender.engine, _policy(tmp_path / "archive"), clock=lambda: NOW)
+
     with sender.engine.connect() as conn:
-        assert [r for (r,) in conn.execute(sa.select(cms.c.cm_id))] == [kept]
-    assert gone != kept
+        left_cms = set(conn.scalars(sa.select(cms.c.cm_id)))
+        left_spheres = set(conn.scalars(sa.select(spheres.c.sphere_id)))
+        left_participants = set(conn.scalars(sa.select(participants.c.participant_id)))
+    kept = ("waiting", "late_member", "open_work")
+    assert left_spheres == {ids[name] for name in kept}
+    assert left_cms == {cm for name in kept for cm in members[name][1:]}
+    assert left_participants == {"pg-gid-1"}
+    (archive,) = archived
+    assert archive.rows["spheres"] == 1 and archive.rows["cms"] == 2
+    (row,) = pq.read_table(archive.directory / "spheres" / PART).to_pylist()
+    assert (row["sphere_id"], row["state"], row["members"]) == (ids["done"], "violated", 2)
+    archived_cms = pq.read_table(archive.directory / "cms" / PART).column("cm_id").to_pylist()
+    assert sorted(archived_cms) == sorted(members["done"][1:])
+    manifest = json.loads((archive.directory / MANIFEST).read_text())
+    (handler,) = manifest["retention"]["sphere_participants"]
+    assert (handler["sphere_id"], handler["state"]) == (ids["done"], "ran")
+    assert retain(sender.engine, _policy(tmp_path / "archive"), clock=lambda: NOW) == []

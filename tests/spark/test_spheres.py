@@ -19,6 +19,7 @@ from condmsg import sender_tables as st
 from condmsg.conditions import Destination
 from condmsg.export import export_store
 from condmsg.sphere_outcome import MemberFacts, SphereFacts, judge_sphere
+from evaluator.retention import RetentionPolicy, retain
 from spark_audit.job import AuditOptions, run_audit
 from spark_audit.output import SPHERE_SCHEMAS
 from spark_audit.readers import AuditInput, Window, cut_spheres, read_parquet
@@ -279,6 +280,33 @@ def test_the_export_carries_the_spheres_cut(spark: Any, sqlite_url: str, tmp_pat
     # s2 is aborted and decided after the cut: open, with neither visible yet.
     assert spheres["s2"]["state"] == "open"
     assert (spheres["s2"]["aborted_at"], spheres["s2"]["decided_at"]) == (None, None)
+
+
+def test_a_retention_archive_audits_with_its_spheres(
+    spark: Any, sqlite_url: str, tmp_path: Path
+) -> None:
+    """Retention archives a decided sphere with its members, so the audit of the archive
+    judges it from them, as the audit of the store would have."""
+    _fill(sqlite_url)
+    engine = sa.create_engine(sqlite_url)
+    now = T0 + timedelta(days=30)
+    policy = RetentionPolicy(older_than=timedelta(days=7), archive=tmp_path / "archive")
+    (archived,) = retain(engine, policy, clock=lambda: now)
+    engine.dispose()
+    assert (archived.rows["spheres"], archived.rows["cms"]) == (2, 1)  # s3 is still open
+
+    data = read_parquet(spark, archived.directory)
+    options = AuditOptions(out=None, window=Window(until=now), source="archive")
+    summary = run_audit(spark, data, options, progress=lambda _m: None).summary
+    assert summary["spheres"] == {
+        "spheres": 2,
+        "decided": 2,
+        "satisfied": 1,
+        "violated": 1,
+        "disagreements": 0,
+        "member_mismatches": 0,
+        "early_releases": 0,
+    }
 
 
 def test_an_export_from_before_spheres_audits(spark: Any, sqlite_url: str, tmp_path: Path) -> None:

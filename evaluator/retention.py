@@ -59,7 +59,8 @@ _CHUNK = 1000
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetentionPolicy:
     """Keep decided CMs for ``older_than`` after their decision; archive them under
-    ``archive``; at most ``batch`` CMs (and as many orphans of each kind) per archive."""
+    ``archive``; at most ``batch`` CMs of no sphere, ``batch`` spheres with their members
+    (and as many orphans of each kind) per archive."""
 
     older_than: timedelta
     archive: Path

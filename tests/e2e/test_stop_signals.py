@@ -84,19 +84,26 @@ def test_connected_relay_stops_on_a_signal(
     assert _logged(log, "relay stopped")
 
 
-@pytest.mark.parametrize("delay_s", [0.2, 0.9])
-def test_evaluator_stops_on_sigterm(
-    amqp_url: str, pg_url: str, unique_name: str, tmp_path: Path, delay_s: float
-) -> None:
-    log = tmp_path / "evaluator.log"
+def _started_evaluator(
+    amqp_url: str, pg_url: str, sender: str, log: Path, *options: str
+) -> subprocess.Popen[bytes]:
+    """``condmsg evaluator`` for ``sender``, once its banner is logged (it runs)."""
     env = {
         "CONDMSG_AMQP_URL": amqp_url,
         "CONDMSG_DB_URL": pg_url,
         "CONDMSG_SECRET": SECRET.decode(),
     }
-    proc = _start(["evaluator", "--sender", unique_name, "--create-schema"], env, log)
+    proc = _start(["evaluator", "--sender", sender, "--create-schema", *options], env, log)
     wait_for(lambda: _logged(log, "evaluator for sender") or proc.poll() is not None, 60)
     assert proc.poll() is None, log.read_text()
+    return proc
+
+
+@pytest.mark.parametrize("delay_s", [0.2, 0.9])
+def test_evaluator_stops_on_sigterm(
+    amqp_url: str, pg_url: str, unique_name: str, tmp_path: Path, delay_s: float
+) -> None:
+    proc = _started_evaluator(amqp_url, pg_url, unique_name, tmp_path / "evaluator.log")
     time.sleep(delay_s)
     assert _stops_in_time(proc, signal.SIGTERM) == 0
 
@@ -159,13 +166,5 @@ def test_evaluator_with_intake_workers_stops_on_sigterm(
     amqp_url: str, pg_url: str, unique_name: str, tmp_path: Path
 ) -> None:
     log = tmp_path / "evaluator.log"
-    env = {
-        "CONDMSG_AMQP_URL": amqp_url,
-        "CONDMSG_DB_URL": pg_url,
-        "CONDMSG_SECRET": SECRET.decode(),
-    }
-    args = ["evaluator", "--sender", unique_name, "--create-schema", "--intake-processes", "2"]
-    proc = _start(args, env, log)
-    wait_for(lambda: _logged(log, "evaluator for sender") or proc.poll() is not None, 60)
-    assert proc.poll() is None, log.read_text()
+    proc = _started_evaluator(amqp_url, pg_url, unique_name, log, "--intake-processes", "2")
     assert _stops_in_time(proc, signal.SIGTERM) == 0, log.read_text()

@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from types import FrameType
+from typing import Any
 
 #: How often the watcher looks at the flag (seconds): the most a stop is delayed by it.
 POLL_S = 0.1
@@ -27,13 +28,22 @@ class StopSignals:
         self.requested = False
         self.signum: int | None = None
         self.event = threading.Event()
+        self._replaced: dict[int, Any] = {}
 
     def install(self) -> StopSignals:
         """Handle SIGTERM and SIGINT from now on (call from the main thread)."""
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._replaced[signum] = signal.signal(signum, self._on_signal)
         threading.Thread(target=self._watch, name="stop-signals", daemon=True).start()
         return self
+
+    def uninstall(self) -> None:
+        """Give SIGTERM and SIGINT back to the handlers :meth:`install` replaced, and end
+        the watcher (for a step that stops on a signal inside a longer program)."""
+        for signum, handler in self._replaced.items():
+            signal.signal(signum, handler)
+        self._replaced.clear()
+        self.event.set()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signum = signum

@@ -102,9 +102,7 @@ def _create_tables(engine: sa.Engine, table: str) -> bool:
                 delay = min(delay * 2, 30.0)
         return False
     finally:
-        stop.event.set()  # ends its watcher thread
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        stop.uninstall()
 
 
 def run(args: argparse.Namespace) -> int:

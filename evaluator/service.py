@@ -41,6 +41,7 @@ from evaluator.sender_store import SenderStore
 from evaluator.store import DecisionStore
 from evaluator.workers import IntakeWorkers, WorkerConfig
 from outbox.config import RelayConfig
+from outbox.errors import AUTH_REFUSALS_BEFORE_GIVING_UP
 from outbox.relay import Relay
 
 log = logging.getLogger(__name__)
@@ -51,9 +52,6 @@ WORKER_STOP_S = 5.0
 #: Waits between reconnections to the ack queue, doubled from the first to the last.
 FIRST_RECONNECT_S = 0.2
 MAX_RECONNECT_S = 10.0
-#: Refusals of the credentials in a row after which the service exits (non-zero) instead of
-#: retrying: about 3 s of backoff, long enough for a broker that is still setting up users.
-AUTH_ATTEMPTS = 5
 
 
 class Evaluator:
@@ -270,7 +268,7 @@ class Evaluator:
             except BrokerAuthError as exc:
                 # A broker restart does not refuse credentials; a wrong URL does, for ever.
                 refused += 1
-                if refused >= AUTH_ATTEMPTS:
+                if refused >= AUTH_REFUSALS_BEFORE_GIVING_UP:
                     log.error("the evaluator stops: %s (refused %d times)", exc, refused)
                     return
                 self._consume_failures.failed(exc, level=logging.WARNING)

@@ -29,7 +29,14 @@ class BrokerError(CondmsgError):
 
 class BrokerAuthError(BrokerError):
     """RabbitMQ refused the credentials, or the user's access to the virtual host: waiting
-    does not mend it (a service gives up after a few tries rather than retrying for ever)."""
+    does not mend it (a service gives up after :data:`AUTH_REFUSALS_BEFORE_GIVING_UP`
+    tries in a row rather than retrying for ever)."""
+
+
+#: Refusals of the login in a row after which a service (the relay, the evaluator) stops
+#: with a non-zero exit instead of retrying: a few seconds of backoff, long enough for a
+#: broker that is still setting up its users. A broker restart never refuses a login.
+AUTH_REFUSALS_BEFORE_GIVING_UP = 5
 
 
 class StoreError(CondmsgError):

@@ -29,7 +29,14 @@ from sqlalchemy.engine import Engine
 
 from outbox.backoff import Backoff, retry_delay_s
 from outbox.config import RelayConfig
-from outbox.errors import BrokerAuthError, BrokerError, OutboxError, OutboxTimeout, StoreError
+from outbox.errors import (
+    AUTH_REFUSALS_BEFORE_GIVING_UP,
+    BrokerAuthError,
+    BrokerError,
+    OutboxError,
+    OutboxTimeout,
+    StoreError,
+)
 from outbox.metrics import RelayMetrics
 from outbox.notify import Listener
 from outbox.publisher import PUBLISHINGS, PendingBatch, Publisher
@@ -40,10 +47,6 @@ log = logging.getLogger(__name__)
 #: How long the loop may go without turning before :meth:`Relay.liveness` reports it stuck
 #: (seconds): well above a slow claim or settle, so that a busy database is not a restart.
 LIVE_STALL_S = 60.0
-
-
-#: Refusals of the login in a row after which the relay stops (about 3 s of backoff).
-REFUSALS_BEFORE_GIVING_UP = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +96,7 @@ class Relay:
         # Set by request_stop, which a signal handler may call: a plain attribute, no lock.
         self._stop_requested = False
         #: Why the relay gave up by itself (None: it did not): RabbitMQ refused its login
-        #: :data:`REFUSALS_BEFORE_GIVING_UP` times in a row.
+        #: :data:`AUTH_REFUSALS_BEFORE_GIVING_UP` times in a row.
         self.fatal: str | None = None
         self._refusals = 0
         self._cond = threading.Condition()
@@ -348,7 +351,7 @@ class Relay:
             self._note_error(str(exc), "broker")
             self._next_connect_at = now + self._broker_backoff.next_delay()
             self._refusals = self._refusals + 1 if isinstance(exc, BrokerAuthError) else 0
-            if self._refusals >= REFUSALS_BEFORE_GIVING_UP:
+            if self._refusals >= AUTH_REFUSALS_BEFORE_GIVING_UP:
                 # A broker restart never refuses a login; a wrong password does, for ever.
                 self.fatal = f"{exc} (refused {self._refusals} times)"
                 self.request_stop()

@@ -87,16 +87,20 @@ class Archived:
 
 @dataclass(slots=True)
 class _Claim:
-    cm_ids: list[str] = field(default_factory=list)  # CMs of no sphere, then members
+    plain_cm_ids: list[str] = field(default_factory=list)  # CMs of no sphere
+    sphere_ids: list[str] = field(default_factory=list)
+    member_ids: list[str] = field(default_factory=list)  # the claimed spheres' CMs
     ack_ids: list[str] = field(default_factory=list)  # orphan acks
     anomaly_ids: list[int] = field(default_factory=list)  # orphan anomalies
-    sphere_ids: list[str] = field(default_factory=list)
-    plain_cms: int = 0  # how many of cm_ids belong to no sphere
+
+    @property
+    def cm_ids(self) -> list[str]:
+        return self.plain_cm_ids + self.member_ids
 
     def more_after(self, limit: int) -> bool:
         """A full claim of any kind: there may be more of it after this batch."""
-        claimed = (self.plain_cms, len(self.sphere_ids), len(self.ack_ids), len(self.anomaly_ids))
-        return limit in claimed
+        claimed = (self.plain_cm_ids, self.sphere_ids, self.ack_ids, self.anomaly_ids)
+        return any(len(ids) == limit for ids in claimed)
 
 
 def retain(
@@ -192,14 +196,15 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
         # records an unknown_cm anomaly instead of adding an ack to a deleted CM.
         .with_for_update(skip_locked=True)
     )
-    claim = _Claim(cm_ids=list(conn.scalars(cms)))
-    claim.plain_cms = len(claim.cm_ids)
-    claim.sphere_ids = list(conn.scalars(_spheres(cutoff, limit)))
+    claim = _Claim(
+        plain_cm_ids=list(conn.scalars(cms)),
+        sphere_ids=list(conn.scalars(_spheres(cutoff, limit))),
+    )
     for chunk in _chunks(claim.sphere_ids):
         # The members of a claimed sphere: no other claim takes them (they belong to a
         # sphere this transaction holds), so the lock only waits for intake.
         members = sa.select(cm.cm_id).where(cm.sphere_id.in_(chunk)).with_for_update()
-        claim.cm_ids += conn.scalars(members)
+        claim.member_ids += conn.scalars(members)
     if not orphans:
         return claim
     ack, anomaly = sender_tables.acks.c, sender_tables.anomalies.c
@@ -298,23 +303,22 @@ def _delete(conn: Connection, claim: _Claim, rows: dict[str, list[Any]], partici
     """Delete exactly the rows read: acks and anomalies by their own keys (a row that
     appeared since is not in the archive, so it stays), the CM's dependants before the CM,
     a sphere's participants before the sphere (foreign keys)."""
-    read = {table: len(found) for table, found in rows.items()}
-    read[sender_tables.sphere_participants.name] = participants
-    keys: list[tuple[sa.Table, str, list[Any]]] = [
-        (sender_tables.acks, "ack_id", [row.ack_id for row in rows[ACKS.name]]),
-        (sender_tables.anomalies, "id", [row.id for row in rows[ANOMALIES.name]]),
-        (sender_tables.copies, "cm_id", claim.cm_ids),
-        (sender_tables.compensations, "cm_id", claim.cm_ids),
-        (sender_tables.cms, "cm_id", claim.cm_ids),
-        (sender_tables.sphere_participants, "sphere_id", claim.sphere_ids),
-        (sender_tables.spheres, "sphere_id", claim.sphere_ids),
+    cm_ids = claim.cm_ids
+    ack_ids = [row.ack_id for row in rows[ACKS.name]]
+    anomaly_ids = [row.id for row in rows[ANOMALIES.name]]
+    keys: list[tuple[sa.Table, str, list[Any], int]] = [
+        (sender_tables.acks, "ack_id", ack_ids, len(ack_ids)),
+        (sender_tables.anomalies, "id", anomaly_ids, len(anomaly_ids)),
+        (sender_tables.copies, "cm_id", cm_ids, len(rows[COPIES.name])),
+        (sender_tables.compensations, "cm_id", cm_ids, len(rows[COMPENSATIONS.name])),
+        (sender_tables.cms, "cm_id", cm_ids, len(rows[CMS.name])),
+        (sender_tables.sphere_participants, "sphere_id", claim.sphere_ids, participants),
+        (sender_tables.spheres, "sphere_id", claim.sphere_ids, len(rows[SPHERES.name])),
     ]
-    layout = {t.store_table: t.name for t in (ACKS, ANOMALIES, COPIES, COMPENSATIONS, CMS, SPHERES)}
-    for store, key, ids in keys:
+    for store, key, ids, expected in keys:
         deleted = 0
         for chunk in _chunks(ids):
             deleted += conn.execute(sa.delete(store).where(store.c[key].in_(chunk))).rowcount
-        expected = read[layout.get(store.name, store.name)]
         if deleted != expected:
             raise StoreError(
                 f"retention read {expected} rows of {store.name} but would delete "

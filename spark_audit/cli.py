@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from condmsg.timeutil import parse_cli_instant, utcnow
-from spark_audit.storage import child
 
 if TYPE_CHECKING:
     from spark_audit.readers import AuditInput, Window
@@ -137,9 +136,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, say: Any) -> int:
+    # Imported here, not at the top, so that the parser is built without the audit extra
+    # too (condmsg audit --help): spark_audit.storage needs pyarrow.
     from spark_audit.checks import DEFAULT_CHECKS, with_thresholds
     from spark_audit.job import AuditOptions, run_audit
     from spark_audit.session import SessionOptions, build_session
+    from spark_audit.storage import child
 
     checks = with_thresholds(DEFAULT_CHECKS, dict(args.threshold))
     if args.parquet:

@@ -7,8 +7,9 @@ are the only parts of ``condmsg`` that import them (DESIGN section 4).
 Each subcommand lives in its own module of this package and exposes
 ``register(subparsers)``. A command line that names its command builds the parser of that
 command alone, so ``condmsg status`` does not import the receiver, the evaluator or the
-audit; ``condmsg --help`` (or a command it does not know) builds them all. pyspark is
-loaded only when ``condmsg audit`` runs.
+audit; ``condmsg --help`` (or a command it does not know) lists the commands from
+:data:`SUMMARIES` and imports none of them. pyspark is loaded only when ``condmsg audit``
+runs.
 
 Exit codes: 0 done, 1 a failed check or outcome (a command says which), 2 a usage or
 configuration error, which includes a service or file the command cannot use: one line on
@@ -24,6 +25,7 @@ import sys
 from collections.abc import Sequence
 
 from condmsg import __version__
+from condmsg.cli.extras import require_extra
 
 #: Each command and the module of this package that provides it, in ``--help`` order.
 COMMANDS = {
@@ -42,6 +44,26 @@ COMMANDS = {
     "audit": "audit",
 }
 
+#: Each command's line in ``condmsg --help``. They are kept here, not read from the
+#: commands' modules, so that listing the commands imports none of them (a module may pull
+#: in the receiver, the evaluator or pyarrow); tests/unit/test_cli_options.py holds each to
+#: the help its module gives.
+SUMMARIES = {
+    "version": "print the condmsg version",
+    "check-services": "log in to RabbitMQ and open the database, as the services do",
+    "db": "upgrade, show or check a store's schema",
+    "send": "send a conditional message; print its CM id (and, with --wait, its outcome)",
+    "consume": "read a queue as a receiver (automatic acks); print messages or pipe them",
+    "outcomes": "a sender's outcomes as JSON lines: decided CMs from its store, or --follow",
+    "relay": "publish outbox rows to RabbitMQ (CONDMSG_DB_URL -> CONDMSG_AMQP_URL)",
+    "outbox": "list, requeue or purge the outbox rows the relay parked",
+    "evaluator": "decide conditional messages of a sender (acks, timeouts, outcomes)",
+    "retention": "archive decided CMs older than a period to Parquet, then delete them",
+    "status": "show a conditional message's tree and verdict, or a sphere's",
+    "export": "export a sender store to Parquet for the audit (no Spark needed)",
+    "audit": "audit acks, latencies and verdicts with Spark",
+}
+
 
 def named_command(argv: Sequence[str]) -> str | None:
     """The command ``argv`` names (its first argument that is not an option), if known."""
@@ -51,8 +73,10 @@ def named_command(argv: Sequence[str]) -> str | None:
     return None
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser of every command, or of the command ``only``."""
+def build_parser(only: str | None = None, *, listing: bool = False) -> argparse.ArgumentParser:
+    """The parser of every command, or of the command ``only``; with ``listing``, one that
+    knows the commands by name and summary only (for ``--help`` and a command it does not
+    know: it imports no command's module)."""
     parser = argparse.ArgumentParser(
         prog="condmsg",
         description="Conditional messaging for RabbitMQ: send with conditions, "
@@ -64,7 +88,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command, module_name in COMMANDS.items():
-        if only is None or command == only:
+        if listing:
+            subparsers.add_parser(command, help=SUMMARIES[command])
+        elif only is None or command == only:
             importlib.import_module(f"condmsg.cli.{module_name}").register(subparsers)
     return parser
 
@@ -72,13 +98,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-    parser = build_parser(named_command(argv))
+    command = named_command(argv)
+    parser = build_parser(command, listing=command is None)
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
         return 2
     try:
+        require_extra(args.command)
         return int(handler(args))
     except KeyboardInterrupt:
         return 130

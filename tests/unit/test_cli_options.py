@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from condmsg import __version__
-from condmsg.cli import COMMANDS, build_parser, main, named_command
+from condmsg.cli import COMMANDS, SUMMARIES, build_parser, main, named_command
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -176,10 +176,40 @@ def test_a_named_command_builds_only_its_parser() -> None:
     assert ran.stdout.strip() == "[]", ran.stdout + ran.stderr
 
 
-def test_help_and_an_unknown_command_build_every_parser() -> None:
+def test_help_imports_no_command() -> None:
+    """``condmsg --help`` lists the commands without loading any of them (nor what they
+    use), so it answers at once on a machine with or without the audit extra."""
+    probe = (
+        "import sys, contextlib, io\n"
+        "from condmsg.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    try:\n"
+        "        main(['--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "assert 'retention' in out.getvalue(), out.getvalue()\n"
+        "heavy = {'ackd', 'evaluator', 'spark_audit', 'pyarrow', 'pyspark', 'pandas', 'pika',\n"
+        "         'sqlalchemy', 'psycopg'}\n"
+        "loaded = {m.split('.')[0] for m in sys.modules} & heavy\n"
+        f"modules = {[f'condmsg.cli.{m}' for m in COMMANDS.values()]!r}\n"
+        "commands = [m for m in modules if m in sys.modules]\n"
+        "print(sorted(loaded), commands)"
+    )
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == "[] []", ran.stdout + ran.stderr
+
+
+def test_the_listed_summaries_are_the_commands_own() -> None:
+    parser = build_parser(None)
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    own = {action.dest: action.help for action in commands._choices_actions}
+    assert own == SUMMARIES, "update condmsg.cli.SUMMARIES to the commands' help"
+
+
+def test_help_and_an_unknown_command_list_every_command() -> None:
     assert named_command(["--help"]) is None
     assert named_command(["--debug", "nonsense"]) is None
     assert named_command(["outbox", "list"]) == "outbox"
-    parser = build_parser(None)
-    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert list(commands.choices) == list(COMMANDS)
+    for parser in (build_parser(None), build_parser(None, listing=True)):
+        (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        assert list(commands.choices) == list(COMMANDS)

@@ -1,19 +1,33 @@
 """Every fenced block of README.md and docs/*.md is run by a test or marked as an excerpt
-(the rule in tests/docs_blocks.py and docs/index.md)."""
+(the rule in tests/docs_blocks.py and docs/index.md), and docs/index.md links every page."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from tests.docs_blocks import all_blocks, check, parse
+from tests.docs_blocks import ROOT, all_blocks, check, parse, runnable_blocks
 
 
 def test_every_block_is_run_by_a_test_or_marked_as_an_excerpt() -> None:
     blocks, problems = all_blocks()
     problems += [p for p in (check(b) for b in blocks) if p is not None]
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("page", ["docs/concepts.md", "docs/sending.md", "docs/receiving.md"])
+def test_each_guide_page_has_blocks_that_run(page: str) -> None:
+    assert any(b.page == page for b in runnable_blocks()), page
+
+
+def test_the_index_links_every_page_and_the_readme_links_the_index() -> None:
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    linked = set(re.findall(r"\]\(([\w.-]+\.(?:md|json))\)", index))
+    pages = {p.name for p in (ROOT / "docs").iterdir() if p.suffix in (".md", ".json")}
+    assert pages - {"index.md"} <= linked, sorted(pages - {"index.md"} - linked)
+    assert "(docs/index.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 # -- the rule itself, on pages made for the purpose ------------------------------------

@@ -25,6 +25,14 @@ $(JDBC_JAR):
 	  || { $(SUDO) apt-get update -qq \
 	       && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java; }
 
+# `docker-compose config` validates compose.yaml in tests/unit/test_deploy_files.py (no
+# Docker engine needed): Debian's docker-compose.
+COMPOSE := /usr/bin/docker-compose
+$(COMPOSE):
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose \
+	  || { $(SUDO) apt-get update -qq \
+	       && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; }
+
 services: $(STAMP)
 	$(BIN)/python -m condmsg.cli check-services
 
@@ -37,7 +45,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) $(JDBC_JAR) prepared-transactions services lint
+test: $(STAMP) $(JDBC_JAR) $(COMPOSE) prepared-transactions services lint
 	$(BIN)/pytest -n 2 --dist loadgroup --durations=25
 
 demo: $(STAMP) prepared-transactions services

@@ -309,6 +309,18 @@ class Broker:
             ),
         )
 
+    def idle(self, seconds: float) -> None:
+        """Let ``seconds`` pass while the connection's heartbeats are answered (a
+        consumer that pauses for longer than the heartbeat timeout would lose it)."""
+        connection = self._connection
+        if connection is None or not connection.is_open:
+            time.sleep(seconds)
+            return
+        try:
+            connection.sleep(seconds)
+        except Exception:  # whatever the connection raised, the next use reconnects
+            self.close()
+
     def drop_connection(self) -> None:
         """Close the connection abruptly, owed acks unsent (tests simulate a crash)."""
         self._deferred.clear()

@@ -9,14 +9,19 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 
+import pika.exceptions
 from sqlalchemy.orm import Session
 
 from ackd.broker import Broker, Delivery
 from ackd.incoming import PendingSequences, ReceiverTransaction
 from ackd.intake import Intake
 from ackd.message import Message
+from ackd.outage import Pause, StoreUnavailable
 from ackd.reassembly import SequenceReassembly
+from condmsg.errors import BrokerAuthError, BrokerError
+from condmsg.repeated_failures import reason_of
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,8 @@ class Reader:
         pending: PendingSequences,
         open_transaction: Callable[[], AbstractContextManager[ReceiverTransaction]],
         poll_interval_s: float,
+        store_lost: Callable[[BaseException], bool],
+        probe_store: Callable[[], None],
     ) -> None:
         self._broker = broker
         self._intake = intake
@@ -45,6 +52,8 @@ class Reader:
         self._pending = pending
         self._open_transaction = open_transaction
         self._poll_interval_s = poll_interval_s
+        self._store_lost = store_lost
+        self._probe_store = probe_store
 
     def next_message(
         self, queue: str, timeout: float, tx: ReceiverTransaction | None
@@ -85,31 +94,58 @@ class Reader:
         idle_timeout_s: float | None,
         stop: threading.Event | None,
     ) -> int:
-        """See ``Receiver.consume``."""
-        handled = 0
-        last = time.monotonic()
-        stream = self._broker.consume(queue, prefetch=prefetch, inactivity_s=0.1)
+        """See ``Receiver.consume``.
+
+        An outage of the store or of RabbitMQ ends the broker consumer (what it held goes
+        back to the queue), waits until the one that failed answers again, and starts a
+        new consumer; the time it lasts is not idle time.
+        """
+        run = _Run(queue, handler, transactional, max_messages, idle_timeout_s, stop)
+        activity = f"consuming {queue!r}"
+        store = Pause(log, activity, "the receiver store", idle=self._broker.idle, stop=stop)
+        broker = Pause(log, activity, "RabbitMQ", stop=stop)
+        while not run.stopped():
+            try:
+                if self._consume_stream(run, prefetch):
+                    break
+                broker.ended()
+            except StoreUnavailable as exc:
+                store.failed(exc)
+                if not store.until(self._probe_store):
+                    break
+            except BrokerAuthError:
+                raise  # a wrong user or vhost: waiting does not mend it
+            except (BrokerError, pika.exceptions.AMQPError, OSError) as exc:
+                self._broker.close()  # RabbitMQ requeues what the channel held
+                broker.failed(exc)
+                if not broker.wait():
+                    break
+            run.last = time.monotonic()
+        return run.handled
+
+    def _consume_stream(self, run: _Run, prefetch: int) -> bool:
+        """Consume with one broker consumer until done (True) or an outage (raised)."""
+        stream = self._broker.consume(run.queue, prefetch=prefetch, inactivity_s=0.1)
         try:
             for delivery in stream:
-                if stop is not None and stop.is_set():
-                    break
+                if run.stopped():
+                    return True
                 if delivery is None:
-                    if self._pending.maybe_complete and self._handle_stored(
-                        queue, handler, transactional
+                    if self._pending.maybe_complete and self._handle_stored(run):
+                        run.took_one()
+                    elif (
+                        run.idle_timeout_s is not None
+                        and self._idle_for(run.last) > run.idle_timeout_s
                     ):
-                        handled += 1
-                        last = time.monotonic()
-                    elif idle_timeout_s is not None and self._idle_for(last) > idle_timeout_s:
-                        break
+                        return True
                     continue
-                if self._handle_delivery(delivery, handler, transactional):
-                    handled += 1
-                    last = time.monotonic()
-                if max_messages is not None and handled >= max_messages:
-                    break
+                if self._handle_delivery(delivery, run):
+                    run.took_one()
+                if run.max_messages is not None and run.handled >= run.max_messages:
+                    return True
         finally:
             stream.close()
-        return handled
+        return True
 
     def _idle_for(self, last_handled: float) -> float:
         """Seconds with nothing to do: a message held back for another attempt, or given
@@ -118,37 +154,63 @@ class Reader:
             return 0.0
         return time.monotonic() - max(last_handled, self._broker.last_release)
 
-    def _handle_delivery(self, delivery: Delivery, handler: Handler, transactional: bool) -> bool:
-        if not transactional:
-            message = self._intake.accept(delivery, None)
+    def _handle_delivery(self, delivery: Delivery, run: _Run) -> bool:
+        if not run.transactional:
+            try:
+                message = self._intake.accept(delivery, None)
+            except Exception as exc:
+                self._raise_if_store_lost(exc, delivery)
+                raise
             if message is not None:
-                self._call_after_ack(handler, message)
+                self._call_after_ack(run.handler, message)
             return message is not None
         try:
             with self._open_transaction() as tx:
                 message = self._intake.accept(delivery, tx)
                 if message is not None:
-                    handler(message, tx.session)
-        except Exception:
-            log.exception("handler failed; the message was requeued")
+                    run.handler(message, tx.session)
+        except Exception as exc:
+            self._raise_if_store_lost(exc, delivery)
+            log.exception(
+                "processing message %s from %r failed; it is tried again after its backoff",
+                delivery.properties.message_id,
+                delivery.queue,
+            )
             return False
         return message is not None
 
-    def _handle_stored(self, queue: str, handler: Handler, transactional: bool) -> bool:
-        if not transactional:
-            message = self._sequences.deliver_complete(queue, None)
+    def _handle_stored(self, run: _Run) -> bool:
+        if not run.transactional:
+            try:
+                message = self._sequences.deliver_complete(run.queue, None)
+            except Exception as exc:
+                self._raise_if_store_lost(exc, None)
+                raise
             if message is not None:
-                self._call_after_ack(handler, message)
+                self._call_after_ack(run.handler, message)
             return message is not None
         try:
             with self._open_transaction() as tx:
-                message = self._sequences.deliver_complete(queue, tx)
+                message = self._sequences.deliver_complete(run.queue, tx)
                 if message is not None:
-                    handler(message, tx.session)
-        except Exception:
-            log.exception("handler failed on a reassembled sequence; it stays stored")
+                    run.handler(message, tx.session)
+        except Exception as exc:
+            self._raise_if_store_lost(exc, None)
+            log.exception("processing a reassembled sequence failed; it stays stored")
             return False
         return message is not None
+
+    def _raise_if_store_lost(self, exc: Exception, delivery: Delivery | None) -> None:
+        """Raise :class:`StoreUnavailable` if ``exc`` came from an outage of the store,
+        after giving ``delivery`` back uncounted (settling it twice is harmless: one that
+        a rollback gave back already is not in the broker's books any more)."""
+        if not self._store_lost(exc):
+            return
+        if delivery is not None:
+            self._broker.requeue(delivery)
+        if isinstance(exc, StoreUnavailable):
+            raise exc
+        raise StoreUnavailable(reason_of(exc)) from exc
 
     @staticmethod
     def _call_after_ack(handler: Handler, message: Message) -> None:
@@ -158,3 +220,28 @@ class Reader:
             # Non-transactional: the message was acked before the handler ran, as a
             # non-transactional get is; the failure is the app's to report.
             log.exception("handler failed on a non-transactional message")
+
+
+@dataclass(slots=True)
+class _Run:
+    """One ``consume()`` call: what it hands the handler, when it ends, and its progress
+    (kept across the broker consumers an outage makes it start anew)."""
+
+    queue: str
+    handler: Handler
+    transactional: bool
+    max_messages: int | None
+    idle_timeout_s: float | None
+    stop: threading.Event | None
+    handled: int = 0
+    #: When the handler last got a message (``time.monotonic()``).
+    last: float = field(default_factory=time.monotonic)
+
+    def stopped(self) -> bool:
+        if self.stop is not None and self.stop.is_set():
+            return True
+        return self.max_messages is not None and self.handled >= self.max_messages
+
+    def took_one(self) -> None:
+        self.handled += 1
+        self.last = time.monotonic()

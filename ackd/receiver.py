@@ -52,6 +52,7 @@ from ackd.identity import checked_name, default_receiver_id
 from ackd.incoming import PendingSequences, ReceiverStats, ReceiverTransaction
 from ackd.intake import Intake
 from ackd.message import Message
+from ackd.outage import StoreUnavailable, is_store_outage
 from ackd.reader import Handler, Reader
 from ackd.reassembly import SequenceReassembly
 from ackd.receiver_config import ReceiverConfig
@@ -63,6 +64,7 @@ from condmsg import migrate
 from condmsg.db import describe_db_url, make_engine
 from condmsg.errors import ConfigError
 from condmsg.relaying import OwnsOutbox
+from condmsg.repeated_failures import reason_of
 from condmsg.settings import Settings
 from condmsg.timeutil import utcnow
 from outbox import backends
@@ -138,9 +140,8 @@ class Receiver(OwnsOutbox):
         migrate.ensure(self.engine, "receiver", models=[metadata], create=config.create_schema)
         #: Whether this receiver's acks leave its store (a relay publishes its outbox):
         #: warned about at start and while reading; gauges in ``registry`` if given.
-        self.ack_watch = AckWatch(
-            self.engine, store_name=describe_db_url(str(self.engine.url)), registry=registry
-        )
+        self.store_name = describe_db_url(str(self.engine.url))
+        self.ack_watch = AckWatch(self.engine, store_name=self.store_name, registry=registry)
         self.ack_watch.check(now=True)
         self._assemble(clock)
 
@@ -192,6 +193,7 @@ class Receiver(OwnsOutbox):
             attempts=self._attempts,
             retry=self.retry,
             clock=clock,
+            store_lost=self._store_lost,
             **ids,
         )
         self._reader = Reader(
@@ -201,6 +203,8 @@ class Receiver(OwnsOutbox):
             pending=pending,
             open_transaction=self.transaction,
             poll_interval_s=self.poll_interval_s,
+            store_lost=self._store_lost,
+            probe_store=self._probe_store,
         )
 
     @classmethod
@@ -219,7 +223,13 @@ class Receiver(OwnsOutbox):
     def transaction(self) -> Iterator[ReceiverTransaction]:
         """Commits on a clean exit (then acks), rolls back and requeues on an exception."""
         self.ack_watch.check()
-        session = Session(self._bind())
+        try:
+            bind = self._bind()
+        except sa.exc.SQLAlchemyError as exc:
+            raise StoreUnavailable(
+                f"the receiver store at {self.store_name} cannot be reached: {reason_of(exc)}"
+            ) from exc
+        session = Session(bind)
         session.begin()
         tx = ReceiverTransaction(self, session)
         try:
@@ -294,10 +304,44 @@ class Receiver(OwnsOutbox):
         if owner is not None and owner != me:
             return self.engine  # another thread: the pool, as usual
         connection = self._thread_connection
-        if connection is None or connection.closed or connection.invalidated:
+        if connection is None or connection.closed or connection.invalidated or _broken(connection):
             if connection is not None:
                 with suppress(sa.exc.SQLAlchemyError):
                     connection.close()
+                self._thread_connection = None
             connection = self._thread_connection = self.engine.connect()
             self._thread_connection_owner = me
         return connection
+
+    def _store_lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` came from an outage of the store rather than from the message.
+
+        Besides what the error says (:func:`is_store_outage`), the kept connection itself
+        tells: statements sent past SQLAlchemy (the psycopg adapter's) report a broken
+        connection as a plain database error, and SQLAlchemy never learns of it. A lost
+        connection is dropped here, so that the next transaction opens a new one.
+        """
+        connection = self._thread_connection
+        broken = connection is not None and not connection.closed and _broken(connection)
+        if broken:
+            assert connection is not None
+            with suppress(Exception):
+                connection.invalidate()
+        return broken or is_store_outage(exc)
+
+    def _probe_store(self) -> None:
+        """One round trip on the connection the next transaction will use; raises while
+        the store cannot be reached."""
+        bind = self._bind()
+        with Session(bind) as session, session.begin():
+            session.execute(sa.text("SELECT 1"))
+
+
+def _broken(connection: Connection) -> bool:
+    """Whether the driver knows ``connection`` to be lost (psycopg's ``broken``; any
+    driver's ``closed``), without a round trip."""
+    try:
+        raw = connection.connection.dbapi_connection
+    except sa.exc.SQLAlchemyError:
+        return True
+    return bool(getattr(raw, "broken", False) or getattr(raw, "closed", False))

@@ -4,6 +4,7 @@ them back after their backoff."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -11,9 +12,11 @@ from datetime import datetime
 from ackd.attempts import AttemptCounts, RetryPolicy, poison_key
 from ackd.broker import Broker
 from ackd.emit import commit_with_acks
-from ackd.incoming import PendingSequences, ReceiverStats, ReceiverTransaction
+from ackd.incoming import PendingSequences, ReceiverStats, ReceiverTransaction, TakenMessage
 from ackd.receiver_store import ReceiverStore
 from condmsg.protocol import MessageKind
+
+log = logging.getLogger(__name__)
 
 
 class Settlement:
@@ -29,6 +32,7 @@ class Settlement:
         attempts: AttemptCounts,
         retry: RetryPolicy,
         clock: Callable[[], datetime],
+        store_lost: Callable[[BaseException], bool],
         recipient: str,
         receiver_id: str,
     ) -> None:
@@ -39,6 +43,7 @@ class Settlement:
         self._attempts = attempts
         self._retry = retry
         self._clock = clock
+        self._store_lost = store_lost
         self._recipient = recipient
         self._receiver_id = receiver_id
 
@@ -74,8 +79,19 @@ class Settlement:
                 self._broker.ack(taken.incoming.delivery, deferred=rlog_backed)
 
     def rollback(self, tx: ReceiverTransaction, exc: BaseException) -> None:
-        tx.session.rollback()
+        """Roll back, and give every message taken back to its queue: after its backoff
+        if the app had it and failed, at once and uncounted if the store was lost (not
+        the message's fault: another consumer, or this one once the store answers, takes
+        it again)."""
+        try:
+            tx.session.rollback()
+        except Exception:  # a lost connection: the server has rolled back on its own
+            log.debug("rollback on a lost connection", exc_info=True)
         self._stats.rolled_back += 1
+        if self._store_lost(exc):
+            for taken in tx.taken_messages:
+                self._give_back(taken, 0.0)
+            return
         # The messages the app had: delivered originals and plain messages (a plain one is
         # taken with ``delivered`` False, as it holds no RLOG row, but the app had it too).
         # Each failure counts as one attempt of each, and holds it back for its backoff.
@@ -89,10 +105,13 @@ class Settlement:
                 # An id-less message cannot be counted; it still waits the first pause.
                 attempts = totals[poison_key(message_id)] if message_id else 1
                 delay = self._retry.delay_s(attempts)
-            if taken.incoming.delivery is not None:
-                self._broker.requeue(taken.incoming.delivery, after_s=delay)
-            else:
-                self._pending.maybe_complete = True  # a reassembled sequence is back in the store
-                if delay > 0 and taken.incoming.message_id:
-                    due = time.monotonic() + delay
-                    self._pending.retry_due[str(taken.incoming.message_id)] = due
+            self._give_back(taken, delay)
+
+    def _give_back(self, taken: TakenMessage, delay: float) -> None:
+        if taken.incoming.delivery is not None:
+            self._broker.requeue(taken.incoming.delivery, after_s=delay)
+            return
+        self._pending.maybe_complete = True  # a reassembled sequence is back in the store
+        if delay > 0 and taken.incoming.message_id:
+            due = time.monotonic() + delay
+            self._pending.retry_due[str(taken.incoming.message_id)] = due

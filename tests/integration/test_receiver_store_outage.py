@@ -1,0 +1,196 @@
+"""Transactional receivers whose store goes away and comes back (DESIGN invariant 8).
+
+Two competing receivers consume one queue with a prefetch window each; their store is
+reached through a TCP proxy that the test cuts several times while originals and
+compensations flow. An outage is not the messages' fault: consumption pauses and resumes,
+every message reaches the app exactly once (or, cancelled out, not at all) and nothing
+stays unacknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from ackd import Message
+from ackd.tables import RlogState, rlog
+from condmsg import Destination
+from condmsg.protocol import MessageKind
+
+from .condmsg_helpers import publish_compensation, publish_copy, wait_for
+from .outbox_helpers import TcpProxy
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
+
+CMS = 240
+#: Every this many CMs gets a compensation too (some overtake their original).
+COMPENSATE_EVERY = 4
+PREFETCH = 20
+#: How long each cut keeps the store unreachable (seconds).
+CUT_S = 2.0
+
+app_rows = sa.Table(
+    "t_app_rows",
+    sa.MetaData(),
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("cm_id", sa.String(36), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("consumer", sa.String(8), nullable=False),
+)
+
+
+@pytest.fixture
+def store_proxy(pg_engine_url: str) -> Iterator[TcpProxy]:
+    target = urlsplit(pg_engine_url)
+    proxy = TcpProxy((target.hostname or "127.0.0.1", target.port or 5432))
+    proxy.up()
+    yield proxy
+    proxy.close()
+
+
+def _through(proxy: TcpProxy, url: str) -> str:
+    parts = urlsplit(url)
+    netloc = parts.netloc.replace(f"{parts.hostname}:{parts.port or 5432}", f"127.0.0.1:{proxy.port}")
+    return parts._replace(netloc=netloc).geturl()
+
+
+def _handler(name: str, seen: Counter[str]) -> Any:
+    def handle(message: Message, session: Session | None) -> None:
+        assert session is not None
+        session.execute(
+            sa.insert(app_rows).values(
+                cm_id=message.cm_id, kind=str(message.kind.value), consumer=name
+            )
+        )
+        time.sleep(0.003)  # the app's own work
+        seen[name] += 1
+
+    return handle
+
+
+def test_competing_transactional_receivers_ride_out_store_cuts(
+    pg_url: str,
+    store_proxy: TcpProxy,
+    unique_name: str,
+    make_receiver: Any,
+    channel: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="ackd")
+    direct = sa.create_engine(pg_url)
+    app_rows.metadata.create_all(direct)
+    queue = f"{unique_name}.q"
+    proxied = _through(store_proxy, pg_url)
+    receivers = [make_receiver(proxied, receiver_id=f"rx{i}") for i in range(2)]
+    receivers[0]._broker.ensure_queue(queue)
+
+    cm_ids = [str(uuid.uuid4()) for _ in range(CMS)]
+    compensated = set(cm_ids[::COMPENSATE_EVERY])
+    for cm_id in cm_ids:
+        publish_copy(
+            channel,
+            cm_id=cm_id,
+            condition=Destination(queue, pickup_within=timedelta(minutes=5)),
+            sender="s",
+            sent_at=datetime.now(UTC),
+            body=b"original",
+        )
+
+    stop = threading.Event()
+    seen: Counter[str] = Counter()
+    failures: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            receivers[index].consume(
+                queue, _handler(f"rx{index}", seen), prefetch=PREFETCH, stop=stop
+            )
+        except BaseException as exc:  # reported by the test, not lost in a thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(2)]
+    for thread in threads:
+        thread.start()
+
+    def rows() -> int:
+        with direct.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(app_rows)).scalar_one())
+
+    # Three cuts while the originals flow; the compensations go out around the second.
+    for cut, after_rows in enumerate((20, 70, 130)):
+        wait_for(lambda n=after_rows: rows() >= n or None, timeout=60)
+        store_proxy.down()
+        if cut == 1:
+            for cm_id in sorted(compensated):
+                publish_compensation(
+                    channel, queue=queue, cm_id=cm_id, destination=queue, sender="s", body=b"undo"
+                )
+        time.sleep(CUT_S)  # the outage itself: nothing to wait for
+        store_proxy.up()
+
+    def settled() -> bool:
+        with direct.connect() as conn:
+            states = dict(conn.execute(sa.select(rlog.c.cm_id, rlog.c.state)).all())
+            kinds = Counter(
+                (row.cm_id, row.kind) for row in conn.execute(sa.select(app_rows)).all()
+            )
+        if len(states) < CMS:
+            return False
+        return all(
+            (cm_id, MessageKind.COMPENSATION.value) in kinds
+            for cm_id in compensated
+            if states[cm_id] == RlogState.CONSUMED
+        )
+
+    try:
+        wait_for(lambda: settled() or None, timeout=90)
+        # Nothing left behind: the queue empties once the last deliveries are acked.
+        wait_for(
+            lambda: channel.queue_declare(queue, passive=True).method.message_count == 0
+            or None,
+            timeout=30,
+        )
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(15)
+    assert not failures, failures
+    assert not any(thread.is_alive() for thread in threads)
+    # Stopped consumers give back whatever they still held: nothing may be there.
+    assert channel.queue_declare(queue, passive=True).method.message_count == 0
+
+    with direct.connect() as conn:
+        states = dict(conn.execute(sa.select(rlog.c.cm_id, rlog.c.state)).all())
+        kinds = Counter((row.cm_id, row.kind) for row in conn.execute(sa.select(app_rows)).all())
+    original, compensation = MessageKind.ORIGINAL.value, MessageKind.COMPENSATION.value
+    for cm_id in cm_ids:
+        if states[cm_id] == RlogState.CONSUMED:
+            assert kinds[(cm_id, original)] == 1, cm_id
+            assert kinds[(cm_id, compensation)] == (1 if cm_id in compensated else 0), cm_id
+        else:  # cancelled out: the app got neither
+            assert cm_id in compensated
+            assert kinds[(cm_id, original)] == kinds[(cm_id, compensation)] == 0, cm_id
+    assert all(count == 1 for count in kinds.values())
+    # Both receivers worked, and no message was charged with the outage: nothing was
+    # dead-lettered as poison.
+    assert seen["rx0"] > 0 and seen["rx1"] > 0
+    assert channel.queue_declare(f"{unique_name}.invalid", passive=True).method.message_count == 0
+    # The log tells of each outage once per receiver, not once per message.
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("ackd")]
+    paused = [line for line in lines if " paused: the receiver store cannot be reached" in line]
+    resumed = [line for line in lines if " resumes: the receiver store answers again" in line]
+    assert 1 <= len(paused) <= 2 * 3 * 2, lines
+    assert len(resumed) == len(paused), lines
+    assert not [r for r in caplog.records if r.name.startswith("ackd") and r.exc_info], lines
+    direct.dispose()

@@ -59,3 +59,10 @@ def connect(url: str, *, name: str = "condmsg", heartbeat: int = 30) -> pika.Blo
             f"cannot reach RabbitMQ at {describe_url(url)}: {exc.__class__.__name__}; "
             "is the broker running? (rabbitmq-server -detached)"
         ) from None
+    except Exception as exc:
+        # While the network fails, pika lets other errors through from a socket that
+        # broke mid-handshake (a ValueError from getpeername(), an OSError): still a
+        # failed attempt that a retry may mend, never a reason for a service to end.
+        raise BrokerError(
+            f"cannot reach RabbitMQ at {describe_url(url)}: {type(exc).__name__}: {exc}"
+        ) from exc

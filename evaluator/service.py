@@ -22,12 +22,11 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-import pika.exceptions
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 
 from condmsg.db import make_engine
-from condmsg.errors import BrokerAuthError, BrokerError, CondmsgError, ConfigError
+from condmsg.errors import BrokerAuthError, CondmsgError, ConfigError
 from condmsg.migrate import SchemaError
 from condmsg.repeated_failures import RepeatedFailures, reason_of
 from condmsg.timeutil import utcnow
@@ -274,8 +273,11 @@ class Evaluator:
                 self._consume_failures.failed(exc, level=logging.WARNING)
                 self._stop.wait(delay_s)
                 delay_s = min(delay_s * 2, MAX_RECONNECT_S)
-            except (BrokerError, pika.exceptions.AMQPError) as exc:
-                # Retried with backoff; logged once per change of failure, not per retry.
+            except Exception as exc:
+                # A broker that is away, or anything the client library raised while the
+                # network failed (pika lets a ValueError or an OSError through from a
+                # socket that broke mid-handshake): retried with backoff, logged once per
+                # change of failure (with its traceback when it is not one of ours).
                 self._consume_failed = (time.monotonic(), reason_of(exc))
                 self._consume_failures.failed(exc, level=logging.WARNING)
                 self._stop.wait(delay_s)

@@ -227,13 +227,13 @@ class Publisher:
     # -- IO thread --------------------------------------------------------------------------
 
     def _run(self) -> None:
-        params = pika.URLParameters(self.amqp_url)
-        params.connection_attempts = 1
-        params.retry_delay = 0
-        params.socket_timeout = self._connect_timeout_s
-        params.stack_timeout = self._connect_timeout_s
-        params.client_properties = {"connection_name": self._connection_name}
         try:
+            params = pika.URLParameters(self.amqp_url)
+            params.connection_attempts = 1
+            params.retry_delay = 0
+            params.socket_timeout = self._connect_timeout_s
+            params.stack_timeout = self._connect_timeout_s
+            params.client_properties = {"connection_name": self._connection_name}
             self._conn = SelectConnection(
                 params,
                 on_open_callback=self._on_open,
@@ -241,9 +241,12 @@ class Publisher:
                 on_close_callback=self._on_closed,
             )
             self._conn.ioloop.start()
-        except Exception as exc:  # pika bug or unexpected failure: never hang the relay
-            log.exception("outbox publisher I/O loop failed")
-            self.last_error = self.last_error or f"RabbitMQ I/O loop failed: {exc}"
+        except Exception as exc:
+            # Whatever pika let through (a ValueError from a socket that broke while
+            # connecting, a bug): this connection has failed, and the relay's next attempt,
+            # after its backoff, makes a new one. The relay reports last_error, throttled.
+            log.debug("outbox publisher I/O loop failed", exc_info=True)
+            self.last_error = self.last_error or describe_connect_error(self.amqp_url, exc)
         finally:
             self._shutdown("the RabbitMQ connection closed")
 

@@ -21,7 +21,7 @@ AUDIT_INSTALL = "pip install 'condmsg[audit]'"
 NEEDS_AUDIT_EXTRA = {
     "audit": ("the audit", ("pyspark", "pyarrow", "pandas")),
     "export": ("the export", ("pyarrow",)),
-    "retention": ("retention's Parquet archives", ("pyarrow",)),
+    "retention": ("retention (its Parquet archives)", ("pyarrow",)),
 }
 
 

@@ -11,6 +11,7 @@ everything of theirs, and the old orphans, and delete exactly that.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -283,6 +284,21 @@ def test_an_archive_that_cannot_be_written_deletes_nothing(
 
     monkeypatch.undo()
     assert len(retain(store.engine, _policy(root), clock=lambda: NOW)) == 2
+
+
+def test_without_pyarrow_a_pass_deletes_nothing(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An evaluator installed without the audit extra cannot write archives, so its
+    retention passes fail and keep every row (docs/evaluator.md)."""
+    before = _snapshot(store.engine)
+    for name in ("pyarrow", "pyarrow.parquet"):
+        monkeypatch.setitem(sys.modules, name, None)  # an import of it fails, as when absent
+    root = tmp_path / "archive"
+    with pytest.raises(ImportError, match="pyarrow"):
+        retain(store.engine, _policy(root), clock=lambda: NOW)
+    assert _snapshot(store.engine) == before
+    assert not root.exists() or list(root.iterdir()) == []
 
 
 def test_concurrent_passes_on_postgresql_never_archive_a_cm_twice(

@@ -172,6 +172,7 @@ SPHERES = Table(
         Column("effective_at", "timestamp"),
         Column("reasons_json", "string"),
         Column("decided_by", "string"),
+        Column("member_verdicts_json", "string"),
     ),
 )
 

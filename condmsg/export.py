@@ -187,7 +187,7 @@ def _spheres(start: datetime | None, until: datetime) -> sa.Select[Any]:
         _unless(abort_later, sp.abort_reason),
         sp.next_check_at,
         *(_unless(late, c) for c in (sp.decided_at, sp.effective_at, sp.reasons_json)),
-        _unless(late, sp.decided_by),
+        *(_unless(late, c) for c in (sp.decided_by, sp.member_verdicts_json)),
         sp.begun_at.label(_AT),
     ).where(begun)
     return spheres

@@ -145,6 +145,10 @@ spheres = sa.Table(
     sa.Column("effective_at", _TS),
     sa.Column("reasons_json", sa.Text()),
     sa.Column("decided_by", sa.String(255)),
+    # Each member's own verdict when the sphere was decided (``pending`` for one undecided
+    # then), as the outcome notification carried it: members decided later do not change
+    # what the decision was.
+    sa.Column("member_verdicts_json", sa.Text()),
 )
 _UNDECIDED_SPHERE = spheres.c.state.in_(
     [SphereState.OPEN.value, SphereState.COMMITTED.value, SphereState.ABORTED.value]

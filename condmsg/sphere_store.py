@@ -24,7 +24,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from condmsg import sender_tables
-from condmsg.sphere_outcome import MemberFacts, SphereFacts
+from condmsg.evaluation import Verdict
+from condmsg.sphere_outcome import MemberFacts, SphereFacts, SphereOutcome
 from condmsg.store_values import ParticipantState, SphereState
 from condmsg.timeutil import stored_instant
 
@@ -58,10 +59,26 @@ class SphereRow(NamedTuple):
     decided_at: datetime | None
     effective_at: datetime | None
     reasons: tuple[str, ...]
+    member_verdicts: dict[str, str] | None
 
     @property
     def decided(self) -> bool:
         return SphereState(self.state).decided
+
+    def outcome(self) -> SphereOutcome | None:
+        """The outcome its decision recorded (None while undecided): what the outcome
+        notification carried, however its members were decided since."""
+        if not self.decided:
+            return None
+        assert self.decided_at is not None and self.effective_at is not None
+        return SphereOutcome(
+            sphere_id=self.sphere_id,
+            verdict=Verdict(self.state),
+            reasons=self.reasons,
+            decided_at=self.decided_at,
+            effective_at=self.effective_at,
+            members=dict(self.member_verdicts or {}),
+        )
 
     @classmethod
     def of(cls, row: Any) -> SphereRow:
@@ -79,6 +96,9 @@ class SphereRow(NamedTuple):
             decided_at=_utc(row.decided_at),
             effective_at=_utc(row.effective_at),
             reasons=tuple(json.loads(row.reasons_json or "[]")),
+            member_verdicts=(
+                None if row.member_verdicts_json is None else json.loads(row.member_verdicts_json)
+            ),
         )
 
 
@@ -205,10 +225,12 @@ class SphereStore(Protocol):
         verdict: str,
         effective_at: datetime,
         reasons: Sequence[str],
+        members: Mapping[str, str],
         decided_at: datetime,
         instance: str,
     ) -> bool:
-        """Record the sphere's outcome once; False if it was decided already."""
+        """Record the sphere's outcome once, with ``members`` (each member CM's own verdict
+        now); False if it was decided already."""
 
     def set_next_check(self, session: Session, sphere_id: str, at: datetime | None) -> None:
         """When an undecided sphere is to be looked at again."""
@@ -433,6 +455,7 @@ class SqlAlchemySphereStore:
         verdict: str,
         effective_at: datetime,
         reasons: Sequence[str],
+        members: Mapping[str, str],
         decided_at: datetime,
         instance: str,
     ) -> bool:
@@ -445,6 +468,7 @@ class SqlAlchemySphereStore:
                 state=verdict,
                 effective_at=effective_at,
                 reasons_json=json.dumps(list(reasons)),
+                member_verdicts_json=json.dumps(dict(members), sort_keys=True),
                 decided_at=decided_at,
                 decided_by=instance,
                 next_check_at=None,

@@ -26,7 +26,6 @@ from sqlalchemy.orm import Session
 
 from condmsg.db import make_engine
 from condmsg.errors import SphereError
-from condmsg.evaluation import Verdict
 from condmsg.outgoing import Outgoing, new_cm_id
 from condmsg.sphere_outcome import SphereOutcome
 from condmsg.sphere_participants import (
@@ -421,21 +420,12 @@ class SphereCoordinator:
         while True:
             with self._engine.connect() as conn:
                 row = self.store.sphere(conn, sphere_id)
-                decided = row is not None and row.decided
-                members = self.store.members(conn, [sphere_id])[sphere_id] if decided else []
             if row is None:
                 raise SphereError(f"no sphere {sphere_id!r} in this sender's store")
-            if row.decided:
+            outcome = row.outcome()
+            if outcome is not None:
                 self.resolve(sphere_id)
-                assert row.decided_at is not None and row.effective_at is not None
-                return SphereOutcome(
-                    sphere_id=sphere_id,
-                    verdict=Verdict(row.state),
-                    reasons=row.reasons,
-                    decided_at=row.decided_at,
-                    effective_at=row.effective_at,
-                    members={m.cm_id: m.state for m in members},
-                )
+                return outcome
             if time.monotonic() >= deadline:
                 return None
             time.sleep(poll_s)

@@ -4,10 +4,11 @@ A sphere is judged (:func:`condmsg.sphere_outcome.judge_sphere`) whenever someth
 can decide it happened: a member was decided (:func:`evaluator.decisions.judge` settles the
 spheres of the members it decided), or its next check came (the sender committed or
 aborted it, or its deadline passed: :func:`sweep_spheres`). The caller holds the sphere's
-row lock, so the outcome is recorded once, and in the same transaction the outbox receives
-the sphere's outcome notification, the notifications of its decided members, and, for every
-member, success notices (where asked for) or compensations: the sphere's verdict, not the
-member's, chooses.
+row lock, so the outcome is recorded once, with each member's verdict as it stands then
+(what every later read of the outcome returns), and in the same transaction the outbox
+receives the sphere's outcome notification, the notifications of its decided members, and,
+for every member, success notices (where asked for) or compensations: the sphere's
+verdict, not the member's, chooses.
 """
 
 from __future__ import annotations
@@ -52,17 +53,6 @@ def settle_spheres(
                 spheres.set_next_check(session, sphere.sphere_id, later)
             continue
         assert judgement.effective_at is not None
-        won = spheres.decide(
-            session,
-            sphere.sphere_id,
-            verdict=judgement.verdict.value,
-            effective_at=judgement.effective_at,
-            reasons=judgement.reasons,
-            decided_at=now,
-            instance=instance,
-        )
-        if not won:
-            continue
         outcome = SphereOutcome(
             sphere_id=sphere.sphere_id,
             verdict=judgement.verdict,
@@ -71,6 +61,18 @@ def settle_spheres(
             effective_at=judgement.effective_at,
             members={m.cm_id: m.state for m in its},
         )
+        won = spheres.decide(
+            session,
+            sphere.sphere_id,
+            verdict=outcome.verdict.value,
+            effective_at=outcome.effective_at,
+            reasons=outcome.reasons,
+            members=outcome.members,
+            decided_at=now,
+            instance=instance,
+        )
+        if not won:
+            continue
         actions.notify_sphere(sphere.sender, outcome)
         _member_actions(actions, its, judgement.verdict)
 

@@ -174,7 +174,10 @@ def cut_spheres(spheres: DataFrame, window: Window) -> DataFrame:
         "committed_at": late & (F.col("committed_at") > until),
         "aborted_at": late & (F.col("aborted_at") > until),
         "abort_reason": late & (F.col("aborted_at") > until),
-        **dict.fromkeys(("decided_at", "effective_at", "reasons_json", "decided_by"), late),
+        **dict.fromkeys(
+            ("decided_at", "effective_at", "reasons_json", "decided_by", "member_verdicts_json"),
+            late,
+        ),
     }
     cut = spheres.where(sent_in(window, "begun_at")).withColumn("state", state)
     cut = cut.withColumns({name: F.when(~when, F.col(name)) for name, when in hidden.items()})

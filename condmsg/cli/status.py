@@ -67,10 +67,15 @@ def _show_sphere(conn: sa.Connection, sphere: SphereRow, settings: Settings) -> 
         print(f"committed {iso(sphere.committed_at)}")
     if sphere.aborted_at is not None:
         print(f"aborted {iso(sphere.aborted_at)}: {sphere.abort_reason}")
-    if sphere.decided_at is not None and sphere.effective_at is not None:
-        print(f"decided {iso(sphere.decided_at)} (effective {iso(sphere.effective_at)})")
-        for reason in sphere.reasons:
+    outcome = sphere.outcome()
+    if outcome is not None:
+        print(f"decided {iso(outcome.decided_at)} (effective {iso(outcome.effective_at)})")
+        for reason in outcome.reasons:
             print(f"  {reason}")
+        # As the outcome recorded them; each member's tree below shows it as it is now.
+        print("members when it was decided:")
+        for cm_id, verdict in sorted(outcome.members.items()):
+            print(f"  {cm_id}: {verdict}")
     participants = SPHERES.participants(conn, sphere.sphere_id)
     if participants:
         print("participants:")

@@ -9,7 +9,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from condmsg import sender_tables
+from condmsg import Verdict, sender_tables
+from condmsg.sphere_outcome import SphereOutcome
 from condmsg.sphere_store import SqlAlchemySphereStore
 from condmsg.store_values import ParticipantState
 
@@ -106,10 +107,11 @@ def test_a_sphere_is_decided_once(engine: sa.Engine) -> None:
             "verdict": "violated",
             "effective_at": T0 + 4 * S,
             "reasons": ["sphere aborted: x"],
+            "members": {"m1": "satisfied", "m2": "pending"},
             "decided_at": T0 + 5 * S,
         }
         assert store.decide(session, "s1", instance="e1", **decided)  # type: ignore[arg-type]
-        again = decided | {"verdict": "satisfied"}
+        again = decided | {"verdict": "satisfied", "members": {"m1": "satisfied"}}
         assert not store.decide(session, "s1", instance="e2", **again)  # type: ignore[arg-type]
         store.set_next_check(session, "s1", T0)  # a decided sphere keeps no next check
     with engine.connect() as conn:
@@ -117,6 +119,45 @@ def test_a_sphere_is_decided_once(engine: sa.Engine) -> None:
     assert row is not None and row.decided
     assert (row.state, row.reasons, row.next_check_at) == ("violated", ("sphere aborted: x",), None)
     assert (row.decided_at, row.effective_at) == (T0 + 5 * S, T0 + 4 * S)
+    assert row.member_verdicts == {"m1": "satisfied", "m2": "pending"}
+
+
+def test_the_outcome_is_the_one_recorded_at_the_decision(engine: sa.Engine) -> None:
+    begin(engine)
+    add_member(engine, "m1", "s1", "satisfied")
+    add_member(engine, "m2", "s1")
+    with engine.connect() as conn:
+        row = store.sphere(conn, "s1")
+    assert row is not None and row.outcome() is None  # undecided
+    with Session(engine) as session, session.begin():
+        store.decide(
+            session,
+            "s1",
+            verdict="violated",
+            effective_at=T0 + 4 * S,
+            reasons=["sphere aborted: x"],
+            members={"m1": "satisfied", "m2": "pending"},
+            decided_at=T0 + 5 * S,
+            instance="e1",
+        )
+    with engine.begin() as conn:  # the pending member is decided afterwards
+        cms = sender_tables.cms
+        conn.execute(
+            sa.update(cms)
+            .where(cms.c.cm_id == "m2")
+            .values(state="violated", decided_at=T0 + 9 * S, effective_at=T0 + 8 * S)
+        )
+    with engine.connect() as conn:
+        row = store.sphere(conn, "s1")
+    assert row is not None
+    assert row.outcome() == SphereOutcome(
+        sphere_id="s1",
+        verdict=Verdict.VIOLATED,
+        reasons=("sphere aborted: x",),
+        decided_at=T0 + 5 * S,
+        effective_at=T0 + 4 * S,
+        members={"m1": "satisfied", "m2": "pending"},
+    )
 
 
 def test_members_are_read_per_sphere(engine: sa.Engine) -> None:
@@ -198,6 +239,7 @@ def test_unresolved_lists_decided_spheres_with_work_left(engine: sa.Engine) -> N
                 verdict="violated",
                 effective_at=T0,
                 reasons=[],
+                members={},
                 decided_at=T0,
                 instance="e",
             )

@@ -32,6 +32,18 @@ class Clock:
         return self.at
 
 
+def stepped_evaluator(sender: Any, clock: Clock, **options: Any) -> Any:
+    """An evaluator of ``sender`` on its store and ``clock``, not started (no relay): a
+    test calls its steps (``process_bodies``, ``sweep``, ``jobs.sweep_spheres``)."""
+    from evaluator.config import EvaluatorConfig
+    from evaluator.service import Evaluator
+
+    config = EvaluatorConfig(
+        amqp_url=sender.amqp_url, sender=sender.name, secret=SECRET, relay=False, **options
+    )
+    return Evaluator(config, engine=sender.engine, clock=clock)
+
+
 def ack_body(
     cm_id: str, destination: str, at: datetime, *, receiver: str, **overrides: Any
 ) -> bytes:

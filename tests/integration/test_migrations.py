@@ -3,9 +3,11 @@ and a store that is missing, behind or ahead is refused with one line naming the
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,79 @@ def test_an_old_outbox_gains_its_later_column_when_adopted(sqlite_url: str) -> N
     migrate.upgrade(engine, "outbox")
     with engine.connect() as conn:
         assert _drift(conn, MODELS["outbox"]) == []
+    engine.dispose()
+
+
+def test_spheres_decided_before_sender_0003_get_their_members_verdicts(db_url: str) -> None:
+    """A member decided at or before its sphere's decision keeps its verdict; one decided
+    later, or not yet, was pending then."""
+    engine = sa.create_engine(db_url)
+    migrate.upgrade(engine, "sender")
+    t0 = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    spheres, cms = sender_tables.spheres, sender_tables.cms
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(spheres),
+            [
+                {
+                    "sphere_id": sphere_id,
+                    "sender": "s",
+                    "begun_at": t0,
+                    "deadline": t0 + timedelta(minutes=1),
+                    "members": members,
+                    "state": state,
+                    "decided_at": None if state == "open" else t0 + timedelta(seconds=10),
+                }
+                for sphere_id, members, state in (
+                    ("decided", 4, "violated"),
+                    ("empty", 0, "violated"),
+                    ("open", 1, "open"),
+                )
+            ],
+        )
+        conn.execute(
+            sa.insert(cms),
+            [
+                {
+                    "cm_id": cm_id,
+                    "sender": "s",
+                    "sent_at": t0,
+                    "condition_json": "{}",
+                    "evaluation_deadline": t0 + timedelta(minutes=1),
+                    "payload_size": 0,
+                    "sphere_id": sphere_id,
+                    "state": state,
+                    "decided_at": None if at is None else t0 + timedelta(seconds=at),
+                }
+                for cm_id, sphere_id, state, at in (
+                    ("before", "decided", "satisfied", 5),
+                    ("with", "decided", "violated", 10),
+                    ("after", "decided", "violated", 20),
+                    ("still", "decided", "pending", None),
+                    ("other", "open", "satisfied", 5),
+                )
+            ],
+        )
+        conn.execute(sa.text("ALTER TABLE condmsg_sphere DROP COLUMN member_verdicts_json"))
+        version = sa.table(migrate.VERSION_TABLE, sa.column("version_num"))
+        conn.execute(
+            sa.update(version)
+            .where(version.c.version_num == migrate.head("sender"))
+            .values(version_num="sender_0002")
+        )
+    migrate.upgrade(engine, "sender")
+    with engine.connect() as conn:
+        assert _drift(conn, MODELS["sender"]) == []
+        rows = conn.execute(sa.select(spheres.c.sphere_id, spheres.c.member_verdicts_json))
+        stored = {row.sphere_id: row.member_verdicts_json for row in rows}
+    assert json.loads(stored["decided"]) == {
+        "before": "satisfied",
+        "with": "violated",
+        "after": "pending",
+        "still": "pending",
+    }
+    assert json.loads(stored["empty"]) == {}
+    assert stored["open"] is None
     engine.dispose()
 
 

@@ -144,7 +144,9 @@ def check(bind: Engine | Connection, store: str) -> None:
     """Raise :class:`SchemaError` (one line, naming what to run) unless the database
     holds ``store`` (and the stores it depends on) at the revision this release expects."""
     held = revisions(bind)
-    for name in (*_DEPENDS[store], store):
+    # The store asked for first: an empty database is then said to lack that store (the
+    # one the user named, and whose upgrade creates the others too).
+    for name in (store, *_DEPENDS[store]):
         found = StoreRevision(name, held[name], _branch_head(name))
         if found.state is not SchemaState.CURRENT:
             raise SchemaError(_explain(found, store, bind))

@@ -3,16 +3,22 @@
 import argparse
 import sys
 
+from condmsg.cli.exits import INTERRUPTED, USAGE, HelpFormatter, epilog
 from condmsg.errors import CondmsgError
-from evaluator.cli import HELP, add_arguments, run
+from evaluator.cli import DESCRIPTION, add_arguments, run
 
-parser = argparse.ArgumentParser(prog="python -m evaluator", description=HELP)
+parser = argparse.ArgumentParser(
+    prog="python -m evaluator",
+    description=DESCRIPTION,
+    epilog=epilog("evaluator"),
+    formatter_class=HelpFormatter,
+)
 add_arguments(parser)
 args = parser.parse_args()
 try:
     sys.exit(run(args))
 except CondmsgError as exc:
     print(f"evaluator: {exc}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(USAGE)
 except KeyboardInterrupt:
-    sys.exit(130)
+    sys.exit(INTERRUPTED)

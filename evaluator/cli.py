@@ -1,5 +1,7 @@
 """Command line of the evaluator service, shared by ``condmsg evaluator`` and ``python -m
-evaluator``: run the service for one sender until SIGTERM/SIGINT.
+evaluator``: run the service for one sender until SIGTERM/SIGINT. Exit codes:
+:mod:`condmsg.cli.exits` (0 stopped by a signal, 2 a configuration error, which includes a
+store without its schema and credentials RabbitMQ keeps refusing).
 
 The service is imported when the command runs, so building the ``condmsg`` parser stays
 cheap. The retention policy options are here too: ``condmsg retention`` takes the same.
@@ -14,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from condmsg.cli.options import checked_amqp_url, checked_db_url
 from condmsg.errors import ConfigError
 from condmsg.logging_setup import add_logging_arguments, configure_logging, log_banner
 from condmsg.settings import (
@@ -22,6 +25,7 @@ from condmsg.settings import (
     ENV_DB_URL,
     ENV_RETENTION,
     ENV_RETENTION_INTERVAL_S,
+    Settings,
     parse_duration,
 )
 from condmsg.stopping import StopSignals
@@ -31,6 +35,12 @@ if TYPE_CHECKING:
     from evaluator.service import Evaluator
 
 HELP = "decide conditional messages of a sender (acks, timeouts, outcomes)"
+DESCRIPTION = (
+    "A service: consume a sender's acks (condmsg.<sender>.ack), decide its CMs on acks and "
+    "deadlines, and publish outcomes, notices and compensations through the store's outbox "
+    "(its own relay unless --no-relay), until SIGTERM or SIGINT. It waits for the database "
+    "and the broker while they are away; a configuration error ends it."
+)
 
 
 def duration(text: str) -> timedelta:
@@ -60,14 +70,38 @@ def add_policy_arguments(parser: argparse.ArgumentParser, period: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sender", required=True, help="the sender name whose acks to consume")
     parser.add_argument(
-        "--db-url", help=f"the sender's store (default: ${ENV_DB_URL}; one of them is required)"
+        "--sender", required=True, metavar="NAME", help="the sender name whose acks to consume"
     )
-    parser.add_argument("--amqp-url", help=f"RabbitMQ (default: ${ENV_AMQP_URL})")
-    parser.add_argument("--ack-grace-ms", type=int, help="default: CONDMSG_ACK_GRACE_MS or 250")
-    parser.add_argument("--sweep-interval", type=float, default=1.0, help="seconds")
-    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument(
+        "--db-url",
+        metavar="URL",
+        help=f"SQLAlchemy URL of the sender store (default: ${ENV_DB_URL}; one is required)",
+    )
+    parser.add_argument(
+        "--amqp-url", metavar="URL", help=f"RabbitMQ (default: ${ENV_AMQP_URL}, else the local one)"
+    )
+    parser.add_argument(
+        "--ack-grace-ms",
+        type=int,
+        metavar="MS",
+        help="how long after a deadline acks still in a relay may arrive "
+        "(default: CONDMSG_ACK_GRACE_MS or 250)",
+    )
+    parser.add_argument(
+        "--sweep-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="between deadline sweeps (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=500,
+        metavar="N",
+        help="acks taken in per batch, one transaction each (default: %(default)s)",
+    )
     parser.add_argument(
         "--create-schema",
         action="store_true",
@@ -77,7 +111,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--store-threads",
         type=int,
         default=2,
-        help="threads that store and decide batches while the next is consumed (default 2)",
+        metavar="N",
+        help="threads that store and decide batches while the next is consumed "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--intake-processes",
@@ -85,19 +121,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         metavar="N",
         help="processes taking in acks (this one and N-1 workers; PostgreSQL only): one "
-        "interpreter lock bounds a process's intake, so use up to one per core (default 1)",
+        "interpreter lock bounds a process's intake, so use up to one per core "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--metrics-port",
         type=int,
-        help="serve /metrics (Prometheus), /healthz and /readyz on this port (0.0.0.0)",
+        metavar="PORT",
+        help="serve /metrics (Prometheus), /healthz and /readyz on this port (0.0.0.0; "
+        "default: none)",
     )
     parser.add_argument(
         "--gauge-interval",
         type=float,
         default=15.0,
         metavar="SECONDS",
-        help="between refreshes of the pending-CM and ack-queue gauges (default 15)",
+        help="between refreshes of the pending-CM and ack-queue gauges (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--summary-interval",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="between INFO lines saying how many CMs were decided, are pending and are "
+        "overdue (0: none; default: %(default)s)",
     )
     add_logging_arguments(parser)
     parser.add_argument(
@@ -133,13 +180,15 @@ def _config(args: argparse.Namespace) -> EvaluatorConfig:
     db_url = args.db_url or os.environ.get(ENV_DB_URL)
     if not db_url:
         raise ConfigError(f"name the sender's store: --db-url or {ENV_DB_URL}")
-    given["db_url"] = db_url
-    if args.amqp_url:
-        given["amqp_url"] = args.amqp_url
+    given["db_url"] = checked_db_url(db_url)
+    given["amqp_url"] = checked_amqp_url(args.amqp_url or Settings.from_env().amqp_url)
     return EvaluatorConfig.from_env(
         sender=args.sender,
         sweep_interval_s=args.sweep_interval,
         gauge_interval_s=args.gauge_interval,
+        summary_interval_s=args.summary_interval,
+        log_level=args.log_level,
+        log_format=args.log_format,
         batch_size=args.batch_size,
         store_threads=args.store_threads,
         intake_processes=args.intake_processes,
@@ -174,10 +223,12 @@ def _banner(service: Evaluator, metrics_port: int | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from condmsg.cli.exits import OK, USAGE
     from condmsg.ops_server import serve_ops
     from evaluator.service import Evaluator
 
     configure_logging(args.log_level, args.log_format)
+    log = logging.getLogger(__name__)
     service = Evaluator(_config(args))
     _banner(service, args.metrics_port)
     server = serve_ops(
@@ -185,18 +236,22 @@ def run(args: argparse.Namespace) -> int:
     )
     stopping = StopSignals().install().event
     service.start()
-    logging.getLogger(__name__).info("evaluator for sender %s started", args.sender)
+    said_started = False
     try:
         # The service waits for the database and the broker itself; its thread ends on its
         # own only for a configuration error (logged), which no restart mends.
-        while not stopping.wait(1.0):
+        while not stopping.wait(0.2):
             if not service.running:
-                return 1
+                return USAGE if service.fatal is not None else 1
+            if service.prepared and not said_started:
+                # Once the store is ready: a store it cannot use says "cannot start" only.
+                log.info("evaluator for sender %s started", args.sender)
+                said_started = True
         # Graceful: the batch in hand is finished and acked (or handed back), then the
         # relay and the scheduler stop.
         service.stop()
     finally:
         if server is not None:
             server.stop()
-    logging.getLogger(__name__).info("evaluator for sender %s stopped", args.sender)
-    return 0
+    log.info("evaluator for sender %s stopped", args.sender)
+    return OK

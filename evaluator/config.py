@@ -78,6 +78,9 @@ class EvaluatorConfig:
     #: Seconds between refreshes of the store and ack-queue gauges (and of what
     #: ``/readyz`` knows about reaching the database and RabbitMQ).
     gauge_interval_s: float = 15.0
+    #: Seconds between the INFO lines summing up decisions, pending and overdue CMs (0: none;
+    #: logged by the instance that sweeps).
+    summary_interval_s: float = 60.0
     #: Whether the deadline sweeps run in this service (an intake worker runs none).
     sweeps: bool = True
     #: Whether an in-process outbox relay publishes the outcomes (else `condmsg relay`).
@@ -96,6 +99,10 @@ class EvaluatorConfig:
     freeze_gc: bool = False
     #: Processes taking in acks: this one and ``intake_processes - 1`` workers.
     intake_processes: int = 1
+    #: How the intake workers log: the service's ``--log-level`` and ``--log-format`` (None:
+    #: ``CONDMSG_LOG_LEVEL`` and ``CONDMSG_LOG_FORMAT``, else INFO and text).
+    log_level: str | None = None
+    log_format: str | None = None
     #: Whether a store that does not exist yet is created (``--create-schema``; quick starts
     #: and tests). Off, a missing store is refused with the command that creates it.
     create: bool = False
@@ -121,6 +128,8 @@ class EvaluatorConfig:
             raise ConfigError("the clock-skew tolerance must not be negative")
         if self.gauge_interval_s <= 0:
             raise ConfigError("the gauge interval must be positive seconds")
+        if self.summary_interval_s < 0:
+            raise ConfigError("the summary interval must not be negative (0: no summary)")
         if self.store_threads < 1:
             raise ConfigError("store_threads must be at least 1")
         if self.intake_processes < 1:

@@ -57,6 +57,9 @@ class ServiceGauges:
         self.broker_problem: str | None = "not checked yet"
         #: When the broker last answered (monotonic seconds; 0: never).
         self.broker_ok_at = 0.0
+        #: Pending and overdue CMs at the last refresh of the store (None: it failed).
+        self.pending: int | None = None
+        self.overdue: int | None = None
         self._store_failures = RepeatedFailures(
             log,
             "reading the store gauges",
@@ -87,11 +90,13 @@ class ServiceGauges:
             with self._engine.connect() as connection:
                 pending, overdue = connection.execute(query).one()
         except Exception as exc:
+            self.pending = self.overdue = None
             self.store_problem = f"the store does not answer: {reason_of(exc)}"
             self._store_failures.failed(exc, level=logging.WARNING)
             return
-        self._metrics.pending_cms.set(int(pending))
-        self._metrics.overdue_cms.set(int(overdue))
+        self.pending, self.overdue = int(pending), int(overdue)
+        self._metrics.pending_cms.set(self.pending)
+        self._metrics.overdue_cms.set(self.overdue)
         self.store_problem = None
         self._store_failures.succeeded()
 

@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import IO, Any
 
 from condmsg.errors import ConfigError
+from condmsg.logging_setup import configure_logging
 from condmsg.stopping import StopSignals
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
@@ -50,13 +51,12 @@ class _Reporter:
 
 def main() -> int:
     """A worker process: an intake-only evaluator until stdin closes or a signal comes."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("pika").setLevel(logging.WARNING)
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
     line = sys.stdin.readline()
     if not line:
         return 0  # the service went away before saying anything
     config = WorkerConfig(**json.loads(line))
+    # As the service logs (its lines and its workers' share its stderr).
+    configure_logging(config.log_level, config.log_format)
 
     done = StopSignals().install().event
 
@@ -91,6 +91,7 @@ def main() -> int:
         log.error("the intake worker cannot start: %s", exc)
         return 1
     service.start()
+    log.info("intake worker %s for sender %s started", config.instance, config.sender)
     while not done.wait(1.0):
         if not service.running:  # its thread died: exit, and the service starts another
             log.error("the intake worker's service thread ended; exiting")

@@ -32,6 +32,7 @@ from evaluator.metrics import EvaluatorMetrics
 from evaluator.retention import Archived, retain
 from evaluator.sender_store import SenderStore
 from evaluator.spheres import settle_spheres
+from evaluator.summary import DecisionSummary
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ class ScheduledJobs:
 
     ``on_decided`` is called after a sweep decided CMs (to wake the outbox relay);
     ``should_stop`` ends a retention pass between its batches. With ``gauges``, they are
-    refreshed every ``config.gauge_interval_s``, the first time at start.
+    refreshed every ``config.gauge_interval_s``, the first time at start, and the summary
+    line is logged every ``config.summary_interval_s`` (:mod:`evaluator.summary`).
     """
 
     def __init__(
@@ -98,6 +100,16 @@ class ScheduledJobs:
                 id="gauges",
                 next_run_time=utcnow(),
                 max_instances=1,  # its broker connection is used by one thread at a time
+                coalesce=True,
+            )
+        if self._gauges is not None and self._config.summary_interval_s > 0:
+            summary = DecisionSummary(self._metrics, self._gauges)
+            self._scheduler.add_job(
+                summary.log,
+                "interval",
+                seconds=self._config.summary_interval_s,
+                id="summary",
+                max_instances=1,
                 coalesce=True,
             )
         if self._scheduler.get_jobs():  # an intake worker has none

@@ -86,6 +86,9 @@ class Evaluator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._prepared = False
+        #: Why the service ended on its own (configuration: a store it cannot use,
+        #: credentials refused for good); None while it runs or after :meth:`stop`.
+        self.fatal: str | None = None
         # The consumer's last failure (monotonic seconds, reason), for readiness.
         self._consume_failed: tuple[float, str] | None = None
         self._consume_failures = RepeatedFailures(log, "consuming the ack queue")
@@ -147,6 +150,8 @@ class Evaluator:
             prefetch=config.prefetch,
             store_threads=config.store_threads,
             instance=self.instance,
+            log_level=config.log_level,
+            log_format=config.log_format,
         )
         return IntakeWorkers(
             config.intake_processes - 1, worker_config, self.metrics.observe_report
@@ -177,6 +182,11 @@ class Evaluator:
         )
         self._thread.start()
         return self
+
+    @property
+    def prepared(self) -> bool:
+        """Whether the store is ready and the service at work (its helpers started)."""
+        return self._prepared
 
     @property
     def running(self) -> bool:
@@ -233,7 +243,8 @@ class Evaluator:
                 if not self.wait_until_prepared():
                     return
             except (ConfigError, SchemaError) as exc:
-                log.error("the evaluator cannot start: %s", exc)
+                self.fatal = f"cannot start: {exc}"
+                log.error("the evaluator %s", self.fatal)
                 return
             self._prepared = True
             self._start_helpers()
@@ -268,7 +279,8 @@ class Evaluator:
                 # A broker restart does not refuse credentials; a wrong URL does, for ever.
                 refused += 1
                 if refused >= AUTH_REFUSALS_BEFORE_GIVING_UP:
-                    log.error("the evaluator stops: %s (refused %d times)", exc, refused)
+                    self.fatal = f"{exc} (refused {refused} times)"
+                    log.error("the evaluator stops: %s", self.fatal)
                     return
                 self._consume_failures.failed(exc, level=logging.WARNING)
                 self._stop.wait(delay_s)

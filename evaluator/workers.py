@@ -67,6 +67,9 @@ class WorkerConfig:
     store_threads: int
     instance: str
     clock_skew_ms: float = DEFAULT_CLOCK_SKEW.total_seconds() * 1000
+    #: The service's logging, which its workers' lines follow (None: the environment's).
+    log_level: str | None = None
+    log_format: str | None = None
 
 
 class IntakeWorkers:

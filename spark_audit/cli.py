@@ -65,7 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URI",
         help="where to write the tables, summary.json and report.html (a path or a URI)",
     )
-    parser.add_argument("--master", help="Spark master URL (default: the environment's)")
+    parser.add_argument(
+        "--master", metavar="URL", help="Spark master URL (default: the environment's)"
+    )
     parser.add_argument(
         "--conf",
         type=_setting,
@@ -94,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive,
         default=10_000,
         metavar="ROWS",
-        help="rows per round trip to PostgreSQL (default 10000)",
+        help="rows per round trip to PostgreSQL (default: %(default)s)",
     )
     parser.add_argument(
         "--threshold",
@@ -108,7 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stale-grace-ms",
         type=int,
         default=60_000,
-        help="a CM pending this long after its evaluation deadline is stale",
+        metavar="MS",
+        help="a CM pending this long after its evaluation deadline is stale "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--shuffle-partitions",

@@ -11,21 +11,30 @@ audit; ``condmsg --help`` (or a command it does not know) lists the commands fro
 :data:`SUMMARIES` and imports none of them. pyspark is loaded only when ``condmsg audit``
 runs.
 
-Exit codes: 0 done, 1 a failed check or outcome (a command says which), 2 a usage or
-configuration error, which includes a service or file the command cannot use: one line on
-stderr naming what failed and what to do (:mod:`condmsg.cli.failures`); ``--debug`` shows
-the traceback instead.
+Exit codes (:mod:`condmsg.cli.exits` has the table): 0 done, 1 a failed check or outcome
+(a command says which), 2 a usage or configuration error, which includes a service or file
+the command cannot use: one line on stderr naming what failed and what to do
+(:mod:`condmsg.cli.failures`; ``--debug`` shows the traceback too), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
+import traceback
 from collections.abc import Sequence
 
 from condmsg import __version__
+from condmsg.cli.exits import INTERRUPTED, USAGE
 from condmsg.cli.extras import require_extra
+
+#: The services: a stop signal is how they end (exit 0); they install their own handlers.
+SERVICES = frozenset({"relay", "evaluator"})
+#: What a shell reports for a command that SIGPIPE ended (128 + 13).
+READER_GONE = 141
 
 #: Each command and the module of this package that provides it, in ``--help`` order.
 COMMANDS = {
@@ -104,18 +113,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
-        return 2
+        return USAGE
+    if args.command not in SERVICES:
+        # SIGTERM interrupts a command as Ctrl-C does: the same cleanup, the same exit code.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         require_extra(args.command)
-        return int(handler(args))
+        code = int(handler(args))
+        sys.stdout.flush()  # a reader that went away is met here, not at exit
+        return code
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
+    except BrokenPipeError:
+        return _reader_gone()
     except Exception as exc:
         from condmsg.cli.failures import explain
 
-        said = None if args.debug else explain(exc, args)
+        said = explain(exc, args)
         if said is None:
-            raise
+            raise  # a bug: its traceback, exit 1
+        if args.debug:
+            traceback.print_exc()
         one_line = " ".join(said.split())
         print(f"condmsg {args.command}: {one_line}", file=sys.stderr)
-        return 2
+        return USAGE
+
+
+def _reader_gone() -> int:
+    """The reader of standard output went away (``| head``): stop without a word. What is
+    still buffered goes nowhere, so that the flush at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return READER_GONE

@@ -8,17 +8,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from condmsg.cli.exits import add_command
 from spark_audit.cli import add_arguments
 from spark_audit.cli import run as run_audit
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "audit",
         help="audit acks, latencies and verdicts with Spark",
-        description="Audit a condmsg sender store (PostgreSQL via JDBC, or a Parquet export). "
-        "Exit code 0: passed or warnings; 1: an error-level check failed; 2: input or "
-        "runtime error.",
+        description="Audit a condmsg sender store (PostgreSQL via JDBC, or a Parquet export): "
+        "re-judge every CM and sphere from its acks, check latencies and verdicts, and write "
+        "a report (docs/audit.md).",
     )
     add_arguments(parser)
     parser.set_defaults(handler=run)

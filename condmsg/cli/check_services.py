@@ -4,7 +4,7 @@ Each check does what a service does at start, so a pass means the services can s
 logs in to RabbitMQ with the URL's credentials and virtual host, opens the named database
 and runs a query, and (with ``--store``) checks that store's schema revision and (with
 ``--sender``) that the sender's service queues exist. Each failure is one line naming what
-failed and what to do. Exit codes: 0 every check passed, 1 a check failed, 2 a usage error.
+failed and what to do. Exit codes: :mod:`condmsg.cli.exits`.
 
 ``make test`` and ``make demo`` run it first, so a stopped service produces one clear
 message naming the command that starts it instead of a wall of connection errors.
@@ -24,23 +24,31 @@ import outbox
 from ackd.ack_watch import STALE_AFTER_S
 from condmsg import migrate, protocol
 from condmsg.amqp import connect, describe_url
+from condmsg.cli.exits import FAILED, OK, add_command
 from condmsg.cli.failures import database_problem
-from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url
+from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, checked_db_url
 from condmsg.db import describe_db_url
 from condmsg.errors import CondmsgError
 from condmsg.settings import ENV_DB_URL, ENV_TEST_PG_URL, Settings
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "check-services", help="log in to RabbitMQ and open the database, as the services do"
+    parser = add_command(
+        subparsers,
+        "check-services",
+        help="log in to RabbitMQ and open the database, as the services do",
+        description="Log in to RabbitMQ and open the database as the services do at start, so "
+        "that a pass means they can start; with --store also check that store's schema "
+        "revision, with --sender that the sender's queues exist. Each failure is one line.",
     )
     add_amqp_url(parser)
     add_db_url(parser, "the database", also=f", else ${ENV_TEST_PG_URL}, else the local PostgreSQL")
     parser.add_argument(
         "--store", choices=migrate.STORES, help="also check this store's schema revision"
     )
-    parser.add_argument("--sender", help="also check that this sender's service queues exist")
+    parser.add_argument(
+        "--sender", metavar="NAME", help="also check that this sender's service queues exist"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -104,10 +112,10 @@ def _stuck_outbox(engine: sa.Engine) -> str | None:
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     amqp = amqp_url(args)
-    db = args.db_url or os.environ.get(ENV_DB_URL) or settings.test_pg_url
+    db = checked_db_url(args.db_url or os.environ.get(ENV_DB_URL) or settings.test_pg_url)
     problems = [p for p in (_broker(amqp, args.sender), _database(db, args.store)) if p]
     for problem in problems:
         print(f"condmsg check-services: {problem}", file=sys.stderr)
     if not problems:
         print(f"RabbitMQ at {describe_url(amqp)} and the database at {describe_db_url(db)} answer.")
-    return 1 if problems else 0
+    return FAILED if problems else OK

@@ -9,9 +9,7 @@ outbox, so an in-process relay publishes them while the command runs, and is dra
 before it exits.
 
 A queue that does not exist is an error: reading would declare it, and a mistyped name
-would then wait on a new, empty queue for ever. Exit codes: 0 done (``--count`` messages,
-``--timeout`` idle, or SIGTERM/SIGINT), 1 fewer than ``--count`` messages in time or
-``--exec`` failed, 2 a usage or configuration error.
+would then wait on a new, empty queue for ever. Exit codes: :mod:`condmsg.cli.exits`.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from condmsg import protocol
+from condmsg.cli.exits import FAILED, INTERRUPTED, OK, add_command
 from condmsg.cli.options import (
     add_amqp_url,
     add_create_schema,
@@ -32,6 +31,7 @@ from condmsg.cli.options import (
     amqp_url,
     named_db_url,
 )
+from condmsg.cli.queues import require_queue
 from condmsg.errors import BrokerError, CondmsgError, ConfigError
 from condmsg.protocol import H_TOKEN
 
@@ -50,11 +50,14 @@ class _Refused(CondmsgError):
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "consume",
         help="read a queue as a receiver (automatic acks); print messages or pipe them",
-        description="Read QUEUE through a condmsg receiver. Exit codes: 0 done, 1 fewer "
-        "than --count messages in time or --exec failed, 2 a usage or configuration error.",
+        description="Read QUEUE through a condmsg receiver: a READ ack per message, or with "
+        "--transactional a COMMIT ack once it is handled. Prints each message as a JSON line, "
+        "or pipes its payload to --exec. Stops after --count messages, after --timeout "
+        "seconds without one, or on Ctrl-C/SIGTERM.",
     )
     parser.add_argument("queue", metavar="QUEUE", help="the queue to read (must exist)")
     parser.add_argument(
@@ -82,8 +85,7 @@ def register(subparsers: Any) -> None:
         "--invalid-queue",
         metavar="QUEUE",
         default=protocol.INVALID_MESSAGE_QUEUE,
-        help="where messages that fail the receiver's checks go "
-        f"(default: {protocol.INVALID_MESSAGE_QUEUE})",
+        help="where messages that fail the receiver's checks go (default: %(default)s)",
     )
     add_db_url(parser, "the receiver store")
     add_create_schema(parser, "receiver")
@@ -102,7 +104,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--timeout must be positive")
     db_url = named_db_url(args)
     broker = amqp_url(args)
-    _require_queue(broker, args.queue)
+    require_queue(
+        broker,
+        args.queue,
+        "check the name (a sender declares its destination queues when it sends)",
+    )
     stopping = StopSignals().install().event
     receiver = Receiver(
         recipient=args.recipient,
@@ -114,6 +120,11 @@ def run(args: argparse.Namespace) -> int:
     )
     relay = receiver.start_relay()
     try:
+        print(
+            f"condmsg consume: waiting for messages on {args.queue!r} ({_until(args)})",
+            file=sys.stderr,
+            flush=True,
+        )
         handled, failed = _loop(receiver, args, stopping.is_set)
         _drain(relay)
     finally:
@@ -121,15 +132,27 @@ def run(args: argparse.Namespace) -> int:
         receiver.close()
         receiver.engine.dispose()
     if failed:
-        return 1
-    if args.count is not None and handled < args.count and not stopping.is_set():
+        return FAILED
+    if stopping.is_set():
+        return INTERRUPTED
+    if args.count is not None and handled < args.count:
         print(
             f"condmsg consume: {handled} of {args.count} messages from {args.queue!r} "
             f"before {args.timeout:g} s passed without one",
             file=sys.stderr,
         )
-        return 1
-    return 0
+        return FAILED
+    return OK
+
+
+def _until(args: argparse.Namespace) -> str:
+    """When it stops by itself, and how to stop it sooner."""
+    ends = []
+    if args.count is not None:
+        ends.append(f"{args.count} message{'' if args.count == 1 else 's'}")
+    if args.timeout is not None:
+        ends.append(f"{args.timeout:g} s without one")
+    return f"until {' or '.join(ends)}; Ctrl-C to stop" if ends else "Ctrl-C to stop"
 
 
 def _drain(relay: Relay) -> None:
@@ -145,28 +168,6 @@ def _drain(relay: Relay) -> None:
             f"acks not published: {exc}; they stay in the receiver store and leave with its "
             "next relay (condmsg consume or condmsg relay on that store)"
         ) from None
-
-
-def _require_queue(url: str, queue: str) -> None:
-    """:class:`ConfigError` unless ``queue`` exists (a passive declare creates nothing)."""
-    import pika.exceptions
-
-    from condmsg.amqp import connect, describe_url
-
-    connection = connect(url, name="condmsg-consume-check")
-    try:
-        try:
-            connection.channel().queue_declare(queue, passive=True)
-        except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code != 404:
-                raise
-            raise ConfigError(
-                f"queue {queue!r} does not exist at {describe_url(url)}; check the name "
-                "(a sender declares its destination queues when it sends)"
-            ) from None
-    finally:
-        if connection.is_open:
-            connection.close()
 
 
 def _loop(receiver: Receiver, args: argparse.Namespace, stop: Any) -> tuple[int, bool]:

@@ -4,7 +4,7 @@
 ``--db-url`` the database (default: ``CONDMSG_DB_URL``; one of the two must be given: this
 command never picks a database the user did not name). Exit codes: 0 done or current, 1
 the check failed (a database that cannot be used fails it too), 2 a usage or
-configuration error.
+configuration error (:mod:`condmsg.cli.exits`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from condmsg import migrate
+from condmsg.cli.exits import FAILED, OK, add_command
 from condmsg.cli.failures import database_problem
 from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.db import describe_db_url
@@ -23,9 +24,21 @@ from condmsg.errors import ConfigError
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("db", help="upgrade, show or check a store's schema")
+    parser = add_command(
+        subparsers,
+        "db",
+        help="upgrade, show or check a store's schema",
+        description="upgrade: create or upgrade a store's schema to this release's revision "
+        "(safe to run again); current: show the revision of every store the database holds; "
+        "check: say whether the store is at this release's revision.",
+    )
     parser.add_argument("action", choices=("upgrade", "current", "check"))
-    parser.add_argument("--store", choices=migrate.STORES, default="sender", help="default: sender")
+    parser.add_argument(
+        "--store",
+        choices=migrate.STORES,
+        default="sender",
+        help="sender, receiver or outbox (default: %(default)s)",
+    )
     add_db_url(parser, "the database")
     parser.set_defaults(handler=run)
 
@@ -42,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         if args.action != "check":
             raise  # a configuration error (2), said by condmsg.cli.failures
         print(f"condmsg db: {database_problem(url, exc, args.store)}", file=sys.stderr)
-        return 1
+        return FAILED
     finally:
         engine.dispose()
 
@@ -51,16 +64,16 @@ def _act(action: str, store: str, engine: sa.Engine) -> int:
     if action == "upgrade":
         done = migrate.upgrade(engine, store)
         print(f"{store}: {done.revision} (current)")
-        return 0
+        return OK
     if action == "current":
         for name, revision in migrate.revisions(engine).items():
             found = migrate.StoreRevision(name, revision, migrate.head(name))
             print(f"{name}: {revision or '-'} ({found.state.value}; expects {found.head})")
-        return 0
+        return OK
     try:
         migrate.check(engine, store)
     except migrate.SchemaError as exc:
         print(f"condmsg db: {exc}", file=sys.stderr)
-        return 1
+        return FAILED
     print(f"{store}: current")
-    return 0
+    return OK

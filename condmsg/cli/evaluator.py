@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from evaluator.cli import HELP, add_arguments, run
+from condmsg.cli.exits import add_command
+from evaluator.cli import DESCRIPTION, HELP, add_arguments, run
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("evaluator", help=HELP)
+    parser = add_command(subparsers, "evaluator", help=HELP, description=DESCRIPTION)
     add_arguments(parser)
     parser.set_defaults(handler=run)

@@ -4,8 +4,7 @@ The relay parks a row it cannot publish (a missing exchange or queue, a message 
 refuses, attempts exhausted) with the reason. ``list`` prints them as JSON lines;
 ``requeue`` makes them pending again, so the running relay publishes them (after the
 cause is mended); ``purge`` deletes them, and asks for ``--yes``: what it deletes is gone.
-Exit codes: 0 done, 1 ``--ids`` named a row that is not parked, 2 a usage or
-configuration error.
+Exit codes: :mod:`condmsg.cli.exits`.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from condmsg.cli.exits import FAILED, OK, add_command
 from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.errors import ConfigError
 
@@ -24,11 +24,13 @@ from condmsg.errors import ConfigError
 def register(subparsers: Any) -> None:
     import outbox
 
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "outbox",
         help="list, requeue or purge the outbox rows the relay parked",
-        description="The parked (failed) rows of a store's outbox. Exit codes: 0 done, 1 a "
-        "row of --ids is not parked, 2 a usage or configuration error.",
+        description="The rows of a store's outbox the relay parked (failed): list prints them "
+        "as JSON lines, requeue makes them pending again for the relay once the cause is "
+        "mended, purge deletes them (with --yes).",
     )
     parser.add_argument("action", choices=("list", "requeue", "purge"))
     chosen = parser.add_mutually_exclusive_group()
@@ -36,12 +38,17 @@ def register(subparsers: Any) -> None:
     chosen.add_argument("--all", action="store_true", help="every parked row")
     parser.add_argument("--yes", action="store_true", help="purge: yes, delete them")
     parser.add_argument(
-        "--limit", type=int, default=1000, help="list: at most this many rows (default: 1000)"
+        "--limit",
+        type=int,
+        metavar="N",
+        default=1000,
+        help="list: at most this many rows (default: %(default)s)",
     )
     parser.add_argument(
         "--table",
+        metavar="NAME",
         default=outbox.DEFAULT_TABLE_NAME,
-        help=f"the outbox table (default: {outbox.DEFAULT_TABLE_NAME})",
+        help="the outbox table (default: %(default)s)",
     )
     add_db_url(parser, "the store whose outbox it is")
     parser.set_defaults(handler=run, schema_store="outbox")
@@ -66,24 +73,47 @@ def run(args: argparse.Namespace) -> int:
         store = outbox.OutboxStore(engine, table_name=args.table)
         if args.action == "list":
             _list(store, args)
-            return 0
+            return OK
         ids = None if args.all else sorted(set(args.ids))
+        unparked = None if ids is None else _not_parked(store, ids)
         if args.action == "requeue":
             done = store.requeue_failed(ids)
-            print(f"requeued {done} parked row(s); the relay publishes them again")
+            print(
+                f"requeued {done} parked row(s); the relay publishes them again"
+                if done
+                else "requeued nothing"
+            )
         else:
             done = store.delete_failed(ids)
-            print(f"deleted {done} parked row(s)")
+            print(f"deleted {done} parked row(s)" if done else "deleted nothing")
     finally:
         engine.dispose()
-    if ids is not None and done < len(ids):
-        print(
-            f"condmsg outbox: {len(ids) - done} of the rows named are not parked "
-            "(see condmsg outbox list)",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    if unparked is not None:
+        print(f"condmsg outbox: {unparked}; see condmsg outbox list", file=sys.stderr)
+        return FAILED
+    return OK
+
+
+def _not_parked(store: Any, ids: list[int]) -> str | None:
+    """What is wrong with the rows ``ids`` that are not parked (no such row, or pending:
+    the relay has them), or None if every one is parked."""
+    from outbox.table import FAILED as PARKED
+
+    t = store.table
+    with store.engine.connect() as conn:
+        states = dict(conn.execute(sa.select(t.c.id, t.c.state).where(t.c.id.in_(ids))).all())
+    missing = [i for i in ids if i not in states]
+    pending = [i for i in ids if i in states and states[i] != PARKED]
+    count = len(missing) + len(pending)
+    if not count:
+        return None
+    verb = "is" if count == 1 else "are"
+    what = []
+    if missing:
+        what.append(f"no such row: {', '.join(map(str, missing))}")
+    if pending:
+        what.append(f"pending, not parked: {', '.join(map(str, pending))}")
+    return f"{count} of the rows named {verb} not parked ({'; '.join(what)})"
 
 
 def _list(store: Any, args: argparse.Namespace) -> None:

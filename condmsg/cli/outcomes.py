@@ -5,29 +5,34 @@ instant), oldest decision first: a read that changes nothing. With ``--follow``,
 notifications as they arrive on the sender's outcome queue (CMs and Dependency-Spheres
 alike), each acknowledged once printed: the queue's consumer takes them away from any
 other consumer of that queue, so follow only a sender whose application does not read
-its outcome queue itself. Exit codes: 0 done, 2 a usage or configuration error.
+its outcome queue itself; a sender whose outcome queue does not exist is refused (a
+mistyped name would otherwise create its queues). Exit codes: :mod:`condmsg.cli.exits`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
+import sys
 from typing import Any
 
 import sqlalchemy as sa
 
+from condmsg.cli.exits import OK, add_command
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
 from condmsg.errors import ConfigError
 from condmsg.timeutil import parse_cli_instant
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "outcomes",
         help="a sender's outcomes as JSON lines: decided CMs from its store, or --follow",
-        description="Print a sender's outcomes as JSON lines. Exit codes: 0 done, 2 a usage "
-        "or configuration error.",
+        description="Print a sender's outcomes as JSON lines: the CMs decided in its store, "
+        "or with --follow the notifications on its outcome queue as they arrive (each "
+        "acknowledged once printed, so follow only a sender whose application does not read "
+        "that queue itself).",
     )
     parser.add_argument("--sender", required=True, metavar="NAME", help="the sender identity")
     parser.add_argument(
@@ -69,28 +74,40 @@ def _emit(document: dict[str, Any]) -> None:
 
 
 def _follow(args: argparse.Namespace) -> int:
-    from condmsg.amqp import connect
+    from condmsg.cli.queues import require_queue
+    from condmsg.protocol import outcome_queue
     from condmsg.sender import Sender
     from condmsg.settings import Settings
 
     broker = amqp_url(args)
-    # Said now, in one line, rather than logged by the sender and then raised again.
-    connect(broker, name=f"condmsg-outcomes-{args.sender}").close()
+    queue = outcome_queue(args.sender)
+    # Before the sender, which declares its queues: a mistyped name must create nothing.
+    require_queue(
+        broker,
+        queue,
+        f"is {args.sender!r} the sender's name? (its queues exist once it or its evaluator "
+        "has started)",
+    )
     sender = Sender(
         name=args.sender,
         amqp_url=broker,
         db_url=named_db_url(args, existing=True),
         secret=Settings.from_env().secret,
     )
-    # SIGTERM ends it as Ctrl-C does (exit 130); the notification being printed is not
-    # acknowledged yet and stays on the queue.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGTERM ends it as Ctrl-C does (condmsg.cli.main): exit 130; the notification being
+    # printed is not acknowledged yet and stays on the queue.
+    stops = "Ctrl-C to stop"
+    if args.timeout is not None:
+        stops = f"until {args.timeout:g} s pass without one; {stops}"
+    print(
+        f"condmsg outcomes: waiting for outcomes on {queue} ({stops})", file=sys.stderr, flush=True
+    )
     try:
         for outcome in sender.outcomes(timeout=args.timeout):
             _emit(outcome.to_dict())
     finally:
         sender.engine.dispose()
-    return 0
+    return OK
 
 
 def _decided(args: argparse.Namespace) -> int:
@@ -113,4 +130,4 @@ def _decided(args: argparse.Namespace) -> int:
                 _emit(Outcome.from_row(row).to_dict())
     finally:
         engine.dispose()
-    return 0
+    return OK

@@ -2,7 +2,8 @@
 
 Settings come from the environment (``CONDMSG_DB_URL``, ``CONDMSG_AMQP_URL``). SIGTERM and
 SIGINT stop the relay gracefully: no new claims, confirms in flight are awaited, rows
-settled, connections closed. ``--status`` prints the backlog and exits.
+settled, connections closed (exit 0). ``--status`` prints the backlog and exits. Exit
+codes: :mod:`condmsg.cli.exits`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 import outbox
 from condmsg import migrate
 from condmsg.amqp import describe_url
+from condmsg.cli.exits import INTERRUPTED, OK, USAGE, add_command
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
 from condmsg.logging_setup import add_logging_arguments, configure_logging, log_banner
 from condmsg.ops_server import serve_ops
@@ -28,22 +30,44 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "relay", help="publish outbox rows to RabbitMQ (CONDMSG_DB_URL -> CONDMSG_AMQP_URL)"
+    parser = add_command(
+        subparsers,
+        "relay",
+        help="publish outbox rows to RabbitMQ (CONDMSG_DB_URL -> CONDMSG_AMQP_URL)",
+        description="A service: publish a store's outbox rows to RabbitMQ with publisher "
+        "confirms until SIGTERM or SIGINT, waiting for the database and the broker while "
+        "they are away. With --status, print the backlog and exit.",
     )
     add_db_url(parser, "the store whose outbox to publish")
     add_amqp_url(parser)
     parser.add_argument("--status", action="store_true", help="print the outbox status, exit")
-    parser.add_argument("--table", default=outbox.DEFAULT_TABLE_NAME, help="outbox table name")
-    parser.add_argument("--create-tables", action="store_true", help="create the table first")
-    parser.add_argument("--batch-size", type=int, default=500, help="rows per claim")
     parser.add_argument(
-        "--batches-in-flight", type=int, default=4, help="batches awaiting confirms at once"
+        "--table",
+        metavar="NAME",
+        default=outbox.DEFAULT_TABLE_NAME,
+        help="outbox table name (default: %(default)s)",
+    )
+    parser.add_argument("--create-tables", action="store_true", help="create the table first")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        default=500,
+        help="rows per claim (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batches-in-flight",
+        type=int,
+        metavar="N",
+        default=4,
+        help="batches awaiting confirms at once (default: %(default)s)",
     )
     parser.add_argument(
         "--metrics-port",
         type=int,
-        help="serve /metrics (Prometheus), /healthz and /readyz on this port (0.0.0.0)",
+        metavar="PORT",
+        help="serve /metrics (Prometheus), /healthz and /readyz on this port (0.0.0.0; "
+        "default: none)",
     )
     add_logging_arguments(parser)
     parser.set_defaults(handler=run)
@@ -110,13 +134,13 @@ def run(args: argparse.Namespace) -> int:
     engine = sa.create_engine(named_db_url(args), pool_size=args.batches_in_flight + 2)
     try:
         if args.create_tables and not _create_tables(engine, args.table):
-            return 130
+            return INTERRUPTED
         if args.table == outbox.DEFAULT_TABLE_NAME:
             _check_schema(engine)
         store = outbox.OutboxStore(engine, table_name=args.table)
         if args.status:
             _print_status(store)
-            return 0
+            return OK
         config = outbox.RelayConfig.from_env(
             amqp_url=amqp_url(args),
             table_name=args.table,
@@ -153,15 +177,16 @@ def run(args: argparse.Namespace) -> int:
             if server is not None:
                 server.stop()
         if relay.fatal is not None:
+            # Only refused credentials end it: configuration, which no restart mends.
             log.error("the relay stops: %s", relay.fatal)
-            return 1
+            return USAGE
         log.info("relay stopped")
-        return 0
+        return OK
     except outbox.CondmsgError as exc:
         print(f"condmsg relay: {exc}", file=sys.stderr)
-        return 2
+        return USAGE
     except sa.exc.ArgumentError as exc:
         print(f"condmsg relay: bad CONDMSG_DB_URL: {exc}", file=sys.stderr)
-        return 2
+        return USAGE
     finally:
         engine.dispose()

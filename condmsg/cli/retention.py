@@ -3,6 +3,7 @@
 CMs decided longer ago than ``--older-than`` are archived to Parquet under ``--archive``
 (the layout ``condmsg export`` writes, one directory per batch) and only then deleted, one
 transaction per batch. Safe next to running evaluators (which may run the same job).
+Exit codes: :mod:`condmsg.cli.exits`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import sys
 from typing import Any
 
+from condmsg.cli.exits import OK, add_command
 from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.errors import ConfigError
 from condmsg.settings import ENV_ARCHIVE_DIR, ENV_RETENTION, Settings
@@ -18,16 +20,29 @@ from evaluator.cli import add_policy_arguments
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "retention", help="archive decided CMs older than a period to Parquet, then delete them"
+    parser = add_command(
+        subparsers,
+        "retention",
+        help="archive decided CMs older than a period to Parquet, then delete them",
+        description="One retention pass now: the CMs decided longer ago than --older-than are "
+        "archived to Parquet under --archive (the layout condmsg export writes, one directory "
+        "per batch) and only then deleted, one transaction per batch. Safe next to running "
+        "evaluators.",
     )
     add_policy_arguments(parser, "--older-than")
     add_db_url(parser, "the sender store")
-    parser.add_argument("--batch", type=int, help="CMs per archive (default: 1000)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        metavar="N",
+        # evaluator.retention's DEFAULT_BATCH, not imported here: it loads pyarrow.
+        help="CMs per archive (default: 1000)",
+    )
     parser.set_defaults(handler=run, schema_store="sender")
 
 
 def run(args: argparse.Namespace) -> int:
+    from condmsg import migrate
     from condmsg.db import make_engine
     from evaluator.retention import DEFAULT_BATCH, RetentionPolicy, retain
 
@@ -43,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     )
     engine = make_engine(named_db_url(args, existing=True))
     try:
+        # Before the first batch: a store without its schema is a configuration error
+        # (one line naming the fix), not a batch that failed.
+        migrate.check(engine, "sender")
         archived = retain(
             engine,
             policy,
@@ -55,4 +73,4 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"archived and deleted {cms} CMs ({rows} rows) in {len(archived)} archives under {archive}"
     )
-    return 0
+    return OK

@@ -1,5 +1,5 @@
 """``condmsg send``: send one conditional message and print its CM id; with ``--wait``,
-wait for its outcome and print it as a JSON line.
+wait for its outcome (saying so on stderr) and print it as a JSON line.
 
 The CM, its copies and its compensation are recorded in the sender's store in one
 transaction; the copies leave through the store's outbox, which ``condmsg relay`` or the
@@ -15,6 +15,7 @@ import json
 import sys
 from typing import Any
 
+from condmsg.cli.exits import FAILED, OK, add_command
 from condmsg.cli.inputs import condition_text, exclusive_stdin, parse_condition, read_bytes
 from condmsg.cli.options import (
     add_amqp_url,
@@ -28,11 +29,13 @@ from condmsg.evaluation import Verdict
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "send",
         help="send a conditional message; print its CM id (and, with --wait, its outcome)",
-        description="Send a payload under a condition. Exit codes: 0 sent (with --wait: "
-        "satisfied), 1 violated or undecided in time, 2 a usage or configuration error.",
+        description="Send a payload under a condition and print its CM id. The copies leave "
+        "through the store's outbox (condmsg relay, or the evaluator of this sender, publishes "
+        "them). With --wait, wait for the outcome and print it as a JSON line.",
     )
     parser.add_argument("--sender", required=True, metavar="NAME", help="the sender identity")
     parser.add_argument(
@@ -57,13 +60,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--content-type",
         metavar="TYPE",
-        help="of the payload (default: application/octet-stream)",
+        default="application/octet-stream",
+        help="of the payload (default: %(default)s)",
     )
     parser.add_argument(
         "--wait",
         type=float,
         metavar="SECONDS",
-        help="wait this long for the outcome (needs the evaluator of this sender)",
+        help="wait this long for the outcome (needs the evaluator of this sender; default: "
+        "do not wait)",
     )
     add_db_url(parser, "the sender store")
     add_create_schema(parser, "sender")
@@ -108,7 +113,13 @@ def run(args: argparse.Namespace) -> int:
         )
         print(cm_id, flush=True)
         if args.wait is None:
-            return 0
+            return OK
+        print(
+            f"condmsg send: waiting for the outcome of {cm_id} for up to {args.wait:g} s "
+            f"(condmsg evaluator --sender {args.sender} decides it; Ctrl-C to stop)",
+            file=sys.stderr,
+            flush=True,
+        )
         outcome = sender.outcome(cm_id, timeout=args.wait)
     finally:
         sender.engine.dispose()
@@ -118,6 +129,6 @@ def run(args: argparse.Namespace) -> int:
             f"--sender {args.sender}` running, and a relay for this store?",
             file=sys.stderr,
         )
-        return 1
+        return FAILED
     print(json.dumps(outcome.to_dict(), separators=(",", ":")))
-    return 0 if outcome.verdict is Verdict.SATISFIED else 1
+    return OK if outcome.verdict is Verdict.SATISFIED else FAILED

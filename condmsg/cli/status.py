@@ -1,5 +1,6 @@
 """``condmsg status ID``: a conditional message's condition tree, acks and verdict, or a
-Dependency-Sphere with its participants and every member's tree."""
+Dependency-Sphere with its participants and every member's tree. Exit codes:
+:mod:`condmsg.cli.exits`."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import sqlalchemy as sa
 
 from condmsg import sender_tables
 from condmsg.acks import Ack, AckKind
+from condmsg.cli.exits import FAILED, OK, add_command
 from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.cli.status_view import contradiction, render
 from condmsg.condition_codec import condition_from_json
-from condmsg.db import make_engine
+from condmsg.db import describe_db_url, make_engine
 from condmsg.evaluation import evaluate
 from condmsg.settings import Settings
 from condmsg.sphere_store import SPHERES, SphereRow
@@ -24,8 +26,13 @@ from condmsg.timeutil import iso, stored_instant, utcnow
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "status", help="show a conditional message's tree and verdict, or a sphere's"
+    parser = add_command(
+        subparsers,
+        "status",
+        help="show a conditional message's tree and verdict, or a sphere's",
+        description="Show a CM's condition tree with the acks that count for each node and "
+        "its verdict (as decided, or as it stands now if pending), or a Dependency-Sphere "
+        "with its participants and its members' trees. Reads the sender store only.",
     )
     parser.add_argument("cm_id", metavar="ID", help="a CM id or a sphere id")
     add_db_url(parser, "the sender store")
@@ -45,16 +52,18 @@ def run(args: argparse.Namespace) -> int:
         ).first()
         if cm is not None:
             _show_cm(conn, cm, settings)
-            return 0
+            return OK
         sphere = SPHERES.sphere(conn, args.cm_id)
         if sphere is None:
             print(
-                f"condmsg status: no conditional message or sphere {args.cm_id!r}",
+                f"condmsg status: no conditional message or sphere {args.cm_id!r} in "
+                f"{describe_db_url(str(engine.url))}; check the id and the store (retention "
+                "may have archived and deleted it: see its archives)",
                 file=sys.stderr,
             )
-            return 1
+            return FAILED
         _show_sphere(conn, sphere, settings)
-    return 0
+    return OK
 
 
 def _show_sphere(conn: sa.Connection, sphere: SphereRow, settings: Settings) -> None:

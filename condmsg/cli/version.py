@@ -6,13 +6,19 @@ import argparse
 from typing import Any
 
 from condmsg import __version__
+from condmsg.cli.exits import OK, add_command
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("version", help="print the condmsg version")
+    parser = add_command(
+        subparsers,
+        "version",
+        help="print the condmsg version",
+        description="Print the installed condmsg version (as condmsg --version does).",
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     print(f"condmsg {__version__}")
-    return 0
+    return OK

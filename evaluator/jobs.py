@@ -18,7 +18,6 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.orm import Session
 
 from condmsg.errors import ConfigError
-from condmsg.outcome import Outcome
 from condmsg.repeated_failures import RepeatedFailures
 from condmsg.sphere_store import SPHERES
 from condmsg.timeutil import utcnow
@@ -153,13 +152,14 @@ class ScheduledJobs:
                 now = self._clock()
                 try:
                     with session.begin_nested():
-                        outcomes = self._judge_due(session, ids, now)
+                        done = self._judge_due(session, ids, now)
                 except Exception as exc:
                     if is_transient(exc):
                         raise
-                    outcomes = self._judge_due_apart(session, ids, now, exc)
-            self._metrics.observe_decisions(outcomes)
-            decided += len(outcomes)
+                    done = self._judge_due_apart(session, ids, now, exc)
+            # A member decided here may decide its sphere in the same transaction.
+            self._metrics.observe_decisions(done.outcomes, done.spheres)
+            decided += len(done.outcomes)
             if len(ids) < batch:
                 break
         if decided:
@@ -197,9 +197,9 @@ class ScheduledJobs:
             self._on_decided()
         return decided
 
-    def _judge_due(self, session: Session, ids: list[str], now: datetime) -> list[Outcome]:
+    def _judge_due(self, session: Session, ids: list[str], now: datetime) -> decisions.Decided:
         store = self._store.decisions
-        result = decisions.judge(
+        return decisions.judge(
             session,
             store.load_cms(session, ids),
             store=store,
@@ -208,21 +208,22 @@ class ScheduledJobs:
             instance=self._instance,
             secret=self._store.secret,
         )
-        return result.outcomes
 
     def _judge_due_apart(
         self, session: Session, ids: list[str], now: datetime, failure: Exception
-    ) -> list[Outcome]:
+    ) -> decisions.Decided:
         """Judge claimed CMs one at a time (each in a SAVEPOINT) after their batch failed:
         a CM that cannot be judged (a stored condition that no longer decodes, a bug) is
         parked for :data:`PARK_S` and logged, so that it never holds back the CMs due with
         it."""
         log.warning("sweep of %d due CMs failed (%s); judging them one by one", len(ids), failure)
-        outcomes: list[Outcome] = []
+        done = decisions.Decided()
         for cm_id in ids:
             try:
                 with session.begin_nested():
-                    outcomes += self._judge_due(session, [cm_id], now)
+                    alone = self._judge_due(session, [cm_id], now)
+                done.outcomes += alone.outcomes
+                done.spheres += alone.spheres
             except Exception as exc:
                 if is_transient(exc):
                     raise
@@ -235,7 +236,7 @@ class ScheduledJobs:
                 parked = [(cm_id, now + timedelta(seconds=PARK_S))]
                 self._store.decisions.set_next_checks(session, parked)
                 self._metrics.parked.inc()
-        return outcomes
+        return done
 
     # -- retention ------------------------------------------------------------------------
 

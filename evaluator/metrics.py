@@ -107,9 +107,11 @@ class EvaluatorMetrics:
             registry=registry,
         )
 
-    def observe_decisions(self, outcomes: Iterable[Outcome]) -> None:
-        """Decisions a sweep took."""
-        self.observe_report(decisions_report(outcomes))
+    def observe_decisions(
+        self, outcomes: Iterable[Outcome], spheres: Iterable[SphereOutcome] = ()
+    ) -> None:
+        """Decisions a deadline sweep took: CMs and the spheres they decided."""
+        self.observe_report(decisions_report(outcomes, spheres))
 
     def observe_spheres(self, outcomes: Iterable[SphereOutcome]) -> None:
         """Spheres a sphere sweep decided."""

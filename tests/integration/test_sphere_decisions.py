@@ -131,3 +131,114 @@ def test_an_undecided_sphere_has_no_outcome(world: World, capsys: Any) -> None:
     assert ds.outcome() is None and w.sender.sphere_outcome(ds.sphere_id) is None
     assert main(["status", ds.sphere_id, "--db-url", w.db_url]) == 0
     assert "members when it was decided" not in capsys.readouterr().out
+
+
+# -- every path that decides a sphere counts it once -------------------------------------
+
+
+def _counts_once(w: World, ds: Sphere, verdict: Verdict, *pending: str) -> None:
+    """The sphere is decided with ``verdict`` and counted once, also after its pending
+    members are decided and every sweep ran again."""
+    assert w.counted() == {verdict.value: 1}
+    outcome = ds.outcome()
+    assert outcome is not None and outcome.verdict is verdict
+    assert [n.sphere_id for n in w.notifications()] == [ds.sphere_id]
+    w.clock.at += 120 * S
+    w.sweep()
+    if pending:
+        assert w.state(pending[0]) == "violated"
+    w.sweep()
+    assert w.counted() == {verdict.value: 1}
+
+
+def test_decided_by_ack_intake(world: World) -> None:
+    w = world
+    ds = w.sender.begin_sphere(timeout=60 * S)
+    member = w.member(ds)
+    ds.commit()
+    w.evaluator.jobs.sweep_spheres()  # committed, its member still pending: undecided
+    assert w.counted() == {}
+    assert w.ack(member) == 1
+    _counts_once(w, ds, Verdict.SATISFIED)
+
+
+def test_decided_by_the_deadline_sweep_deciding_a_member(world: World) -> None:
+    w = world
+    ds = w.sender.begin_sphere(timeout=60 * S)
+    member = w.member(ds, pickup_within=S)
+    ds.commit()
+    w.evaluator.jobs.sweep_spheres()
+    w.clock.at += 2 * S
+    assert w.evaluator.sweep() == 1  # the member is violated at its pickup deadline
+    assert w.state(member) == "violated"
+    _counts_once(w, ds, Verdict.VIOLATED)
+
+
+def test_decided_by_the_sphere_sweep_at_the_deadline(world: World) -> None:
+    w = world
+    ds = w.sender.begin_sphere(timeout=S)
+    member = w.member(ds, pickup_within=30 * S)
+    w.clock.at += 2 * S
+    assert w.evaluator.jobs.sweep_spheres() == 1
+    _counts_once(w, ds, Verdict.VIOLATED, member)
+
+
+def test_decided_after_an_abort(world: World) -> None:
+    w = world
+    ds = w.sender.begin_sphere(timeout=60 * S)
+    member = w.member(ds)
+    ds.abort()
+    w.sweep()
+    _counts_once(w, ds, Verdict.VIOLATED, member)
+
+
+def test_decided_after_a_commit_past_the_deadline(world: World) -> None:
+    w = world
+    ds = w.sender.begin_sphere(timeout=S)
+    member = w.member(ds)
+    w.clock.at += 2 * S
+    assert ds.commit() is None  # too late: not committed
+    w.sweep()
+    outcome = ds.outcome()
+    assert outcome is not None and "not committed" in outcome.reasons[0]
+    _counts_once(w, ds, Verdict.VIOLATED, member)
+
+
+class _VotesNo:
+    participant_id = "inventory"
+
+    def prepare(self) -> bool:
+        return False
+
+    def commit(self) -> None:
+        raise AssertionError("never committed")
+
+    def rollback(self) -> None:
+        pass
+
+
+def test_decided_after_a_participant_votes_no(world: World) -> None:
+    w = world
+    ds = w.sender.begin_sphere(timeout=60 * S)
+    member = w.member(ds)
+    ds.enlist(_VotesNo())
+    ds.commit()
+    w.sweep()
+    outcome = ds.outcome()
+    assert outcome is not None
+    assert outcome.reasons == ("sphere aborted: participant inventory voted no",)
+    _counts_once(w, ds, Verdict.VIOLATED, member)
+
+
+def test_participants_are_numbered_in_one_count(world: World) -> None:
+    """A handler's ``h<n>`` (and a transaction's ``p<n>``) counts every participant
+    added before it, the ones the application enlists too."""
+    w = world
+    w.sender.register_handler("undo", lambda session: None)
+    ds = w.sender.begin_sphere(timeout=60 * S)
+    for add in (lambda: ds.enlist(_VotesNo()), lambda: ds.on_failure("undo")):
+        add()
+        w.clock.at += S  # participants are listed in the order of their enlisting instants
+    ds.on_success("undo")
+    ids = [p.participant_id for p in w.sender.spheres.participants_of(ds.sphere_id)]
+    assert ids == ["inventory", "h2", "h3"]

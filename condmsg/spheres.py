@@ -133,10 +133,14 @@ class Sphere:
         try:
             yield participant.session
             participant.session.flush()
-        except BaseException:
+        except BaseException as exc:
             participant.rollback()
+            # The detail completes the abort reason at the commit: "participant <gid> ...".
             self._coordinator.mark(
-                self.sphere_id, gid, ParticipantState.VOTED_NO, "its transaction raised"
+                self.sphere_id,
+                gid,
+                ParticipantState.VOTED_NO,
+                f"voted no: its block raised {type(exc).__name__}",
             )
             raise
 

@@ -230,6 +230,31 @@ def test_decided_after_a_participant_votes_no(world: World) -> None:
     _counts_once(w, ds, Verdict.VIOLATED, member)
 
 
+def test_a_transaction_whose_block_raised_votes_no_numbered_among_all_participants(
+    pg_url: str, unique_name: str, make_sender: Any
+) -> None:
+    """``p<n>`` counts every participant before it (here a handler, ``h1``); the
+    application caught the exception, so the sphere's commit finds the no vote."""
+    w = _world(pg_url, unique_name, make_sender)
+    w.sender.register_handler("undo", lambda session: None)
+    ds = w.sender.begin_sphere(timeout=60 * S)
+    ds.on_failure("undo")
+    with pytest.raises(ValueError, match="boom"), ds.transaction(pg_url):
+        raise ValueError("boom")
+    ds.commit()
+    w.sweep()
+    outcome = ds.outcome()
+    gid = f"condmsg-{ds.sphere_id}-p2"
+    assert outcome is not None
+    assert outcome.reasons == (
+        f"sphere aborted: participant {gid} voted no: its block raised ValueError",
+    )
+    participants = {
+        p.participant_id: p.state for p in w.sender.spheres.participants_of(ds.sphere_id)
+    }
+    assert participants == {"h1": "ran", gid: "rolled_back"}
+
+
 def test_participants_are_numbered_in_one_count(world: World) -> None:
     """A handler's ``h<n>`` (and a transaction's ``p<n>``) counts every participant
     added before it, the ones the application enlists too."""

@@ -1,58 +1,142 @@
-"""``report.html``: one self-contained page (inline CSS and SVG, no scripts, no network)."""
+"""``report.html``: one self-contained page (inline CSS and SVG, no scripts, no network).
+
+Read from the top: the status and the failing checks, the run's figures, then the charts
+and tables that explain them. The page fits 1280 px: a wide table scrolls inside its own
+box, never the page.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from html import escape
+from itertools import pairwise
 from typing import Any
 
+from spark_audit.report_checks import failing_checks, status_banner
+from spark_audit.report_values import MISSING, cell, count, duration_ms, heading, instant
+from spark_audit.report_values import short_duration_ms as short
 from spark_audit.svg import diverging_bars, stacked_bars
 
 _CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1100px}
-table{border-collapse:collapse;margin:0.5em 0 1.5em;font-size:12px}
-td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}
-th{background:#f1f3f5}td:first-child,th:first-child{text-align:left}
-.pass{color:#2b8a3e}.warn{color:#e67700}.fail,.error{color:#c92a2a}
-svg{display:block;margin:0.5em 0}
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,sans-serif;color:#212529;margin:0 auto;padding:20px 24px;
+max-width:1240px}
+h1{font-size:22px;margin:0 0 8px}h2{font-size:18px;margin:28px 0 8px;
+border-bottom:1px solid #dee2e6;padding-bottom:4px}h3{font-size:15px;margin:18px 0 6px}
+.banner{display:flex;gap:16px;align-items:center;flex-wrap:wrap;padding:12px 16px;
+border-radius:6px;border:1px solid}
+.banner .status{font-size:24px;font-weight:700}
+.banner.pass{background:#ebfbee;border-color:#8ce99a;color:#2b8a3e}
+.banner.warn{background:#fff9db;border-color:#ffd43b;color:#a05a00}
+.banner.fail{background:#fff5f5;border-color:#ffa8a8;color:#c92a2a}
+.banner span:last-child{color:#212529}
+.meta{color:#495057;margin:8px 0 0}.meta b{font-weight:600;color:#212529}
+.badge{display:inline-block;border-radius:3px;padding:0 6px;font-size:12px;font-weight:600;
+color:#fff;text-transform:uppercase}
+.badge.error{background:#c92a2a}.badge.warning{background:#e67700}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(150px,1fr));gap:8px}
+.card{border:1px solid #dee2e6;border-radius:6px;padding:8px 10px}
+.card .v{font-size:20px;font-weight:600}.card .k{color:#495057;font-size:12px}
+nav{margin:16px 0 0;font-size:13px}nav a{margin-right:12px}
+.scroll{overflow-x:auto;max-width:100%;margin:4px 0 8px}
+table{border-collapse:collapse;font-size:12.5px}
+td,th{border:1px solid #dee2e6;padding:3px 7px;vertical-align:top;text-align:left}
+th{background:#f1f3f5;font-weight:600;min-width:4em}
+td{white-space:nowrap}td.num,td.time{text-align:right;font-variant-numeric:tabular-nums}
+td.time{white-space:normal}
+td.text{white-space:normal;overflow-wrap:break-word;min-width:12em;max-width:40em}
+td.none{color:#adb5bd;text-align:center}
+table.checks tr.error td:first-child{border-left:4px solid #c92a2a}
+table.checks tr.warning td:first-child{border-left:4px solid #e67700}
+.note{color:#495057;font-size:12.5px;margin:2px 0}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:12px}
+svg{max-width:100%;height:auto;display:block}
+details{margin:8px 0}summary{cursor:pointer;color:#1c7ed6}
 """
 
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, list):
-        return escape("; ".join(str(v) for v in value))
-    return escape("" if value is None else str(value))
+#: Sections after the figures, as (anchor, title), in the page's order.
+SECTIONS = (
+    ("latency", "Latency"),
+    ("outcomes", "Outcomes"),
+    ("destinations", "Destinations and deadline misses"),
+    ("receivers", "Receivers: clock skew and relay lag"),
+    ("discrepancies", "Discrepancies"),
+    ("late-acks", "Late acks that would change the verdict"),
+    ("status-mismatches", "Ack status labels contradicting timestamps"),
+    ("stale-pending", "CMs pending past their evaluation deadline"),
+    ("spheres", "Dependency-Spheres"),
+    ("anomalies", "Recorded anomalies"),
+    ("tables", "Output tables"),
+)
 
 
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Rows as a table in its own scrolling box; values formatted by their column."""
     if not rows:
-        return "<p><em>none</em></p>"
+        return "<p class='note'><em>none</em></p>"
     columns = list(columns or rows[0].keys())
-    head = "".join(f"<th>{escape(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in columns) + "</tr>" for r in rows
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
+    head = "".join(f"<th>{heading(c)}</th>" for c in columns)
+    body = []
+    for row in rows:
+        cells = (cell(c, row.get(c)) for c in columns)
+        body.append("<tr>" + "".join(f"<td class='{k}'>{v}</td>" for v, k in cells) + "</tr>")
+    return f"<div class='scroll'><table><tr>{head}</tr>{''.join(body)}</table></div>"
+
+
+def _sample(name: str, rows: list[dict[str, Any]], tables: Mapping[str, Any]) -> str:
+    """A detail table's first rows, saying how many there are and where all of them are."""
+    total = tables.get(name, {}).get("rows")
+    if total is None or not rows:
+        return table(rows)
+    where = f"<code>tables/{escape(name)}</code>"
+    if len(rows) < total:
+        note = f"The first {count(len(rows))} of {count(total)} rows; every row is in {where}."
+    else:
+        note = f"All {count(len(rows))} rows, also in {where}."
+    return f"<p class='note'>{note}</p>" + table(rows)
+
+
+def _bin_label(b: int) -> str:
+    return "<0" if b < 0 else f"<{short(2.0**b)}"
 
 
 def _histogram(rows: list[dict[str, Any]], metric: str) -> str:
     mine = sorted((r for r in rows if r["metric"] == metric), key=lambda r: r["bin"])
-    labels = [
-        "<0" if r["bin"] < 0 else "<1" if r["bin"] == 0 else f"<{2 ** r['bin']}" for r in mine
-    ]
     return stacked_bars(
-        f"{metric} latency after sent_at (ms, power-of-two bins)",
-        labels,
+        f"{metric} latency after sent_at",
+        [_bin_label(r["bin"]) for r in mine],
         {"acks": [float(r["count"]) for r in mine]},
+        x_title="latency, upper bound of each power-of-two bin (<0: receiver clock behind)",
+        y_title="acks",
     )
 
 
+def time_axis(starts: Sequence[datetime]) -> tuple[list[str], str]:
+    """Labels for buckets starting at ``starts`` and the axis title: times of day when
+    the buckets lie in one UTC day (the title names it), else dates with times."""
+    utc = [s.astimezone(UTC) for s in starts]
+    steps = [(b - a).total_seconds() for a, b in pairwise(utc)]
+    width = f", buckets of {short(min(steps) * 1000)}" if steps else ""
+    seconds = any(t.second for t in utc)
+    if len({t.date() for t in utc}) == 1:
+        fmt = "%H:%M:%S" if seconds else "%H:%M"
+        return [t.strftime(fmt) for t in utc], f"sent_at, UTC on {utc[0]:%Y-%m-%d}{width}"
+    fmt = "%m-%d %H:%M:%S" if seconds else "%m-%d %H:%M"
+    return [t.strftime(fmt) for t in utc], f"sent_at, UTC in {utc[0]:%Y}{width}"
+
+
 def _over_time(rows: list[dict[str, Any]]) -> str:
-    labels = [str(r["bucket_start"])[5:16] for r in rows]
+    labels, x_title = time_axis([r["bucket_start"] for r in rows]) if rows else ([], "")
     series = {k: [float(r[k] or 0) for r in rows] for k in ("satisfied", "violated", "pending")}
-    return stacked_bars("CM outcomes by sent_at (UTC)", labels, series)
+    return stacked_bars(
+        "CM outcomes by the time they were sent",
+        labels,
+        series,
+        x_title=x_title,
+        y_title="CMs",
+        width=1180,
+    )
 
 
 def _skew(rows: list[dict[str, Any]]) -> str:
@@ -63,64 +147,114 @@ def _skew(rows: list[dict[str, Any]]) -> str:
         )
         for r in rows
     ]
-    return diverging_bars("proven receiver clock offset vs sender (ms)", values)
+    return diverging_bars(
+        "proven receiver clock offset from the sender's (at least)", values, duration_ms
+    )
+
+
+def _figures(summary: Mapping[str, Any]) -> str:
+    totals, latency = summary["totals"], summary.get("latency") or {}
+    figures = [
+        ("CMs in the window", totals.get("cms")),
+        ("decided", totals.get("decided")),
+        ("pending", totals.get("pending")),
+        ("acks", totals.get("acks")),
+        ("condition shapes", totals.get("shapes")),
+        ("discrepancies", summary["metrics"].get("discrepancies")),
+    ]
+    cards = [(k, MISSING if v is None else count(v)) for k, v in figures]
+    for key, label in (
+        ("pickup_p50_ms", "pickup p50"),
+        ("pickup_p99_ms", "pickup p99"),
+        ("process_p50_ms", "process p50"),
+        ("process_p99_ms", "process p99"),
+        ("relay_p99_ms", "relay lag p99"),
+    ):
+        value = latency.get(key)
+        cards.append((label, MISSING if value is None else duration_ms(value)))
+    return (
+        "<div class='cards'>"
+        + "".join(
+            f"<div class='card'><div class='v'>{v}</div><div class='k'>{escape(k)}</div></div>"
+            for k, v in cards
+        )
+        + "</div>"
+    )
+
+
+def _meta(summary: Mapping[str, Any]) -> str:
+    window = summary["window"]
+    until = f"before {instant(window['until'])}"
+    sent = f"from {instant(window['since'])} {until}" if window.get("since") else until
+    spark = summary.get("spark") or {}
+    return (
+        f"<p class='meta'><b>window</b> CMs sent {escape(sent)} · "
+        f"<b>source</b> {escape(str(summary['source']))} · "
+        f"<b>generated</b> {escape(instant(summary['generated_at']))} · <b>Spark</b> "
+        f"{escape(str(spark.get('version', '?')))} on {escape(str(spark.get('master', '?')))}</p>"
+    )
+
+
+def _sections(
+    summary: Mapping[str, Any], collected: Mapping[str, list[dict[str, Any]]]
+) -> dict[str, str]:
+    tables = summary["tables"]
+    latency = collected.get("latency", [])
+    hist = collected.get("latency_histogram", [])
+    per_recipient = [r for r in latency if r["level"] == "recipient"][:200]
+    late = [r for r in collected.get("late_ack_effects", []) if r.get("changes_verdict")]
+    return {
+        "latency": f"<div class='charts'>{_histogram(hist, 'pickup')}{_histogram(hist, 'process')}"
+        "</div>"
+        + table([r for r in latency if r["level"] != "recipient"])
+        + f"<details><summary>Per recipient ({count(len(per_recipient))} rows)</summary>"
+        + table(per_recipient)
+        + "</details>",
+        "outcomes": _over_time(collected.get("outcomes_over_time", []))
+        + "<h3>By sender</h3>"
+        + table(collected.get("rates_by_sender", [])[:200])
+        + "<h3>By condition shape</h3>"
+        + table(collected.get("rates_by_shape", [])[:200]),
+        "destinations": table(collected.get("destinations", [])[:200]),
+        "receivers": _skew(collected.get("receivers", []))
+        + table(collected.get("receivers", [])[:200]),
+        "discrepancies": _sample("discrepancies", collected.get("discrepancies", []), tables),
+        "late-acks": _sample("late_ack_effects", late, tables),
+        "status-mismatches": _sample(
+            "status_mismatches", collected.get("status_mismatches", []), tables
+        ),
+        "stale-pending": _sample("stale_pending", collected.get("stale_pending", []), tables),
+        "spheres": table([summary["spheres"]] if summary.get("spheres") else [])
+        + "<h3>Spheres whose stored verdict disagrees with their members</h3>"
+        + _sample("sphere_discrepancies", collected.get("sphere_discrepancies", []), tables)
+        + "<h3>Member compensations released before their sphere was decided</h3>"
+        + _sample("sphere_early_releases", collected.get("sphere_early_releases", []), tables),
+        "anomalies": table(collected.get("anomaly_counts", [])),
+        "tables": table([{"table": k, **v} for k, v in tables.items()]),
+    }
 
 
 def render(summary: Mapping[str, Any], collected: Mapping[str, list[dict[str, Any]]]) -> str:
     status = str(summary["status"])
-    window = summary["window"]
-    checks = [{**c, "result": "ok" if c["passed"] else c["severity"]} for c in summary["checks"]]
-    hist = collected.get("latency_histogram", [])
-    sections = [
-        f"<h1>condmsg audit: <span class='{status}'>{status.upper()}</span></h1>",
-        f"<p>source {escape(str(summary['source']))}; window "
-        f"[{escape(str(window['since'] or 'start'))}, {escape(str(window['until']))}); "
-        f"generated {escape(str(summary['generated_at']))}</p>",
-        "<h2>Totals</h2>",
-        table([summary["totals"]]),
-        "<h2>Checks</h2>",
-        table(
-            checks, ["name", "result", "severity", "metric", "observed", "threshold", "description"]
+    sections = _sections(summary, collected)
+    nav = "".join(f"<a href='#{anchor}'>{escape(title)}</a>" for anchor, title in SECTIONS)
+    parts = [
+        "<h1>condmsg audit</h1>",
+        status_banner(status, summary["checks"]),
+        _meta(summary),
+        failing_checks(summary["checks"], summary["tables"]),
+        "<h2 id='figures'>Figures</h2>",
+        _figures(summary),
+        f"<nav>{nav}</nav>",
+        *(
+            f"<section id='{anchor}'><h2>{escape(title)}</h2>{sections[anchor]}</section>"
+            for anchor, title in SECTIONS
         ),
-        "<h2>Latency</h2>",
-        _histogram(hist, "pickup"),
-        _histogram(hist, "process"),
-        table([r for r in collected.get("latency", []) if r["level"] != "recipient"]),
-        "<h3>Per destination and recipient</h3>",
-        table([r for r in collected.get("latency", []) if r["level"] == "recipient"][:200]),
-        "<h2>Outcomes</h2>",
-        _over_time(collected.get("outcomes_over_time", [])),
-        "<h3>By sender</h3>",
-        table(collected.get("rates_by_sender", [])[:200]),
-        "<h3>By condition shape</h3>",
-        table(collected.get("rates_by_shape", [])[:200]),
-        "<h3>By destination (with deadline misses)</h3>",
-        table(collected.get("destinations", [])[:200]),
-        "<h2>Receivers: clock skew and relay lag</h2>",
-        _skew(collected.get("receivers", [])),
-        table(collected.get("receivers", [])[:200]),
-        "<h2>Discrepancies (first rows)</h2>",
-        table(collected.get("discrepancies", [])),
-        "<h2>Late acks that would change the verdict (first rows)</h2>",
-        table([r for r in collected.get("late_ack_effects", []) if r.get("changes_verdict")]),
-        "<h2>Ack status labels contradicting timestamps (first rows)</h2>",
-        table(collected.get("status_mismatches", [])),
-        "<h2>CMs pending past their evaluation deadline (first rows)</h2>",
-        table(collected.get("stale_pending", [])),
-        "<h2>Dependency-Spheres</h2>",
-        table([summary["spheres"]] if summary.get("spheres") else []),
-        "<h3>Spheres whose stored verdict disagrees with their members (first rows)</h3>",
-        table(collected.get("sphere_discrepancies", [])),
-        "<h3>Member compensations released before their sphere was decided (first rows)</h3>",
-        table(collected.get("sphere_early_releases", [])),
-        "<h2>Recorded anomalies</h2>",
-        table(collected.get("anomaly_counts", [])),
-        "<h2>Tables</h2>",
-        table([{"table": k, **v} for k, v in summary["tables"].items()]),
     ]
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>condmsg audit {escape(status)}</title><style>{_CSS}</style></head><body>"
-        + "\n".join(sections)
+        + "\n".join(parts)
         + "</body></html>\n"
     )

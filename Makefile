@@ -33,6 +33,13 @@ $(COMPOSE):
 	  || { $(SUDO) apt-get update -qq \
 	       && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose; }
 
+# Headless Chromium for tests/spark/test_report_browser.py, which opens the audit's report.
+CHROMEDRIVER := /usr/bin/chromedriver
+$(CHROMEDRIVER):
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver \
+	  || { $(SUDO) apt-get update -qq \
+	       && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+
 services: $(STAMP)
 	$(BIN)/python -m condmsg.cli check-services
 
@@ -45,7 +52,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) $(JDBC_JAR) $(COMPOSE) prepared-transactions services lint
+test: $(STAMP) $(JDBC_JAR) $(COMPOSE) $(CHROMEDRIVER) prepared-transactions services lint
 	$(BIN)/pytest -n 2 --dist loadgroup --durations=25
 
 demo: $(STAMP) prepared-transactions services

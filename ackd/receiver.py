@@ -226,9 +226,7 @@ class Receiver(OwnsOutbox):
         try:
             bind = self._bind()
         except sa.exc.SQLAlchemyError as exc:
-            raise StoreUnavailable(
-                f"the receiver store at {self.store_name} cannot be reached: {reason_of(exc)}"
-            ) from exc
+            raise self._unavailable(exc) from exc
         session = Session(bind)
         session.begin()
         tx = ReceiverTransaction(self, session)
@@ -236,9 +234,14 @@ class Receiver(OwnsOutbox):
             yield tx
         except BaseException as exc:
             self._settlement.rollback(tx, exc)
+            self._raise_if_lost(exc)
             raise
         else:
-            self._settlement.commit(tx)
+            try:
+                self._settlement.commit(tx)  # rolls back itself if the commit fails
+            except Exception as exc:
+                self._raise_if_lost(exc)
+                raise
         finally:
             session.close()
 
@@ -328,6 +331,19 @@ class Receiver(OwnsOutbox):
             with suppress(Exception):
                 connection.invalidate()
         return broken or is_store_outage(exc)
+
+    def _raise_if_lost(self, exc: BaseException) -> None:
+        """Raise :class:`StoreUnavailable` from ``exc`` if it came from an outage of the
+        store: the one error an app catches for "the store is away", whichever statement
+        (the app's or the receiver's) met it."""
+        lost = isinstance(exc, Exception) and not isinstance(exc, StoreUnavailable)
+        if lost and self._store_lost(exc):
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"the receiver store at {self.store_name} cannot be reached: {reason_of(exc)}"
+        )
 
     def _probe_store(self) -> None:
         """One round trip on the connection the next transaction will use; raises while

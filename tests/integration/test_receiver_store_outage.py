@@ -23,7 +23,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from ackd import Message
+from ackd import Message, StoreUnavailable
 from ackd.tables import RlogState, rlog
 from condmsg import Destination
 from condmsg.protocol import MessageKind
@@ -61,7 +61,9 @@ def store_proxy(pg_engine_url: str) -> Iterator[TcpProxy]:
 
 def _through(proxy: TcpProxy, url: str) -> str:
     parts = urlsplit(url)
-    netloc = parts.netloc.replace(f"{parts.hostname}:{parts.port or 5432}", f"127.0.0.1:{proxy.port}")
+    netloc = parts.netloc.replace(
+        f"{parts.hostname}:{parts.port or 5432}", f"127.0.0.1:{proxy.port}"
+    )
     return parts._replace(netloc=netloc).geturl()
 
 
@@ -157,8 +159,7 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
         wait_for(lambda: settled() or None, timeout=90)
         # Nothing left behind: the queue empties once the last deliveries are acked.
         wait_for(
-            lambda: channel.queue_declare(queue, passive=True).method.message_count == 0
-            or None,
+            lambda: channel.queue_declare(queue, passive=True).method.message_count == 0 or None,
             timeout=30,
         )
     finally:
@@ -194,3 +195,69 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
     assert len(resumed) == len(paused), lines
     assert not [r for r in caplog.records if r.name.startswith("ackd") and r.exc_info], lines
     direct.dispose()
+
+
+def test_a_non_transactional_consumer_rides_out_a_store_cut(
+    pg_url: str, store_proxy: TcpProxy, unique_name: str, make_receiver: Any, channel: Any
+) -> None:
+    queue = f"{unique_name}.q"
+    receiver = make_receiver(_through(store_proxy, pg_url))
+    receiver._broker.ensure_queue(queue)
+    cm_ids = [str(uuid.uuid4()) for _ in range(60)]
+    for cm_id in cm_ids:
+        publish_copy(
+            channel,
+            cm_id=cm_id,
+            condition=Destination(queue, pickup_within=timedelta(minutes=5)),
+            sender="s",
+            sent_at=datetime.now(UTC),
+            body=b"original",
+        )
+    got: list[str] = []
+    stop = threading.Event()
+
+    def handle(message: Message, session: Session | None) -> None:
+        assert session is None
+        got.append(str(message.cm_id))
+        time.sleep(0.005)  # the app's own work
+        if len(got) == 20:
+            store_proxy.down()
+            threading.Timer(CUT_S, store_proxy.up).start()
+
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            receiver.consume(queue, handle, transactional=False, prefetch=PREFETCH, stop=stop)
+        except BaseException as exc:  # reported by the test, not lost in a thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(set(got)) == len(cm_ids) or None, timeout=60)
+    finally:
+        stop.set()
+        thread.join(15)
+    assert not failures, failures
+    assert sorted(got) == sorted(cm_ids)  # each once: a READ ack's RLOG row commits first
+    assert channel.queue_declare(queue, passive=True).method.message_count == 0
+
+
+def test_a_transaction_that_cannot_reach_the_store_says_so(
+    pg_url: str, store_proxy: TcpProxy, make_receiver: Any
+) -> None:
+    receiver = make_receiver(_through(store_proxy, pg_url))
+    store_proxy.down()
+
+    def select_one() -> None:
+        with receiver.transaction() as tx:
+            tx.session.execute(sa.text("SELECT 1"))
+
+    # A connection lost under the transaction, then one that cannot be opened.
+    for _ in range(2):
+        with pytest.raises(StoreUnavailable, match="cannot be reached"):
+            select_one()
+    store_proxy.up()
+    with receiver.transaction() as tx:
+        assert tx.session.execute(sa.text("SELECT 1")).scalar_one() == 1

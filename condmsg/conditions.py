@@ -230,7 +230,9 @@ class Condition:
             if not isinstance(value, timedelta):
                 raise self._fail(name, f"must be a timedelta, got {type(value).__name__}")
             if value <= timedelta(0):
-                raise self._fail(name, f"must be positive, got {value}")
+                # In the milliseconds documents give (a timedelta prints -5 s as "-1 day,
+                # 23:59:55").
+                raise self._fail(name, f"must be positive, got {value / _ONE_MS:g} ms")
             if not is_whole_ms(value):
                 raise self._fail(name, f"must be a whole number of milliseconds, got {value}")
             if value > MAX_DURATION:
@@ -426,6 +428,9 @@ def _check_size(root: DestinationSet) -> None:
         if nodes > MAX_NODES:
             raise ConditionError(f"{root.label}: the tree has more than {MAX_NODES} nodes")
         stack.extend((member, level + 1) for member in node.members)
+
+
+_ONE_MS = timedelta(milliseconds=1)
 
 
 def _shown(value: object) -> str:

@@ -1,6 +1,6 @@
 """Command line of the evaluator service, shared by ``condmsg evaluator`` and ``python -m
 evaluator``: run the service for one sender until SIGTERM/SIGINT. Exit codes:
-:mod:`condmsg.cli.exits` (0 stopped by a signal, 2 a configuration error, which includes a
+:mod:`condmsg.exit_codes` (0 stopped by a signal, 2 a configuration error, which includes a
 store without its schema and credentials RabbitMQ keeps refusing).
 
 The service is imported when the command runs, so building the ``condmsg`` parser stays
@@ -16,7 +16,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from condmsg.cli.options import checked_amqp_url, checked_db_url
 from condmsg.errors import ConfigError
 from condmsg.logging_setup import add_logging_arguments, configure_logging, log_banner
 from condmsg.settings import (
@@ -29,6 +28,7 @@ from condmsg.settings import (
     parse_duration,
 )
 from condmsg.stopping import StopSignals
+from condmsg.url_checks import checked_amqp_url, checked_db_url
 
 if TYPE_CHECKING:
     from evaluator.config import EvaluatorConfig
@@ -223,7 +223,7 @@ def _banner(service: Evaluator, metrics_port: int | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from condmsg.cli.exits import OK, USAGE
+    from condmsg.exit_codes import OK, USAGE
     from condmsg.ops_server import serve_ops
     from evaluator.service import Evaluator
 

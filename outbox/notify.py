@@ -16,6 +16,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from outbox.repeated_failures import RepeatedFailures
+
 log = logging.getLogger(__name__)
 
 
@@ -39,6 +41,12 @@ class Listener:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="outbox-listener", daemon=True)
         self.listening = threading.Event()
+        # A database outage is the relay's own line; this one says once that wake-ups
+        # stopped (no traceback: psycopg's message spans lines and links), then a
+        # reminder a minute, then that they work again.
+        self._failures = RepeatedFailures(
+            log, "outbox LISTEN connection (the relay polls meanwhile)", traceback=False
+        )
 
     def start(self) -> Listener:
         self._thread.start()
@@ -57,7 +65,7 @@ class Listener:
                 backoff = 0.2
             except Exception as exc:  # any driver error: the relay polls meanwhile
                 self.listening.clear()
-                log.warning("outbox LISTEN connection failed (%s); retrying", exc)
+                self._failures.failed(exc, level=logging.WARNING)
                 if self._stop.wait(backoff):
                     return
                 backoff = min(backoff * 2, self._max_backoff_s)
@@ -68,6 +76,7 @@ class Listener:
             conn.execute(sa.text(f'LISTEN "{self._channel}"'))
             driver: Any = conn.connection.driver_connection
             self.listening.set()
+            self._failures.succeeded()
             # Anything committed while we were not listening: wake once after (re)connect.
             self._wake()
             while not self._stop.is_set():

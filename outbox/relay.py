@@ -40,6 +40,7 @@ from outbox.errors import (
 from outbox.metrics import RelayMetrics
 from outbox.notify import Listener
 from outbox.publisher import PUBLISHINGS, PendingBatch, Publisher
+from outbox.repeated_failures import RepeatedFailures
 from outbox.store import Claim, Key, OutboxStatus, OutboxStore
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,10 @@ class Relay:
         self._ever_connected = False
         self._published = self._failed = self._retried = self._reconnects = 0
         self._last_error: str | None = None
+        # An outage is one line when it starts, a reminder a minute, one when it is over:
+        # one log per source and operation (the text before the first colon, e.g. "cannot
+        # read the outbox status in ..."), whose failures alternate during one outage.
+        self._failure_logs: dict[tuple[str, str], RepeatedFailures] = {}
         self._status: OutboxStatus | None = None
         # What keeps the relay from working now (None: nothing), for readiness checks;
         # plain attributes, read without a lock by the health endpoint's thread.
@@ -309,22 +314,31 @@ class Relay:
 
     def _note_error(self, message: str, source: str) -> None:
         """A broker or database failure (``source``), retried with backoff: counted every
-        time, logged only when its text differs from the last one's, so an outage makes
-        one line, not one per retry."""
+        time, logged when it starts or its text changes and as a reminder a minute, so an
+        outage makes a few lines, not one per retry."""
         if source == "broker":
             self.metrics.broker_errors.inc()
             self._broker_problem = message
         else:
             self.metrics.store_errors.inc()
             self._store_problem = message
-        if message != self._last_error:
-            log.warning("outbox relay: %s", message)
+        key = (source, message.split(":", 1)[0])
+        if key not in self._failure_logs:
+            what = "RabbitMQ" if source == "broker" else "the database"
+            self._failure_logs[key] = RepeatedFailures(log, f"outbox relay: {what}")
+        self._failure_logs[key].failed(message, level=logging.WARNING)
         self._last_error = message
+
+    def _answered(self, source: str) -> None:
+        """``source`` works again: each of its failure logs says so once."""
+        for (which, _), failures in list(self._failure_logs.items()):
+            if which == source:
+                failures.succeeded()
 
     def _store_answered(self) -> None:
         if self._store_problem is not None:
             self._store_problem = None
-            log.info("outbox relay: the database answers again")
+            self._answered("store")
 
     def _ensure_publisher(self) -> bool:
         if self._publisher is not None and self._publisher.alive:
@@ -359,7 +373,9 @@ class Relay:
         if self._ever_connected:
             self._reconnects += 1
             self.metrics.reconnects.inc()
-            log.info("outbox relay: reconnected to RabbitMQ")
+            if self._broker_problem is None:
+                log.info("outbox relay: reconnected to RabbitMQ")
+        self._answered("broker")  # says so if connecting had failed
         self._ever_connected = True
         self._broker_problem = None
         self._broker_backoff.reset()

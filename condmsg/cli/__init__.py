@@ -11,7 +11,7 @@ audit; ``condmsg --help`` (or a command it does not know) lists the commands fro
 :data:`SUMMARIES` and imports none of them. pyspark is loaded only when ``condmsg audit``
 runs.
 
-Exit codes (:mod:`condmsg.cli.exits` has the table): 0 done, 1 a failed check or outcome
+Exit codes (:mod:`condmsg.exit_codes` has the table): 0 done, 1 a failed check or outcome
 (a command says which), 2 a usage or configuration error, which includes a service or file
 the command cannot use: one line on stderr naming what failed and what to do
 (:mod:`condmsg.cli.failures`; ``--debug`` shows the traceback too), 130 interrupted.
@@ -28,8 +28,8 @@ import traceback
 from collections.abc import Sequence
 
 from condmsg import __version__
-from condmsg.cli.exits import INTERRUPTED, USAGE
 from condmsg.cli.extras import require_extra
+from condmsg.exit_codes import INTERRUPTED, USAGE
 
 #: The services: a stop signal is how they end (exit 0); they install their own handlers.
 SERVICES = frozenset({"relay", "evaluator"})

@@ -9,7 +9,7 @@ outbox, so an in-process relay publishes them while the command runs, and is dra
 before it exits.
 
 A queue that does not exist is an error: reading would declare it, and a mistyped name
-would then wait on a new, empty queue for ever. Exit codes: :mod:`condmsg.cli.exits`.
+would then wait on a new, empty queue for ever. Exit codes: :mod:`condmsg.exit_codes`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from condmsg import protocol
-from condmsg.cli.exits import FAILED, INTERRUPTED, OK, add_command
 from condmsg.cli.options import (
     add_amqp_url,
     add_create_schema,
@@ -33,6 +32,7 @@ from condmsg.cli.options import (
 )
 from condmsg.cli.queues import require_queue
 from condmsg.errors import BrokerError, CondmsgError, ConfigError
+from condmsg.exit_codes import FAILED, INTERRUPTED, OK, add_command
 from condmsg.protocol import H_TOKEN
 
 if TYPE_CHECKING:

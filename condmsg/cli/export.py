@@ -3,7 +3,7 @@ Parquet layout the Spark audit reads. SQLAlchemy and pyarrow only: no Spark, no 
 
 An export without ``--since`` replaces what its directory holds, so a directory that is
 not empty is refused unless ``--overwrite`` says to replace it (or ``--since`` appends to
-an earlier export there). Exit codes: :mod:`condmsg.cli.exits`.
+an earlier export there). Exit codes: :mod:`condmsg.exit_codes`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from condmsg.cli.exits import OK, add_command
 from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.errors import ConfigError
+from condmsg.exit_codes import OK, add_command
 from condmsg.timeutil import parse_cli_instant
 
 #: What pyarrow's S3 filesystem reads, for a message about an ``s3://`` output it cannot use.

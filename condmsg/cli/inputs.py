@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from condmsg.condition_codec import MAX_DOCUMENT_BYTES, SCHEMA_VERSION, condition_from_dict
-from condmsg.conditions import Condition
+from condmsg.conditions import MAX_DEPTH, Condition
 from condmsg.errors import ConditionError, ConfigError
 
 #: What names standard input in place of a file.
@@ -34,6 +34,11 @@ def _looks_inline(spec: str) -> bool:
 def condition_text(spec: str) -> bytes:
     """The condition document ``spec`` names: standard input (``-``), an existing file,
     or the document itself."""
+    if not spec.strip():
+        # Path("") is the current directory: it would be read as one.
+        raise ConfigError(
+            "--condition is empty: give a file, - for standard input, or the document itself"
+        )
     if spec == STDIN or Path(spec).exists() or not _looks_inline(spec):
         return read_bytes(spec)
     return spec.encode()
@@ -67,7 +72,9 @@ def _decode(document: bytes) -> Any:
     except yaml.YAMLError as exc:
         raise ConditionError(f"condition: neither JSON nor YAML ({_short(exc)})") from None
     except RecursionError:
-        raise ConditionError("condition: nested too deeply") from None
+        raise ConditionError(
+            f"condition: nested too deeply (a tree has at most {MAX_DEPTH} levels)"
+        ) from None
 
 
 def _short(exc: Exception) -> str:

@@ -4,7 +4,7 @@ The relay parks a row it cannot publish (a missing exchange or queue, a message 
 refuses, attempts exhausted) with the reason. ``list`` prints them as JSON lines;
 ``requeue`` makes them pending again, so the running relay publishes them (after the
 cause is mended); ``purge`` deletes them, and asks for ``--yes``: what it deletes is gone.
-Exit codes: :mod:`condmsg.cli.exits`.
+Exit codes: :mod:`condmsg.exit_codes`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from condmsg.cli.exits import FAILED, OK, add_command
 from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.errors import ConfigError
+from condmsg.exit_codes import FAILED, OK, add_command
 
 
 def register(subparsers: Any) -> None:

@@ -6,7 +6,7 @@ notifications as they arrive on the sender's outcome queue (CMs and Dependency-S
 alike), each acknowledged once printed: the queue's consumer takes them away from any
 other consumer of that queue, so follow only a sender whose application does not read
 its outcome queue itself; a sender whose outcome queue does not exist is refused (a
-mistyped name would otherwise create its queues). Exit codes: :mod:`condmsg.cli.exits`.
+mistyped name would otherwise create its queues). Exit codes: :mod:`condmsg.exit_codes`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from condmsg.cli.exits import OK, add_command
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
 from condmsg.errors import ConfigError
+from condmsg.exit_codes import OK, add_command
 from condmsg.timeutil import parse_cli_instant
 
 

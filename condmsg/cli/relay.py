@@ -3,7 +3,7 @@
 Settings come from the environment (``CONDMSG_DB_URL``, ``CONDMSG_AMQP_URL``). SIGTERM and
 SIGINT stop the relay gracefully: no new claims, confirms in flight are awaited, rows
 settled, connections closed (exit 0). ``--status`` prints the backlog and exits. Exit
-codes: :mod:`condmsg.cli.exits`.
+codes: :mod:`condmsg.exit_codes`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import sqlalchemy as sa
 import outbox
 from condmsg import migrate
 from condmsg.amqp import describe_url
-from condmsg.cli.exits import INTERRUPTED, OK, USAGE, add_command
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
+from condmsg.exit_codes import INTERRUPTED, OK, USAGE, add_command
 from condmsg.logging_setup import add_logging_arguments, configure_logging, log_banner
 from condmsg.ops_server import serve_ops
 from condmsg.stopping import StopSignals

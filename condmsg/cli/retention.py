@@ -3,7 +3,7 @@
 CMs decided longer ago than ``--older-than`` are archived to Parquet under ``--archive``
 (the layout ``condmsg export`` writes, one directory per batch) and only then deleted, one
 transaction per batch. Safe next to running evaluators (which may run the same job).
-Exit codes: :mod:`condmsg.cli.exits`.
+Exit codes: :mod:`condmsg.exit_codes`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import argparse
 import sys
 from typing import Any
 
-from condmsg.cli.exits import OK, add_command
 from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.errors import ConfigError
+from condmsg.exit_codes import OK, add_command
 from condmsg.settings import ENV_ARCHIVE_DIR, ENV_RETENTION, Settings
 from evaluator.cli import add_policy_arguments
 

@@ -15,7 +15,6 @@ import json
 import sys
 from typing import Any
 
-from condmsg.cli.exits import FAILED, OK, add_command
 from condmsg.cli.inputs import condition_text, exclusive_stdin, parse_condition, read_bytes
 from condmsg.cli.options import (
     add_amqp_url,
@@ -26,6 +25,7 @@ from condmsg.cli.options import (
 )
 from condmsg.errors import ConditionError, ConfigError
 from condmsg.evaluation import Verdict
+from condmsg.exit_codes import FAILED, OK, add_command
 
 
 def register(subparsers: Any) -> None:

@@ -1,6 +1,6 @@
 """``condmsg status ID``: a conditional message's condition tree, acks and verdict, or a
 Dependency-Sphere with its participants and every member's tree. Exit codes:
-:mod:`condmsg.cli.exits`."""
+:mod:`condmsg.exit_codes`."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import sqlalchemy as sa
 
 from condmsg import sender_tables
 from condmsg.acks import Ack, AckKind
-from condmsg.cli.exits import FAILED, OK, add_command
 from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.cli.status_view import contradiction, render
 from condmsg.condition_codec import condition_from_json
 from condmsg.db import describe_db_url, make_engine
 from condmsg.evaluation import evaluate
+from condmsg.exit_codes import FAILED, OK, add_command
 from condmsg.settings import Settings
 from condmsg.sphere_store import SPHERES, SphereRow
 from condmsg.timeutil import iso, stored_instant, utcnow

@@ -1,4 +1,4 @@
-"""One exit-code table for every ``condmsg`` command: ``condmsg.cli.exits``, shown by each
+"""One exit-code table for every ``condmsg`` command: ``condmsg.exit_codes``, shown by each
 command's ``--help`` and by docs/cli.md, and the code each class of outcome really ends
 with, command by command. A command the parser knows but the table does not fails here."""
 
@@ -18,8 +18,8 @@ import pytest
 from condmsg import migrate
 from condmsg.amqp import connect
 from condmsg.cli import build_parser
-from condmsg.cli.exits import EXIT_CODES
 from condmsg.db import make_engine
+from condmsg.exit_codes import EXIT_CODES
 from condmsg.topology import declare_destination, declare_service_queue
 from tests.integration.test_cli_commands import COMMAND, ROOT, cli, cli_env
 
@@ -56,7 +56,7 @@ def _documented() -> dict[str, set[int]]:
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_documents_its_exit_codes(command: str) -> None:
-    assert command in EXIT_CODES, f"{command} has no row in condmsg.cli.exits.EXIT_CODES"
+    assert command in EXIT_CODES, f"{command} has no row in condmsg.exit_codes.EXIT_CODES"
     assert _documented().get(command) == set(EXIT_CODES[command]), (
         f"docs/cli.md's exit-code table differs from EXIT_CODES for {command}"
     )

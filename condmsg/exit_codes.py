@@ -1,6 +1,6 @@
-"""The exit codes of every ``condmsg`` command, in one table: ``--help`` shows each
-command's rows (its epilog) and docs/cli.md shows the same table, which a test holds to
-this one.
+"""The exit codes of every ``condmsg`` command (and ``python -m evaluator``), in one
+table: ``--help`` shows each command's rows (its epilog) and docs/cli.md shows the same
+table, which a test holds to this one.
 
 The classes are the same for every command: 0 done, 1 the command ran and found a
 failure (a check, an outcome, rows or ids it was asked about), 2 a usage or configuration

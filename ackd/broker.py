@@ -8,6 +8,7 @@ transaction that recorded them has committed.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -20,7 +21,10 @@ from pika.adapters.blocking_connection import BlockingChannel
 from condmsg import protocol
 from condmsg.amqp import connect
 from condmsg.errors import BrokerError
-from condmsg.topology import declare_destination, declare_service_queue
+from condmsg.settings import destination_queue_type
+from condmsg.topology import declare_destination, declare_service_queue, describe_mode
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +55,15 @@ ACK_DELAY_S = 0.2
 class Broker:
     """Lazily connected; reconnects on the next call after the connection broke."""
 
-    def __init__(self, amqp_url: str, *, name: str, invalid_queue: str) -> None:
+    def __init__(
+        self, amqp_url: str, *, name: str, invalid_queue: str, queue_type: str | None = None
+    ) -> None:
+        #: One broker or a cluster's nodes, comma-separated: each (re)connection goes to the
+        #: first that answers, so a consumer whose node went resumes on another one.
         self.amqp_url = amqp_url
+        #: The destination queues' type (default: ``CONDMSG_DESTINATION_QUEUE_TYPE``).
+        self.queue_type = destination_queue_type() if queue_type is None else queue_type
+        self._mode_logged = False
         self.name = name
         self.invalid_queue = invalid_queue
         self._connection: pika.BlockingConnection | None = None
@@ -80,6 +91,9 @@ class Broker:
             return self._channel
         self.close()
         self._connection = connect(self.amqp_url, name=self.name)
+        if not self._mode_logged:
+            log.info("%s", describe_mode(self._connection, self.queue_type))
+            self._mode_logged = True
         self._channel = self._connection.channel()
         # Declared up front so that operators (and monitoring) see it before anything lands.
         declare_service_queue(self._channel, self.invalid_queue)
@@ -96,7 +110,7 @@ class Broker:
         if queue in self._declared:
             return
         assert self._connection is not None
-        declare_destination(self._connection, queue)
+        declare_destination(self._connection, queue, self.queue_type)
         self._declared.add(queue)
 
     def get(self, queue: str) -> Delivery | None:

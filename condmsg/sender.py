@@ -42,12 +42,17 @@ from condmsg.send_store import (
     SendStore,
     SqlAlchemySendStore,
 )
-from condmsg.settings import Settings
+from condmsg.settings import DEFAULT_QUEUE_TYPE, Settings
 from condmsg.sphere_outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
 from condmsg.sphere_participants import Participant
 from condmsg.spheres import Handler, Sphere, SphereCoordinator
 from condmsg.timeutil import utcnow
-from condmsg.topology import declare_destination, declare_service_queue
+from condmsg.topology import (
+    declare_destination,
+    declare_service_queue,
+    describe_mode,
+    destination_arguments,
+)
 from outbox import backends
 from outbox.enqueueing import enqueue_fanouts
 from outbox.message import Fanout
@@ -71,6 +76,10 @@ class Sender(OwnsOutbox):
     The store must hold the schema this release expects (``condmsg db upgrade --store
     sender``); else :class:`~condmsg.migrate.SchemaError` says what to run.
     ``create_schema=True`` creates a store that does not exist yet (quick starts, tests).
+
+    ``amqp_url`` may name a cluster's nodes, comma-separated (see :mod:`condmsg.amqp`);
+    ``destination_queue_type`` (``classic`` or ``quorum``, ``CONDMSG_DESTINATION_QUEUE_TYPE``
+    in :meth:`from_env`) is the type of the destination queues it declares.
     """
 
     def __init__(
@@ -86,13 +95,16 @@ class Sender(OwnsOutbox):
         declare_queues: bool = True,
         store: SendStore | None = None,
         create_schema: bool = False,
+        destination_queue_type: str = DEFAULT_QUEUE_TYPE,
     ) -> None:
+        destination_arguments(destination_queue_type)  # a bad type fails here, not mid-send
         if engine is None and db_url is None:
             raise ConfigError("Sender needs db_url (CONDMSG_DB_URL) or an engine")
         if not name or not isinstance(name, str):
             raise ConfigError("Sender needs a non-empty name")
         self.name = name
         self.amqp_url = amqp_url
+        self.destination_queue_type = destination_queue_type
         self.engine = engine if engine is not None else make_engine(str(db_url))
         if store is None:
             store = backends.pick(
@@ -111,7 +123,9 @@ class Sender(OwnsOutbox):
 
     @classmethod
     def from_env(cls, *, name: str, **overrides: Any) -> Sender:
-        options = Settings.from_env().endpoint_options() | overrides
+        settings = Settings.from_env()
+        options = settings.endpoint_options() | overrides
+        options.setdefault("destination_queue_type", settings.destination_queue_type)
         return cls(name=name, **options)
 
     def clock(self) -> datetime:
@@ -372,6 +386,7 @@ class Sender(OwnsOutbox):
             log.warning("not declaring the sender's queues now: %s", exc)
             return
         try:
+            log.info("%s", describe_mode(connection, self.destination_queue_type))
             channel = connection.channel()
             for queue in (
                 protocol.ack_queue(self.name),
@@ -395,7 +410,7 @@ class Sender(OwnsOutbox):
             return
         try:
             for queue in missing:
-                declare_destination(connection, queue)
+                declare_destination(connection, queue, self.destination_queue_type)
                 self._declared.add(queue)
         finally:
             connection.close()

@@ -26,6 +26,11 @@ ENV_RETENTION = "CONDMSG_RETENTION"
 ENV_ARCHIVE_DIR = "CONDMSG_ARCHIVE_DIR"
 ENV_RETENTION_INTERVAL_S = "CONDMSG_RETENTION_INTERVAL_S"
 ENV_CLOCK_SKEW_MS = "CONDMSG_CLOCK_SKEW_MS"
+ENV_DESTINATION_QUEUE_TYPE = "CONDMSG_DESTINATION_QUEUE_TYPE"
+
+#: The destination queue types a deployment may choose (see :mod:`condmsg.topology`).
+QUEUE_TYPES = ("classic", "quorum")
+DEFAULT_QUEUE_TYPE = "classic"
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_DB_URL = "sqlite:///condmsg.db"
@@ -48,6 +53,10 @@ class Settings:
     ``clock_skew`` is the evaluator's tolerance for receivers' clocks: an ack read before
     its CM's ``sent_at - clock_skew``, or read or committed after its receipt ``+
     clock_skew``, is a ``clock_skew`` anomaly and does not count.
+
+    ``amqp_url`` names one broker or several (a cluster's nodes), comma-separated; every
+    component connects to the first that answers and moves to another when its node goes.
+    ``destination_queue_type`` is ``classic`` or ``quorum`` (:mod:`condmsg.topology`).
     """
 
     amqp_url: str = DEFAULT_AMQP_URL
@@ -59,11 +68,13 @@ class Settings:
     archive_dir: Path | None = None
     retention_interval_s: float = DEFAULT_RETENTION_INTERVAL_S
     clock_skew: timedelta = DEFAULT_CLOCK_SKEW
+    destination_queue_type: str = DEFAULT_QUEUE_TYPE
 
     def __repr__(self) -> str:  # never print the secret
         return (
             f"Settings(amqp_url={_redact(self.amqp_url)!r}, db_url={_redact(self.db_url)!r}, "
-            f"secret={'<set>' if self.secret else None}, ack_grace={self.ack_grace!r})"
+            f"secret={'<set>' if self.secret else None}, ack_grace={self.ack_grace!r}, "
+            f"destination_queue_type={self.destination_queue_type!r})"
         )
 
     def endpoint_options(self) -> dict[str, Any]:
@@ -89,6 +100,7 @@ class Settings:
             secret=secret.encode() if secret else None,
             ack_grace=ack_grace,
             clock_skew=clock_skew,
+            destination_queue_type=destination_queue_type(env),
             test_pg_url=env.get(ENV_TEST_PG_URL, DEFAULT_TEST_PG_URL),
             retention=parse_duration(retention, ENV_RETENTION) if retention else None,
             archive_dir=Path(archive_dir) if archive_dir else None,
@@ -98,6 +110,19 @@ class Settings:
                 else DEFAULT_RETENTION_INTERVAL_S
             ),
         )
+
+
+def destination_queue_type(environ: Mapping[str, str] | None = None) -> str:
+    """``CONDMSG_DESTINATION_QUEUE_TYPE`` (default ``classic``); :class:`ConfigError` naming
+    the key for anything but ``classic`` or ``quorum``."""
+    env = os.environ if environ is None else environ
+    value = env.get(ENV_DESTINATION_QUEUE_TYPE, DEFAULT_QUEUE_TYPE).strip().lower()
+    if value not in QUEUE_TYPES:
+        raise ConfigError(
+            f"{ENV_DESTINATION_QUEUE_TYPE} must be one of {', '.join(QUEUE_TYPES)}, "
+            f"got {env.get(ENV_DESTINATION_QUEUE_TYPE)!r}"
+        )
+    return value
 
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*")
@@ -138,7 +163,9 @@ def _positive_seconds(text: str, key: str) -> float:
 
 
 def _redact(url: str) -> str:
-    """Hide the password of a URL (``scheme://user:***@host``)."""
+    """Hide the password of a URL (``scheme://user:***@host``), of each of a list."""
+    if "," in url:
+        return ",".join(_redact(u.strip()) for u in url.split(","))
     head, sep, tail = url.partition("://")
     if not sep or "@" not in tail:
         return url

@@ -53,7 +53,8 @@ class EvaluatorConfig:
     ``condmsg evaluator``, which is a process of its own.
     """
 
-    #: The broker; the ack queue is read and the outbox relay publishes there.
+    #: The broker, or a cluster's nodes comma-separated (each connection goes to the first
+    #: that answers); the ack queue is read and the outbox relay publishes there.
     amqp_url: str = field(repr=False)
     #: The sender whose CMs are decided.
     sender: str

@@ -32,7 +32,8 @@ class RelayConfig:
     ``max_batches_in_flight`` batches awaiting publisher confirms.
     """
 
-    #: The broker the rows are published to.
+    #: The broker the rows are published to, or a cluster's nodes comma-separated: each
+    #: connection goes to the first that answers (see :mod:`outbox.publisher`).
     amqp_url: str = field(repr=False)
     #: The outbox table to publish.
     table_name: str = DEFAULT_TABLE_NAME

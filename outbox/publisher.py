@@ -17,7 +17,13 @@ declare on a side channel, and rows addressed to a missing one are refused witho
 published.
 
 When the connection or the channel breaks, every unresolved batch fails with
-:class:`BrokerError` and the publisher is dead; the relay makes a new one.
+:class:`BrokerError` and the publisher is dead; the relay makes a new one, and publishes
+the rows of those batches again (the receivers' de-duplication by row id makes a second
+copy of a message that did reach the broker harmless).
+
+``amqp_url`` may name several brokers, comma-separated (the nodes of a cluster): each
+publisher tries them in order, one ``SelectConnection`` per address, until one opens; so
+after its node is lost, the relay's next publisher lands on a node that answers.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from outbox.errors import BrokerAuthError, BrokerError
 from outbox.frames import FramePublishing
 from outbox.message import StoredMessage
 from outbox.publishing import COPY_HEADER, ROW_ID_HEADER, MessageKey, PikaPublishing, Publishing
-from outbox.urls import broker_address
+from outbox.urls import broker_address, split_urls
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +135,9 @@ class Publisher:
         publishing: Publishing | None = None,
     ) -> None:
         self.amqp_url = amqp_url
+        self._urls = split_urls(amqp_url)
+        #: The address this publisher is connected to (or trying), for messages.
+        self.url = self._urls[0]
         self._publishing = publishing if publishing is not None else FramePublishing()
         self._on_done = on_done
         self._connect_timeout_s = connect_timeout_s
@@ -136,6 +145,8 @@ class Publisher:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._dead = False
+        #: close() was called: no further address is tried.
+        self._closing = False
         self.last_error: str | None = None
         #: The broker refused the login or the vhost (waiting does not mend that).
         self.refused = False
@@ -163,7 +174,9 @@ class Publisher:
         """Connect; return when the channel is in confirm mode, or raise BrokerError."""
         self._thread = threading.Thread(target=self._run, name="outbox-publisher", daemon=True)
         self._thread.start()
-        if not self._ready.wait(self._connect_timeout_s + 5.0) or self._dead:
+        # Each address may take its whole connect timeout (a host that never answers).
+        budget = self._connect_timeout_s * len(self._urls) + 5.0
+        if not self._ready.wait(budget) or self._dead:
             self.close()
             raise (BrokerAuthError if self.refused else BrokerError)(
                 self.last_error
@@ -193,6 +206,7 @@ class Publisher:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Close the connection; unresolved batches fail. Safe to call more than once."""
+        self._closing = True
         conn = self._conn
         if conn is not None and not self._dead:
             with contextlib.suppress(Exception):
@@ -227,38 +241,54 @@ class Publisher:
     # -- IO thread --------------------------------------------------------------------------
 
     def _run(self) -> None:
+        failures: list[str] = []
+        refusals = 0
         try:
-            params = pika.URLParameters(self.amqp_url)
-            params.connection_attempts = 1
-            params.retry_delay = 0
-            params.socket_timeout = self._connect_timeout_s
-            params.stack_timeout = self._connect_timeout_s
-            params.client_properties = {"connection_name": self._connection_name}
-            self._conn = SelectConnection(
-                params,
-                on_open_callback=self._on_open,
-                on_open_error_callback=self._on_open_error,
-                on_close_callback=self._on_closed,
-            )
-            self._conn.ioloop.start()
+            for url in self._urls:
+                self.url = url
+                self.last_error = None
+                self._connect(url)
+                if self._ready.is_set() or self._closing:
+                    return  # it opened (and has since closed), or the caller gave up
+                failures.append(self.last_error or describe_connect_error(url, EOFError()))
+                refusals += self.refused
+            self.refused = refusals == len(self._urls)
+            self.last_error = "; ".join(failures)
         except Exception as exc:
             # Whatever pika let through (a ValueError from a socket that broke while
             # connecting, a bug): this connection has failed, and the relay's next attempt,
             # after its backoff, makes a new one. The relay reports last_error, throttled.
             log.debug("outbox publisher I/O loop failed", exc_info=True)
-            self.last_error = self.last_error or describe_connect_error(self.amqp_url, exc)
+            self.last_error = self.last_error or describe_connect_error(self.url, exc)
         finally:
             self._shutdown("the RabbitMQ connection closed")
 
+    def _connect(self, url: str) -> None:
+        """Run one connection to ``url`` until it fails to open or closes."""
+        params = pika.URLParameters(url)
+        params.connection_attempts = 1
+        params.retry_delay = 0
+        params.socket_timeout = self._connect_timeout_s
+        params.stack_timeout = self._connect_timeout_s
+        params.client_properties = {"connection_name": self._connection_name}
+        self.refused = False
+        self._conn = SelectConnection(
+            params,
+            on_open_callback=self._on_open,
+            on_open_error_callback=self._on_open_error,
+            on_close_callback=self._on_closed,
+        )
+        self._conn.ioloop.start()
+
     def _on_open_error(self, conn: SelectConnection, exc: BaseException) -> None:
-        self.last_error = describe_connect_error(self.amqp_url, exc)
+        self.last_error = describe_connect_error(self.url, exc)
         self.refused = isinstance(exc, _REFUSALS)
         conn.ioloop.stop()
 
     def _on_closed(self, conn: SelectConnection, exc: BaseException) -> None:
         if not isinstance(exc, pika.exceptions.ConnectionClosedByClient):
             self.last_error = self.last_error or (
-                f"lost the connection to RabbitMQ at {broker_address(self.amqp_url)}: {exc}"
+                f"lost the connection to RabbitMQ at {broker_address(self.url)}: {exc}"
             )
         conn.ioloop.stop()
 

@@ -72,6 +72,10 @@ EXIT_CODES: dict[str, dict[int, str]] = {
         FAILED: "no such CM or sphere (retention may have archived it)",
         USAGE: _USAGE,
     },
+    "console": {
+        OK: "stopped by SIGTERM or SIGINT",
+        USAGE: f"{_USAGE} (e.g. the console extra is not installed)",
+    },
     "export": {
         OK: "exported",
         USAGE: f"{_USAGE} (e.g. an output that is not a directory)",

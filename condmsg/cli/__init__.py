@@ -49,6 +49,7 @@ COMMANDS = {
     "evaluator": "evaluator",
     "retention": "retention",
     "status": "status",
+    "console": "console",
     "export": "export",
     "audit": "audit",
 }
@@ -69,6 +70,7 @@ SUMMARIES = {
     "evaluator": "decide conditional messages of a sender (acks, timeouts, outcomes)",
     "retention": "archive decided CMs older than a period to Parquet, then delete them",
     "status": "show a conditional message's tree and verdict, or a sphere's",
+    "console": "serve a web console of a sender store (CMs, trees, outbox, dead letters)",
     "export": "export a sender store to Parquet for the audit (no Spark needed)",
     "audit": "audit acks, latencies and verdicts with Spark",
 }

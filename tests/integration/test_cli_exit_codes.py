@@ -99,6 +99,7 @@ USAGE_ERRORS: dict[str, list[str]] = {
     "status": ["status", "x", "--db-url", "mysql://u@h/db"],
     "export": ["export", "--out", "/etc/passwd"],
     "audit": ["audit"],
+    "console": ["console"],  # no store named
 }
 
 

@@ -1,0 +1,122 @@
+"""``condmsg console``: serve the web console of a sender store (docs/console.md).
+
+Needs the ``console`` extra (:mod:`condmsg.cli.extras` says so in one line without it).
+Binds 127.0.0.1 unless told otherwise; reading needs no write access to the store, and
+requeueing or purging parked rows needs ``--token`` / ``CONDMSG_CONSOLE_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+from condmsg.cli.extras import MissingExtraError, missing
+from condmsg.cli.options import add_db_url, named_db_url
+from condmsg.exit_codes import OK, add_command
+
+ENV_TOKEN = "CONDMSG_CONSOLE_TOKEN"
+#: What installs the ``console`` extra (quoted, since shells expand square brackets).
+CONSOLE_INSTALL = "pip install 'condmsg[console]'"
+#: The modules of the extra the console imports.
+CONSOLE_MODULES = ("starlette", "jinja2", "uvicorn")
+ENV_AMQP_URL = "CONDMSG_AMQP_URL"
+
+
+def register(subparsers: Any) -> None:
+    import outbox
+
+    parser = add_command(
+        subparsers,
+        "console",
+        help="serve a web console of a sender store (CMs, trees, outbox, dead letters)",
+        description="Serve a web console over a sender store: an overview, the CMs with "
+        "filters, each CM's tree and timeline, spheres, the outbox's parked rows and the "
+        "dead letters. Reading needs only SELECT on the store; requeue and purge need the "
+        f"token (--token or {ENV_TOKEN}).",
+    )
+    add_db_url(parser, "the sender store")
+    parser.add_argument(
+        "--receiver-db-url",
+        metavar="URL",
+        action="append",
+        default=[],
+        help="a receiver store whose outbox to show too (repeatable)",
+    )
+    parser.add_argument(
+        "--amqp-url",
+        metavar="URL",
+        help=f"the broker, to look at the dead-letter queue (default: ${ENV_AMQP_URL}; "
+        "without either, dead letters are not shown)",
+    )
+    parser.add_argument(
+        "--sender", metavar="NAME", help="whose dead-letter queue (default: the latest CM's)"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="the address to bind (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=8465, help="the port to listen on (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help=f"the token that allows actions (default: ${ENV_TOKEN}; prefer the variable: "
+        "a command line is visible to every user of the machine); none: read-only",
+    )
+    parser.add_argument(
+        "--table",
+        metavar="NAME",
+        default=outbox.DEFAULT_TABLE_NAME,
+        help="the outbox table (default: %(default)s)",
+    )
+    parser.set_defaults(handler=run, schema_store="sender")
+
+
+def run(args: argparse.Namespace) -> int:
+    absent = missing(CONSOLE_MODULES)
+    if absent:
+        raise MissingExtraError(
+            f"the console needs the console extra ({', '.join(absent)} not installed); "
+            f"install it with: {CONSOLE_INSTALL}"
+        )
+    import sqlalchemy as sa
+    import uvicorn
+
+    from condmsg.console import ConsoleConfig, Store, create_app
+    from condmsg.db import describe_db_url, make_engine
+    from condmsg.logging_setup import configure_logging
+    from condmsg.settings import Settings
+
+    configure_logging()
+    urls = [named_db_url(args, existing=True), *args.receiver_db_url]
+    stores = []
+    for index, url in enumerate(urls):
+        engine = make_engine(url)
+        outbox_table = None
+        if sa.inspect(engine).has_table(args.table):
+            import outbox
+
+            outbox_table = outbox.outbox_table(args.table)
+        label = "sender store" if index == 0 else f"receiver store {index}"
+        stores.append(Store(f"{label} ({describe_db_url(url)})", engine, outbox_table))
+    token = args.token or os.environ.get(ENV_TOKEN) or None
+    app = create_app(
+        ConsoleConfig(
+            stores=stores,
+            settings=Settings.from_env(),
+            sender=args.sender,
+            amqp_url=args.amqp_url or os.environ.get(ENV_AMQP_URL) or None,
+            token=token,
+        )
+    )
+    logging.getLogger("condmsg.console").info(
+        "condmsg console on http://%s:%d/ over %s; actions %s",
+        args.host,
+        args.port,
+        describe_db_url(urls[0]),
+        "enabled (token set)" if token else "disabled (no token)",
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return OK

@@ -1,0 +1,333 @@
+"""The console's ASGI application: server-rendered pages over a sender store.
+
+Pages only read (a role with SELECT on the store's tables is enough); the two actions,
+requeueing and purging parked outbox rows, go through :class:`outbox.OutboxStore` as
+``condmsg outbox requeue|purge`` does, behind :mod:`condmsg.console.auth`, and each is
+logged. Jinja escapes every value it renders (autoescape on), so a destination or a
+payload excerpt is always shown as text. Every response carries a Content-Security-Policy
+that allows only the page's own inline style and its one nonce-tagged refresh script.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import parse_qs
+
+import jinja2
+import markupsafe
+import sqlalchemy as sa
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from condmsg import sender_tables
+from condmsg.console import dead_letters, detail, queries
+from condmsg.console.auth import COOKIE, Sessions
+from condmsg.console.render import FILTERS, chart
+from condmsg.db import describe_db_url
+from condmsg.settings import Settings
+from condmsg.timeutil import utcnow
+
+log = logging.getLogger("condmsg.console")
+
+#: Parked rows and dead letters the outbox page lists at once.
+PARKED_PAGE = 100
+DEAD_LETTERS_SHOWN = 50
+WINDOWS = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+
+
+@dataclass(slots=True)
+class Store:
+    """A store the console shows: the sender store first, then receiver stores."""
+
+    label: str
+    engine: sa.Engine
+    outbox: sa.Table | None
+
+
+@dataclass(slots=True)
+class ConsoleConfig:
+    stores: Sequence[Store]
+    settings: Settings
+    #: Whose dead-letter queue to look at; None: the sender of the store's latest CM.
+    sender: str | None = None
+    amqp_url: str | None = None
+    token: str | None = None
+    refresh_s: float = 5.0
+    clock: Callable[[], datetime] = field(default=utcnow)
+
+
+def create_app(config: ConsoleConfig) -> Starlette:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("condmsg.console", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(FILTERS)
+    sessions = Sessions(config.token)
+    sender_store = config.stores[0]
+
+    def page(request: Request, template: str, status: int = 200, **context: Any) -> Response:
+        nonce = secrets.token_urlsafe(16)
+        session_id = request.cookies.get(COOKIE)
+        session = sessions.get(session_id)
+        html = env.get_template(template).render(
+            request=request,
+            nonce=nonce,
+            store=describe_db_url(str(sender_store.engine.url)),
+            actions_enabled=sessions.enabled,
+            logged_in=session is not None,
+            csrf=session.csrf if session else "",
+            **context,
+        )
+        response = HTMLResponse(html, status_code=status)
+        response.headers["Content-Security-Policy"] = (
+            "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+            f"script-src 'nonce-{nonce}'; connect-src 'self'; form-action 'self'; "
+            "frame-ancestors 'none'; base-uri 'none'"
+        )
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        return response
+
+    def overview_data(request: Request) -> dict[str, Any]:
+        window_name = request.query_params.get("window", "24h")
+        window = WINDOWS.get(window_name, WINDOWS["24h"])
+        with sender_store.engine.connect() as conn:
+            view = queries.overview(conn, config.clock(), window, sender_store.outbox)
+        return {"view": view, "chart": chart(view), "window": window_name, "windows": WINDOWS}
+
+    def overview(request: Request) -> Response:
+        return page(request, "overview.html", refresh_s=config.refresh_s, **overview_data(request))
+
+    def overview_live(request: Request) -> Response:
+        return page(request, "overview_live.html", **overview_data(request))
+
+    def cm_list(request: Request) -> Response:
+        params = request.query_params
+        problems: list[str] = []
+        flt = queries.ListFilter(
+            state=_choice(params.get("state"), queries.STATES),
+            verdict=_choice(params.get("verdict"), queries.VERDICTS),
+            destination=params.get("destination") or None,
+            since=_instant(params.get("since"), "since", problems),
+            until=_instant(params.get("until"), "until", problems),
+            cm_id=(params.get("id") or "").strip() or None,
+        )
+        limit = min(max(_int(params.get("limit")) or queries.PAGE_SIZE, 1), 500)
+        after = None
+        if params.get("after"):
+            try:
+                after = queries.Cursor.decode(params["after"])
+            except ValueError:
+                problems.append("the page cursor is not one this console wrote; first page shown")
+        with sender_store.engine.connect() as conn:
+            found = queries.cm_page(conn, flt, after, config.clock(), limit)
+        kept = {k: v for k, v in params.items() if k != "after" and v}
+        return page(
+            request,
+            "cms.html",
+            flt=flt,
+            found=found,
+            problems=problems,
+            kept=kept,
+            first_page=after is None,
+            states=queries.STATES,
+            verdicts=queries.VERDICTS,
+        )
+
+    def cm_page(request: Request) -> Response:
+        cm_id = request.path_params["cm_id"]
+        with sender_store.engine.connect() as conn:
+            found = detail.cm_detail(conn, cm_id, config.settings, sender_store.outbox)
+        if found is None:
+            return page(request, "missing.html", 404, what="conditional message", ident=cm_id)
+        return page(request, "cm.html", cm=found)
+
+    def sphere_page(request: Request) -> Response:
+        sphere_id = request.path_params["sphere_id"]
+        with sender_store.engine.connect() as conn:
+            found = detail.sphere_detail(conn, sphere_id)
+        if found is None:
+            return page(request, "missing.html", 404, what="sphere", ident=sphere_id)
+        return page(request, "sphere.html", sphere=found)
+
+    def outbox_page(request: Request) -> Response:
+        index = _store_index(request.query_params.get("store"), config.stores)
+        chosen = config.stores[index]
+        after = _int(request.query_params.get("after"))
+        rows: list[dict[str, Any]] = []
+        if chosen.outbox is not None:
+            with chosen.engine.connect() as conn:
+                rows = detail.parked_rows(conn, chosen.outbox, after, PARKED_PAGE + 1)
+        more = len(rows) > PARKED_PAGE
+        rows = rows[:PARKED_PAGE]
+        dead = None
+        if config.amqp_url and index == 0:
+            sender = config.sender or _latest_sender(sender_store.engine)
+            if sender is not None:
+                dead = dead_letters.peek(config.amqp_url, sender, DEAD_LETTERS_SHOWN)
+        with sender_store.engine.connect() as conn:
+            anomalies = queries.recent_anomalies(conn, 50) if index == 0 else []
+        return page(
+            request,
+            "outbox.html",
+            stores=config.stores,
+            index=index,
+            chosen=chosen,
+            rows=rows,
+            next_after=rows[-1]["id"] if more and rows else None,
+            dead=dead,
+            anomalies=anomalies,
+            done=request.query_params.get("done"),
+        )
+
+    async def login(request: Request) -> Response:
+        if request.method == "GET":
+            return page(request, "login.html", failed=False)
+        form = await _form(request)
+        session_id = sessions.login(form.get("token", ""))
+        client = request.client.host if request.client else "?"
+        if session_id is None:
+            log.warning("console login refused from %s", client)
+            return page(request, "login.html", 403, failed=True)
+        log.info("console login from %s", client)
+        response = RedirectResponse("/outbox", status_code=303)
+        response.set_cookie(COOKIE, session_id, httponly=True, samesite="strict", path="/")
+        return response
+
+    async def logout(request: Request) -> Response:
+        form = await _form(request)
+        session_id = request.cookies.get(COOKIE)
+        if sessions.check_csrf(session_id, form.get("csrf", "")):
+            sessions.logout(session_id)
+        response = RedirectResponse("/", status_code=303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+    async def outbox_action(request: Request) -> Response:
+        action = request.path_params["action"]
+        form = await _form(request)
+        session_id = request.cookies.get(COOKIE)
+        client = request.client.host if request.client else "?"
+        if not sessions.enabled:
+            return _refused("actions are disabled: start the console with --token")
+        if sessions.get(session_id) is None:
+            return _refused("log in with the console's token first", 401)
+        if not sessions.check_csrf(session_id, form.get("csrf", "")):
+            log.warning("console %s refused from %s: bad CSRF token", action, client)
+            return _refused("the form's CSRF token does not match your session")
+        index = _store_index(form.get("store", "0"), config.stores)
+        chosen = config.stores[index]
+        if chosen.outbox is None:
+            return _refused("this store has no outbox table", 400)
+        everything = form.get("all") == "1"
+        ids = sorted({i for i in (_int(v) for v in form.get_all("id")) if i is not None})
+        if not everything and not ids:
+            return _refused("choose the rows (or all of them)", 400)
+        done = await run_in_threadpool(_act, chosen, action, None if everything else ids)
+        log.info(
+            "console %s of %s parked row(s) in %s (%s) from %s: %d done",
+            action,
+            "all" if everything else len(ids),
+            chosen.label,
+            "every row" if everything else "ids " + ",".join(map(str, ids)),
+            client,
+            done,
+        )
+        return RedirectResponse(f"/outbox?store={index}&done={action}+{done}", status_code=303)
+
+    return Starlette(
+        routes=[
+            Route("/", overview),
+            Route("/live/overview", overview_live),
+            Route("/cms", cm_list),
+            Route("/cms/{cm_id}", cm_page),
+            Route("/spheres/{sphere_id}", sphere_page),
+            Route("/outbox", outbox_page),
+            Route("/outbox/{action:str}", outbox_action, methods=["POST"]),
+            Route("/login", login, methods=["GET", "POST"]),
+            Route("/logout", logout, methods=["POST"]),
+        ]
+    )
+
+
+class _Form:
+    """An ``application/x-www-form-urlencoded`` body (the console's forms send nothing
+    else, so no multipart parser is needed)."""
+
+    def __init__(self, body: bytes) -> None:
+        self._fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=1000)
+
+    def get(self, name: str, default: str = "") -> str:
+        return self._fields.get(name, [default])[0]
+
+    def get_all(self, name: str) -> list[str]:
+        return self._fields.get(name, [])
+
+
+async def _form(request: Request) -> _Form:
+    return _Form(await request.body())
+
+
+def _act(store: Store, action: str, ids: list[int] | None) -> int:
+    """The same calls as ``condmsg outbox requeue|purge``."""
+    import outbox
+
+    assert store.outbox is not None
+    rows = outbox.OutboxStore(store.engine, table_name=store.outbox.name)
+    if action == "requeue":
+        return rows.requeue_failed(ids)
+    if action == "purge":
+        return rows.delete_failed(ids)
+    raise ValueError(action)
+
+
+def _refused(reason: str, status: int = 403) -> Response:
+    return HTMLResponse(f"<p>{_escape(reason)}</p>", status_code=status)
+
+
+def _escape(text: str) -> str:
+    return str(markupsafe.escape(text))
+
+
+def _choice(value: str | None, allowed: Sequence[str]) -> str | None:
+    return value if value in allowed else None
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+def _store_index(value: str | None, stores: Sequence[Store]) -> int:
+    index = _int(value) or 0
+    return index if 0 <= index < len(stores) else 0
+
+
+def _instant(value: str | None, name: str, problems: list[str]) -> datetime | None:
+    """An ISO 8601 instant from a form (``datetime-local`` gives one without a zone: UTC)."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError:
+        problems.append(f"{name}: not an ISO 8601 instant; ignored")
+        return None
+    return queries.utc(parsed)
+
+
+def _latest_sender(engine: sa.Engine) -> str | None:
+    cms = sender_tables.cms
+    with engine.connect() as conn:
+        found = conn.scalar(sa.select(cms.c.sender).order_by(cms.c.sent_at.desc()).limit(1))
+    return None if found is None else str(found)

@@ -108,11 +108,14 @@ def list_query(flt: ListFilter, after: Cursor | None, now: datetime, limit: int)
         # A prefix as a range, so that the primary key's index serves it in any collation.
         query = query.where(c.cm_id >= flt.cm_id, c.cm_id < flt.cm_id + "\uffff")
     if after is not None:
+        # The first condition is redundant but lets the planner start the index range at
+        # the cursor; the OR alone would make it read the index from the top.
         query = query.where(
+            c.sent_at <= after.sent_at,
             sa.or_(
                 c.sent_at < after.sent_at,
                 sa.and_(c.sent_at == after.sent_at, c.cm_id < after.cm_id),
-            )
+            ),
         )
     return query.order_by(c.sent_at.desc(), c.cm_id.desc()).limit(limit)
 

@@ -159,6 +159,11 @@ class Broker:
                     yield None
                 else:
                     yield self._received(_delivery(queue, method, properties, body))
+        except ValueError as exc:
+            # When a node goes, pika's blocking consume can fail inside its I/O loop with
+            # a ValueError ("Timeout closed before call") instead of a connection error:
+            # a lost connection all the same, which the caller rides out by reconnecting.
+            raise BrokerError(f"lost the connection to RabbitMQ: {exc}") from exc
         finally:
             self._deferring = False
             # Held-back deliveries go back now, their pause cut short: nothing of this

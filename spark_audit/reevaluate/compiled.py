@@ -60,6 +60,12 @@ class Facts:
     """The fact columns of one variant (``c`` counted acks, ``a`` every well-formed ack)."""
 
     variant: str
+    #: What-if variants (:mod:`spark_audit.what_if`): a suffix of the variant's plan
+    #: arrays and stage columns, and its probe counts read from the array column ``hits``
+    #: at the row's offset column ``offset`` (every variant's probes share one array).
+    tag: str = ""
+    hits: str | None = None
+    offset: str | None = None
 
     # The non-null copies of the facts (stage 0, see :class:`Compiled`): a comparison of
     # non-nullable values generates a fraction of the code of a nullable one.
@@ -70,7 +76,7 @@ class Facts:
         return f"_{self.variant}{'r' if kind is Kind.PICKUP else 'm'}{slot}"
 
     def held(self, probe: int) -> Sql:
-        return f"_{self.variant}h{probe}"
+        return f"_{self.variant}h{probe}{self.tag}"
 
     def inputs(self, slot: int | None, probe: int | None) -> dict[str, Sql]:
         """Stage-0 columns: the facts made non-null (a missing first read or commit is
@@ -82,7 +88,9 @@ class Facts:
             for kind in Kind:
                 column = f"{v}_{'r' if kind is Kind.PICKUP else 'm'}{slot}"
                 found[self.first(slot, kind)] = f"coalesce({column}, {_LATEST})"
-        if probe is not None:
+        if probe is not None and self.hits is not None:
+            found[self.held(probe)] = f"coalesce(get({self.hits}, {self.offset} + {probe}), 0)"
+        elif probe is not None:
             found[self.held(probe)] = f"coalesce({v}_h{probe}, 0)"
         return found
 
@@ -99,8 +107,8 @@ def _param(name: str, index: int) -> Sql:
     return f"get({name}, {index})"
 
 
-def _deadline(owner: int, kind: Kind) -> Sql:
-    return f"coalesce(sent_us + {_param(f'node_{kind}_ms', owner)} * 1000, 0)"
+def _deadline(owner: int, kind: Kind, tag: str) -> Sql:
+    return f"coalesce(sent_us + {_param(f'node_{kind}_ms{tag}', owner)} * 1000, 0)"
 
 
 def _case(*branches: tuple[Sql, int], otherwise: int) -> Sql:
@@ -117,21 +125,21 @@ def _single(facts: Facts, slot: int, kind: Kind, deadline: Sql) -> Sql:
     )
 
 
-def _bounds(item: Numbered, kind: Kind) -> tuple[Sql | None, Sql | None]:
+def _bounds(item: Numbered, kind: Kind, tag: str) -> tuple[Sql | None, Sql | None]:
     """The node's count bounds (non-null stage-0 columns), where its skeleton has them."""
     node = item.node
-    low = f"_lo{kind.value[1]}{item.index}" if node.min_count(kind) is not None else None
-    high = f"_hi{kind.value[1]}{item.index}" if node.max_count(kind) is not None else None
+    low = f"_lo{kind.value[1]}{item.index}{tag}" if node.min_count(kind) is not None else None
+    high = f"_hi{kind.value[1]}{item.index}{tag}" if node.max_count(kind) is not None else None
     return low, high
 
 
-def _bound_inputs(item: Numbered, kind: Kind) -> dict[str, Sql]:
-    low, high = _bounds(item, kind)
+def _bound_inputs(item: Numbered, kind: Kind, tag: str) -> dict[str, Sql]:
+    low, high = _bounds(item, kind, tag)
     found = {}
     if low is not None:
-        found[low] = f"coalesce({_param(f'node_min_{kind}', item.index)}, 0)"
+        found[low] = f"coalesce({_param(f'node_min_{kind}{tag}', item.index)}, 0)"
     if high is not None:
-        found[high] = f"coalesce({_param(f'node_max_{kind}', item.index)}, 0)"
+        found[high] = f"coalesce({_param(f'node_max_{kind}{tag}', item.index)}, 0)"
     return found
 
 
@@ -142,7 +150,7 @@ def _all_of(values: list[Sql]) -> Sql:
 def _topic(facts: Facts, item: Numbered, kind: Kind, deadline: Sql, probe: int) -> Sql:
     held = facts.held(probe)
     pool_open = "(NOT _fin)" if kind is Kind.PICKUP else f"(NOT _fin AND _at <= {deadline})"
-    low, high = _bounds(item, kind)
+    low, high = _bounds(item, kind, facts.tag)
     if low is None and high is None:
         return _case((f"{held} > 0", TRUE), (pool_open, UNKNOWN), otherwise=FALSE)
     parts = []
@@ -200,8 +208,9 @@ class Compiled:
 
 
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, tag: str = "") -> None:
         self.stages: dict[int, dict[str, Sql]] = {}
+        self.tag = tag
 
     def _column(self, level: int, name: str, expr: Sql) -> Sql:
         self.stages.setdefault(level, {}).setdefault(name, f"{expr} AS {name}")
@@ -212,12 +221,13 @@ class _Builder:
             self._column(0, name, expr)
 
     def deadline(self, owner: int, kind: Kind) -> Sql:
-        return self._column(0, f"_d{kind.value[1]}{owner}", _deadline(owner, kind))
+        tag = self.tag
+        return self._column(0, f"_d{kind.value[1]}{owner}{tag}", _deadline(owner, kind, tag))
 
     def leaf(self, facts: Facts, slot: int, kind: Kind, owner: int) -> Sql:
         self._inputs(facts.inputs(slot, None))
         deadline = self.deadline(owner, kind)
-        name = f"_{facts.variant}{kind.value[1]}{slot}_{owner}"
+        name = f"_{facts.variant}{kind.value[1]}{slot}_{owner}{self.tag}"
         return self._column(1, name, _single(facts, slot, kind, deadline))
 
     def holds(
@@ -237,19 +247,20 @@ class _Builder:
             if not node.is_topic:
                 return self.leaf(facts, item.slot, kind, owner), 2
             probe = probes[(item.slot, kind, owner)]
-            self._inputs({**facts.inputs(None, probe), **_bound_inputs(item, kind)})
+            self._inputs({**facts.inputs(None, probe), **_bound_inputs(item, kind, self.tag)})
             value = _topic(facts, item, kind, self.deadline(owner, kind), probe)
-            name = f"_{facts.variant}{skel_id}t{probe}"
-            return self._column(1, name, f"CASE WHEN skel_id = {skel_id} THEN {value} END"), 2
+            name = f"_{facts.variant}{skel_id}t{probe}{self.tag}"
+            hit = f"skel_id{self.tag} = {skel_id}"
+            return self._column(1, name, f"CASE WHEN {hit} THEN {value} END"), 2
         judged = [self.holds(skel_id, facts, probes, c, kind, owner) for c in item.children]
         values = [value for value, _ in judged]
         level = max(needed for _, needed in judged)
-        low, high = _bounds(item, kind)
+        low, high = _bounds(item, kind, self.tag)
         if low is None and high is None:
             return _all_of(values), level
-        self._inputs(_bound_inputs(item, kind))
-        name = f"_{facts.variant}{skel_id}{kind.value[1]}{owner}_{item.index}"
-        hit = f"skel_id = {skel_id}"
+        self._inputs(_bound_inputs(item, kind, self.tag))
+        name = f"_{facts.variant}{skel_id}{kind.value[1]}{owner}_{item.index}{self.tag}"
+        hit = f"skel_id{self.tag} = {skel_id}"
         tally = self._column(level, f"{name}t", f"CASE WHEN {hit} THEN {_tally(values)} END")
         rule = _count_rule(tally, low, high)
         value = self._column(level + 1, f"{name}v", f"CASE WHEN {hit} THEN {rule} END")
@@ -274,18 +285,19 @@ def verdict_name(value: Sql) -> Sql:
 
 
 def compiled_values(
-    skeletons: Mapping[int, Numbered], variants: tuple[Facts, ...] = (COUNTED,)
+    skeletons: Mapping[int, Numbered], variants: tuple[Facts, ...] = (COUNTED,), tag: str = ""
 ) -> Compiled:
     """The verdict values of every compiled CM, per variant (see :class:`Compiled`).
 
     Expects ``skel_id``, ``sent_us``, ``at_us``, ``final``, the plan arrays and the fact
-    columns of the variants on the row.
+    columns of the variants on the row; with a ``tag`` (what-if variants, the same as the
+    variants' :attr:`Facts.tag`), ``skel_id{tag}`` and the plan arrays ``node_*{tag}``.
     """
-    builder = _Builder()
+    builder = _Builder(tag)
     values: dict[str, Sql] = {}
     for facts in variants:
         branches = [
-            f"WHEN skel_id = {skel_id} THEN {builder.verdict(skel_id, tree, facts)}"
+            f"WHEN skel_id{tag} = {skel_id} THEN {builder.verdict(skel_id, tree, facts)}"
             for skel_id, tree in sorted(skeletons.items())
         ]
         values[facts.variant] = (

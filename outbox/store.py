@@ -246,7 +246,7 @@ class OutboxStore:
             )
             rows = self._fetch(conn, params)
         except sa.exc.SQLAlchemyError as exc:
-            conn.close()
+            self._abandon(conn)
             raise self._translate(exc, "claim outbox rows") from exc
         if not rows:
             self._close(conn, txn, commit=False)
@@ -275,7 +275,20 @@ class OutboxStore:
                 txn.commit()
             else:
                 txn.rollback()
-        finally:
+        except BaseException:
+            OutboxStore._abandon(conn)
+            raise
+        conn.close()
+
+    @staticmethod
+    def _abandon(conn: Connection) -> None:
+        """Let go of a connection whose transaction failed, the connection lost with it
+        perhaps (the server rolls back on its own). The local rollback comes first:
+        SQLAlchemy refuses to close a connection that still holds a transaction it
+        invalidated, and that refusal must not replace the error being reported."""
+        with suppress(sa.exc.SQLAlchemyError):
+            conn.rollback()
+        with suppress(sa.exc.SQLAlchemyError):
             conn.close()
 
     def release(self, claim: Claim) -> None:
@@ -313,7 +326,7 @@ class OutboxStore:
                 self._write_back(conn, claim.rows, verdicts)
                 self._close(conn, txn, commit=True)
             except sa.exc.SQLAlchemyError as exc:
-                conn.close()
+                self._abandon(conn)
                 raise self._translate(exc, "settle outbox rows") from exc
             return
         # SQLite: the claim only read its rows; rows nothing was said about stay as they are.

@@ -19,6 +19,7 @@ import base64
 import json
 import subprocess
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +30,14 @@ from condmsg.cli.options import (
     add_db_url,
     amqp_url,
     named_db_url,
+    stderr_log,
 )
 from condmsg.cli.queues import require_queue
-from condmsg.errors import BrokerError, CondmsgError, ConfigError
+from condmsg.errors import BrokerAuthError, BrokerError, CondmsgError, ConfigError
 from condmsg.exit_codes import FAILED, INTERRUPTED, OK, add_command
 from condmsg.protocol import H_TOKEN
+
+log = stderr_log("consume")
 
 if TYPE_CHECKING:
     from ackd import Message, Receiver
@@ -125,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        handled, failed = _loop(receiver, args, stopping.is_set)
+        handled, failed = _loop(receiver, args, stopping)
         _drain(relay)
     finally:
         relay.stop()
@@ -170,18 +174,45 @@ def _drain(relay: Relay) -> None:
         ) from None
 
 
-def _loop(receiver: Receiver, args: argparse.Namespace, stop: Any) -> tuple[int, bool]:
-    """Read until done; (messages handled, whether ``--exec`` failed)."""
+def _loop(receiver: Receiver, args: argparse.Namespace, stop: threading.Event) -> tuple[int, bool]:
+    """Read until done; (messages handled, whether ``--exec`` failed).
+
+    An outage of the receiver store or of RabbitMQ pauses reading (the message being read
+    goes back to its queue, uncounted) until it answers again, as ``Receiver.consume``
+    does; the pause is not idle time for ``--timeout``.
+    """
+    from ackd.outage import Pause, is_store_outage
+
+    reading = f"reading {args.queue!r}"
+    store = Pause(log, reading, "the receiver store", stop=stop)
+    broker = Pause(log, reading, "RabbitMQ", stop=stop)
     handled = 0
     idle_since = time.monotonic()
-    while not stop() and (args.count is None or handled < args.count):
+    while not stop.is_set() and (args.count is None or handled < args.count):
         if args.timeout is not None and time.monotonic() - idle_since >= args.timeout:
             break
+        shown: list[Message] = []
         try:
-            message = _take(receiver, args)
+            message = _take(receiver, args, shown)
         except _Refused as exc:
             print(f"condmsg consume: {exc}", file=sys.stderr)
             return handled, True
+        except BrokerAuthError:
+            raise  # a wrong user or vhost: waiting does not mend it
+        except Exception as exc:
+            pause = broker if isinstance(exc, BrokerError) else store
+            if pause is store and not is_store_outage(exc):
+                raise
+            # A message printed (or run) before the store was lost stands: its commit may
+            # have gone through, and then the receiver log drops its redelivery.
+            handled += len(shown)
+            pause.failed(exc)
+            if not pause.wait():
+                break
+            idle_since = time.monotonic()
+            continue
+        store.ended()
+        broker.ended()
         if message is None:
             continue
         handled += 1
@@ -198,8 +229,9 @@ def _loop(receiver: Receiver, args: argparse.Namespace, stop: Any) -> tuple[int,
     return handled, False
 
 
-def _take(receiver: Receiver, args: argparse.Namespace) -> Message | None:
-    """One message handled, or None if none came within :data:`READ_SLICE_S`."""
+def _take(receiver: Receiver, args: argparse.Namespace, shown: list[Message]) -> Message | None:
+    """One message handled, or None if none came within :data:`READ_SLICE_S`. A message
+    is added to ``shown`` once printed or run, before its transaction commits."""
     if not args.transactional:
         message = receiver.read(args.queue, timeout=READ_SLICE_S)
         if message is not None and args.exec_command is None:
@@ -211,9 +243,12 @@ def _take(receiver: Receiver, args: argparse.Namespace) -> Message | None:
             return None
         if args.exec_command is None:
             print(json.dumps(describe(message), separators=(",", ":"), default=str), flush=True)
+            shown.append(message)
             return message
         code = _run(args.exec_command, message)
-        if code != 0:
+        if code == 0:
+            shown.append(message)
+        else:
             # Raised inside the block: the receiver rolls back and gives the message back.
             raise _Refused(
                 f"{args.exec_command!r} exited {code} for message {message.message_id}; "

@@ -4,7 +4,9 @@ environment variable as the fallback and said so in ``--help``."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
@@ -72,3 +74,28 @@ def named_db_url(args: argparse.Namespace, *, existing: bool = False) -> str:
         if sqlite_file and not Path(str(path)).exists():
             raise ConfigError(f"no store at {path} (a SQLite file that does not exist)")
     return str(url)
+
+
+def stderr_log(command: str) -> logging.Logger:
+    """The logger through which a command that configures no logging of its own says, on
+    stderr and in its own words (``condmsg <command>: ...``), that it pauses for an outage
+    and when it resumes."""
+    log = logging.getLogger(f"condmsg.cli.{command}.said")
+    if not log.handlers:
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter(f"condmsg {command}: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
+
+
+class _Stderr(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is when a line is said (a handler made at import
+    would keep the stream of that moment)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr, flush=True)
+        except Exception:
+            self.handleError(record)

@@ -14,14 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
+from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url, stderr_log
 from condmsg.errors import ConfigError
 from condmsg.exit_codes import OK, add_command
 from condmsg.timeutil import parse_cli_instant
+
+if TYPE_CHECKING:
+    from condmsg.sender import Sender
+
+log = stderr_log("outcomes")
 
 
 def register(subparsers: Any) -> None:
@@ -103,11 +108,33 @@ def _follow(args: argparse.Namespace) -> int:
         f"condmsg outcomes: waiting for outcomes on {queue} ({stops})", file=sys.stderr, flush=True
     )
     try:
-        for outcome in sender.outcomes(timeout=args.timeout):
-            _emit(outcome.to_dict())
+        _print_outcomes(sender, args.timeout)
     finally:
         sender.engine.dispose()
     return OK
+
+
+def _print_outcomes(sender: Sender, timeout: float | None) -> None:
+    """Print the notifications as they come until ``timeout`` passes without one. A
+    broker that goes away pauses the command until it answers again (a notification
+    printed but not yet acknowledged then is printed again: outcomes are at least once)."""
+    import pika.exceptions
+
+    from ackd.outage import Pause
+    from condmsg.errors import BrokerAuthError, BrokerError
+
+    broker = Pause(log, f"following the outcomes of {sender.name!r}", "RabbitMQ")
+    while True:
+        try:
+            for outcome in sender.outcomes(timeout=timeout):
+                broker.ended()
+                _emit(outcome.to_dict())
+            return
+        except BrokerAuthError:
+            raise  # a wrong user or vhost: waiting does not mend it
+        except (BrokerError, pika.exceptions.AMQPError, OSError) as exc:
+            broker.failed(exc)
+            broker.wait()
 
 
 def _decided(args: argparse.Namespace) -> int:

@@ -111,8 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=60_000,
         metavar="MS",
-        help="a CM pending this long after its evaluation deadline is stale "
-        "(default: %(default)s)",
+        help="a CM pending this long after its evaluation deadline is stale (default: %(default)s)",
     )
     parser.add_argument(
         "--shuffle-partitions",
@@ -122,6 +121,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "core in local mode, else spark.sql.shuffle.partitions; more for many CMs)",
     )
     parser.add_argument("--driver-memory", help="spark.driver.memory (local mode), e.g. 4g")
+    parser.add_argument(
+        "--what-if",
+        nargs="+",
+        metavar="CHANGE",
+        help="instead of the audit, re-judge every decided CM under changed conditions, e.g. "
+        "pickup=2h process@qr3*=0.5 min_process=2 sender=NAME (docs/audit.md, What-if replay)",
+    )
+    parser.add_argument(
+        "--sweep",
+        metavar="FIELD=V1,V2,...",
+        help="with or without --what-if: the failure rate for each value of one field, e.g. "
+        "pickup=15m,1h,4h,48h (one pass; a chart in OUT/what_if.html)",
+    )
     parser.add_argument(
         "--quiet",
         action="store_true",
@@ -144,21 +156,14 @@ def _run(args: argparse.Namespace, say: Any) -> int:
     # too (condmsg audit --help): spark_audit.storage needs pyarrow.
     from spark_audit.checks import DEFAULT_CHECKS, with_thresholds
     from spark_audit.job import AuditOptions, run_audit
-    from spark_audit.session import SessionOptions, build_session
     from spark_audit.storage import child
 
+    if args.what_if or args.sweep:
+        return _run_what_if(args, say)
     checks = with_thresholds(DEFAULT_CHECKS, dict(args.threshold))
     if args.parquet:
         _refuse_a_missing_local_export(args.parquet)
-    spark = build_session(
-        SessionOptions(
-            master=args.master,
-            jdbc_jar=args.jdbc_jar,
-            driver_memory=args.driver_memory,
-            quiet=args.quiet,
-            extra=dict(args.conf),
-        )
-    )
+    spark = _session(args)
     with _input(spark, args, say) as (data, source, window):
         options = AuditOptions(
             out=args.out,
@@ -178,6 +183,86 @@ def _run(args: argparse.Namespace, say: Any) -> int:
         )
     print(f"audit {result.status}: {child(args.out, 'report.html')}")
     return EXIT_FAILED if result.status == "fail" else EXIT_OK
+
+
+def _run_what_if(args: argparse.Namespace, say: Any) -> int:
+    import json
+
+    from spark_audit.changes import parse_changes, sweep_changes
+    from spark_audit.storage import child, write_text
+    from spark_audit.what_if import sweep, what_if
+
+    changes = parse_changes(args.what_if or ())  # a bad change fails before Spark starts
+    grid: tuple[str, list[str]] | None = None
+    if args.sweep:
+        field, sep, values = args.sweep.partition("=")
+        grid = (field.strip(), [v.strip() for v in values.split(",") if v.strip()])
+        if not sep or not grid[1]:
+            raise ValueError(f"--sweep: expected FIELD=V1,V2,..., got {args.sweep!r}")
+        sweep_changes(*grid)
+    if args.parquet:
+        _refuse_a_missing_local_export(args.parquet)
+    spark = _session(args)
+    report: dict[str, Any] = {"schema": "condmsg.audit.what_if", "version": 1}
+    charts = []
+    with _input(spark, args, say) as (data, _source, window):
+        if args.what_if:
+            result = what_if(
+                spark,
+                data,
+                changes,
+                since=window.since,
+                until=window.until,
+                partitions=args.shuffle_partitions,
+            )
+            report.update(changes=result.changes, totals=result.totals, flips=result.flips)
+            t = result.totals
+            print(
+                f"what-if {result.changes}: {t['judged']} CMs judged, violated "
+                f"{t['violated_before']} -> {t['violated_after']}, "
+                f"{t['flips_to_violated']} satisfied -> violated, "
+                f"{t['flips_to_satisfied']} violated -> satisfied"
+            )
+        if grid is not None:
+            swept = sweep(
+                spark,
+                data,
+                grid[0],
+                grid[1],
+                changes=args.what_if or (),
+                since=window.since,
+                until=window.until,
+                partitions=args.shuffle_partitions,
+            )
+            report["sweep"] = {
+                "parameter": swept.parameter,
+                "recorded": swept.baseline,
+                "points": swept.points,
+            }
+            for point in swept.points:
+                rate = point["failure_rate"]
+                shown = "-" if rate is None else f"{100 * rate:.2f} %"
+                print(f"sweep {swept.parameter}={point['value']}: {shown} violated")
+            charts.append(swept.chart())
+    write_text(spark, child(args.out, "what_if.json"), json.dumps(report, default=str, indent=1))
+    page = "<!doctype html><meta charset=utf-8><title>condmsg what-if</title>" + "".join(charts)
+    write_text(spark, child(args.out, "what_if.html"), page)
+    print(f"what-if: {child(args.out, 'what_if.json')}")
+    return EXIT_OK
+
+
+def _session(args: argparse.Namespace) -> Any:
+    from spark_audit.session import SessionOptions, build_session
+
+    return build_session(
+        SessionOptions(
+            master=args.master,
+            jdbc_jar=args.jdbc_jar,
+            driver_memory=args.driver_memory,
+            quiet=args.quiet,
+            extra=dict(args.conf),
+        )
+    )
 
 
 @contextmanager

@@ -40,18 +40,10 @@ from spark_audit.reevaluate.compiled import Facts, compiled_values, verdict_name
 from spark_audit.reevaluate.fallback import evaluate_row
 from spark_audit.schemas import local_frame
 from spark_audit.settings import audit_settings, least_partitions
-from spark_audit.transforms.conditions import PlanSet, plan_set
+from spark_audit.transforms.conditions import NODE_ARRAYS, PlanSet, plan_set
 from spark_audit.transforms.enrich import COUNTED_STATUS, cm_ranks, cut_cms, enrich_acks
 from spark_audit.transforms.facts import cm_facts
 
-_NODE_ARRAYS = (
-    "node_pickup_ms",
-    "node_process_ms",
-    "node_min_pickup",
-    "node_max_pickup",
-    "node_min_process",
-    "node_max_process",
-)
 _LONGS = T.ArrayType(T.LongType())
 #: Flipped CMs whose reasons ``evaluate`` gives (on the driver), by default.
 EXPLAINED = 200
@@ -66,7 +58,8 @@ class WhatIf:
     """A what-if's outcome. ``cms``: every selected decided CM with ``cm_id, sender,
     sent_at, shape``, the stored ``state``, ``original`` (the recorded condition replayed)
     and ``replayed`` (the changed one), null where a condition is judged by neither
-    (lazy). ``totals``: ``judged``, ``unjudged``, ``flips_to_violated``,
+    (lazy); cached, as the totals and the flips read it: ``cms.unpersist()`` when done
+    with it. ``totals``: ``judged``, ``unjudged``, ``flips_to_violated``,
     ``flips_to_satisfied``, ``violated_before``, ``violated_after`` and the failure
     rates. ``flips``: up to ``explain`` flipped CMs with ``evaluate``'s reasons before
     and after, and those that changed."""
@@ -160,14 +153,14 @@ def _variant_plans(
             out[f"_off{tag}"] = len(ms_of)
             if plan is None or not plan.native:
                 out[f"skel_id{tag}"] = None
-                for name in _NODE_ARRAYS:
+                for name in NODE_ARRAYS:
                     out[f"{name}{tag}"] = None
                 continue
             skel = skeleton_ids.setdefault(plan.skeleton, len(skeleton_ids))
             examples.setdefault(skel, numbered(condition_from_json(plan.condition_json)))
             out[f"skel_id{tag}"] = skel
             as_row = plan.as_row()
-            for name in _NODE_ARRAYS:
+            for name in NODE_ARRAYS:
                 out[f"{name}{tag}"] = as_row[name]
             slot_of += as_row["probe_slot"]
             process_of += as_row["probe_process"]
@@ -187,7 +180,7 @@ def _variant_plans(
         fields += [
             T.StructField(f"_off{tag}", T.IntegerType()),
             T.StructField(f"skel_id{tag}", T.IntegerType()),
-            *(T.StructField(f"{name}{tag}", _LONGS) for name in _NODE_ARRAYS),
+            *(T.StructField(f"{name}{tag}", _LONGS) for name in NODE_ARRAYS),
         ]
     frame = local_frame(spark, data, T.StructType(fields))
     used = [
@@ -337,18 +330,22 @@ def _explained(
     if not flipped:
         return []
     ids = [r["cm_id"] for r in flipped]
+    # Through Arrow, not collect(): its instants are UTC-aware, as evaluate requires
+    # (collect() gives naive ones in the session's time zone).
     rows = (
         data.cms.where(F.col("cm_id").isin(ids))
         .select("cm_id", "condition_json", "sent_at")
-        .collect()
+        .toArrow()
+        .to_pylist()
     )
     acks: dict[str, list[dict[str, Any]]] = {}
     for ack in (
         data.acks.where(F.col("cm_id").isin(ids) & (F.col("status") == COUNTED_STATUS))
         .select("cm_id", "destination", "recipient", "kind", "read_at", "committed_at")
-        .collect()
+        .toArrow()
+        .to_pylist()
     ):
-        acks.setdefault(ack["cm_id"], []).append(ack.asDict())
+        acks.setdefault(ack["cm_id"], []).append(ack)
     by_id = {r["cm_id"]: r for r in flipped}
     found = []
     for cm in rows:

@@ -43,23 +43,28 @@ def _condition(text: str) -> Condition:
     return condition_from_json(text)
 
 
+def acks_of(rows: Iterable[dict[str, Any]]) -> list[Ack]:
+    """The :class:`Ack` of each ack row (``destination, recipient, kind, read_at,
+    committed_at``; other fields are ignored); a bad ``kind`` raises ``ValueError``."""
+    return [
+        Ack(
+            destination=a["destination"],
+            kind=AckKind(a["kind"]),
+            read_at=a["read_at"],
+            committed_at=a["committed_at"],
+            recipient=a["recipient"],
+        )
+        for a in rows
+    ]
+
+
 def evaluate_row(
     condition_json: str, sent_at: Any, at: Any, acks: Iterable[dict[str, Any]] | None
 ) -> tuple[str | None, list[str], str | None]:
     """``(verdict, reasons, error)`` for one CM; errors are reported, never raised."""
     try:
         condition = _condition(condition_json)
-        parsed = [
-            Ack(
-                destination=a["destination"],
-                kind=AckKind(a["kind"]),
-                read_at=a["read_at"],
-                committed_at=a["committed_at"],
-                recipient=a["recipient"],
-            )
-            for a in acks or ()
-        ]
-        result = evaluate(condition, sent_at, parsed, at)
+        result = evaluate(condition, sent_at, acks_of(acks or ()), at)
     except (CondmsgError, ValueError) as exc:
         return None, [], f"{type(exc).__name__}: {exc}"
     return result.verdict.value, list(result.reasons), None

@@ -36,6 +36,16 @@ MAX_DRIVER_PLANS = 10_000
 MAX_SKELETONS = 32
 
 _LONGS = T.ArrayType(T.LongType())
+#: A plan's per-node arrays (indexed by node number): the deadlines and counts the
+#: compiled verdicts read, and all a change of the condition can alter in them.
+NODE_ARRAYS = (
+    "node_pickup_ms",
+    "node_process_ms",
+    "node_min_pickup",
+    "node_max_pickup",
+    "node_min_process",
+    "node_max_process",
+)
 _SENDERS = T.StructType(
     [T.StructField("_sender_name", T.StringType()), T.StructField("sender_code", T.IntegerType())]
 )
@@ -55,12 +65,7 @@ PLAN_SCHEMA = T.StructType(
         T.StructField("leaf_required", T.ArrayType(T.BooleanType())),
         T.StructField("leaf_pickup_ms", _LONGS),
         T.StructField("leaf_process_ms", _LONGS),
-        T.StructField("node_pickup_ms", _LONGS),
-        T.StructField("node_process_ms", _LONGS),
-        T.StructField("node_min_pickup", _LONGS),
-        T.StructField("node_max_pickup", _LONGS),
-        T.StructField("node_min_process", _LONGS),
-        T.StructField("node_max_process", _LONGS),
+        *(T.StructField(name, _LONGS) for name in NODE_ARRAYS),
         T.StructField("probe_slot", T.ArrayType(T.IntegerType())),
         T.StructField("probe_process", T.ArrayType(T.BooleanType())),
         T.StructField("probe_ms", _LONGS),

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from spark_audit.reevaluate import VERDICTS
 from spark_audit.reevaluate.compiled import COUNTED, compiled_values, verdict_name
-from spark_audit.transforms.conditions import PlanSet
+from spark_audit.transforms.conditions import NODE_ARRAYS, PlanSet
 from spark_audit.transforms.enrich import unix_us
 from spark_audit.transforms.facts import MASKS, slot_bit
 
@@ -29,12 +29,7 @@ _PLAN_COLUMNS = (
     "leaf_names",
     "leaf_pickup_ms",
     "leaf_process_ms",
-    "node_pickup_ms",
-    "node_process_ms",
-    "node_min_pickup",
-    "node_max_pickup",
-    "node_min_process",
-    "node_max_process",
+    *NODE_ARRAYS,
 )
 #: ``evaluate``'s columns, null where it judges no CM.
 _PYTHON_COLUMNS = (

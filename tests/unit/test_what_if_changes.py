@@ -6,23 +6,15 @@ from datetime import timedelta
 
 import pytest
 
-from condmsg.conditions import Destination, DestinationSet
 from condmsg.errors import ConditionError, ConfigError
 from spark_audit.changes import parse_changes, sweep_changes
+from spark_audit.templates import default_templates
 
 s = timedelta(seconds=1)
-MEETING = DestinationSet(
-    Destination("qr3", process_within=3 * s),
-    DestinationSet(
-        Destination("qr1"),
-        Destination("qr2"),
-        Destination("qr4"),
-        process_within=7 * s,
-        min_process=2,
-    ),
-    pickup_within=2 * s,
-)
-FLIGHT = Destination("qcentral", pickup_within=20 * s, evaluation_timeout=21 * s)
+#: The paper's Example 1 (nested sets with a count) and Example 2 (an explicit timeout).
+TEMPLATES = {t.name: t.condition for t in default_templates()}
+MEETING = TEMPLATES["meeting"]
+FLIGHT = TEMPLATES["flight"]
 
 
 def test_set_and_scale_deadlines_everywhere_on_a_destination_and_on_the_root() -> None:

@@ -1,15 +1,19 @@
 """The three-node RabbitMQ cluster of ``.ci/rabbitmq-cluster``, for failover tests.
 
-The session starts the cluster unless it runs already (and then stops it again at the
-end); a cluster that cannot be started fails the tests, as a missing service does. Every
-test of this directory shares one xdist worker (``xdist_group``), so only one process
-starts, stops and restarts nodes. After each test every node runs again and every queue
-is deleted.
+The session starts a cluster of its own (its own directory, ports and node names, so that
+test runs on one machine never stop each other's nodes) and stops it at the end; with
+``CONDMSG_CLUSTER_DIR`` set it uses that cluster instead, starting it if it does not run.
+A cluster that cannot be started fails the tests, as a missing service does. Every test of
+this directory shares one xdist worker (``xdist_group``), so only one process starts,
+stops and restarts nodes. After each test every node runs again and every queue is
+deleted.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import time
 from collections import Counter
@@ -25,9 +29,14 @@ SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "rabbitmq-cluster"
 NODES = (1, 2, 3)
 
 
-def _run(*args: str, timeout: float = 180) -> str:
+def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> str:
     done = subprocess.run(
-        [str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, check=False
+        [str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
     )
     if done.returncode != 0:
         raise RuntimeError(f"{SCRIPT.name} {' '.join(args)} failed: {done.stdout}{done.stderr}")
@@ -39,6 +48,12 @@ class Cluster:
     """The running cluster: its addresses and its nodes (numbered 1-3)."""
 
     urls: list[str]
+    #: CONDMSG_CLUSTER_DIR and CONDMSG_CLUSTER_BASE_PORT of this cluster, for the script.
+    env: dict[str, str]
+
+    def run(self, *args: str, timeout: float = 180) -> str:
+        """``.ci/rabbitmq-cluster ARGS`` for this cluster."""
+        return _run(*args, env=self.env, timeout=timeout)
 
     @property
     def url(self) -> str:
@@ -56,10 +71,10 @@ class Cluster:
 
     def stop_node(self, node: int) -> None:
         """Stop RabbitMQ on ``node``: its clients' connections end, its queue replicas stop."""
-        _run("stop-node", str(node))
+        self.run("stop-node", str(node))
 
     def start_node(self, node: int) -> None:
-        _run("start-node", str(node))
+        self.run("start-node", str(node))
 
     def running(self, node: int) -> bool:
         try:
@@ -71,7 +86,7 @@ class Cluster:
     def leaders(self) -> Counter[int]:
         """How many quorum queues each node leads."""
         listed = json.loads(
-            _run(
+            self.run(
                 "ctl",
                 str(self._a_running_node()),
                 "list_queues",
@@ -93,7 +108,9 @@ class Cluster:
 
     def delete_all_queues(self) -> None:
         listed = json.loads(
-            _run("ctl", str(self._a_running_node()), "list_queues", "name", "--formatter", "json")
+            self.run(
+                "ctl", str(self._a_running_node()), "list_queues", "name", "--formatter", "json"
+            )
         )
         connection = pika.BlockingConnection(
             [pika.URLParameters(u) for u in self.urls]  # the first that answers
@@ -107,23 +124,43 @@ class Cluster:
             connection.close()
 
 
+def _free_base_port() -> int:
+    """A base port whose three AMQP ports and distribution ports (+20000) are free."""
+    for base in range(5700 + os.getpid() % 50 * 6, 6400, 6):
+        ports = [base + i for i in range(3)] + [base + 20000 + i for i in range(3)]
+        try:
+            for port in ports:
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free ports for a test cluster between 5700 and 6400")
+
+
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    shared = os.environ.get("CONDMSG_CLUSTER_DIR")
+    if shared:
+        env = {"CONDMSG_CLUSTER_DIR": shared}
+    else:
+        env = {
+            "CONDMSG_CLUSTER_DIR": str(tmp_path_factory.mktemp("rabbitmq-cluster")),
+            "CONDMSG_CLUSTER_BASE_PORT": str(_free_base_port()),
+        }
+    probe = Cluster(_run("urls", env=env).strip().split(","), env)
     started = False
-    urls = _run("urls").strip().split(",")
-    probe = Cluster(urls)
     if not all(probe.running(n) for n in NODES):
         try:
-            _run("stop")  # leftovers of an interrupted run
-            _run("start", timeout=300)
+            probe.run("start", timeout=300)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             pytest.fail(f"cannot start the test cluster: {exc}", pytrace=False)
         started = True
     try:
         yield probe
     finally:
-        if started:
-            _run("stop")
+        if started and not shared:
+            probe.run("stop")
 
 
 @pytest.fixture

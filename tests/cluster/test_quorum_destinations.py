@@ -34,7 +34,7 @@ from condmsg.topology import declare_destination
 from tests.integration.condmsg_helpers import SECRET, wait_for
 from tests.integration.test_cancel_out import _compensation, _original
 
-from .conftest import Cluster, _run
+from .conftest import Cluster
 
 pytestmark = [
     pytest.mark.rabbitmq,
@@ -52,7 +52,9 @@ def quorum(monkeypatch: pytest.MonkeyPatch, nodes: Cluster) -> Cluster:
 @pytest.fixture
 def channel(quorum: Cluster) -> Iterator[Any]:
     connection = connect(quorum.url)
-    yield connection.channel()
+    channel = connection.channel()
+    channel.confirm_delivery()  # as the relay publishes (see the race test)
+    yield channel
     connection.close()
 
 
@@ -78,8 +80,8 @@ def _receiver(nodes: Cluster, db_url: str, name: str, recipient: str = "alice") 
     )
 
 
-def _queue_type(queue: str) -> str:
-    listed = json.loads(_run("ctl", "1", "list_queues", "name", "type", "--formatter", "json"))
+def _queue_type(nodes: Cluster, queue: str) -> str:
+    listed = json.loads(nodes.run("ctl", "1", "list_queues", "name", "type", "--formatter", "json"))
     return next(str(q["type"]) for q in listed if q["name"] == queue)
 
 
@@ -91,7 +93,7 @@ def test_an_unread_original_and_its_compensation_reach_the_app_in_order(
     queue = f"{unique_name}.q"
     try:
         receiver._broker.ensure_queue(queue)
-        assert _queue_type(queue) == "quorum"
+        assert _queue_type(quorum, queue) == "quorum"
         cm_id = str(uuid.uuid4())
         _original(channel, queue, cm_id)
         _compensation(channel, queue, cm_id)
@@ -168,6 +170,10 @@ def test_cancel_out_race_on_quorum_queues(quorum: Cluster, pg_url: str, unique_n
         assert all(ready.wait(60) for ready in polling.values())
         connection = pika.BlockingConnection(pika.URLParameters(quorum.node_url(2)))
         channel = connection.channel()
+        # With confirms, as the relay publishes: publishes without them, made after
+        # another test had restarted a node, were seen to vanish on their way to the
+        # quorum queue's leader, which a confirm would have reported.
+        channel.confirm_delivery()
         rnd = random.Random(11)
         cm_ids = [str(uuid.uuid4()) for _ in range(trials)]
         for cm_id in cm_ids:

@@ -24,14 +24,16 @@ audit's is reported as ``audit_cold_s``), then the best of three. Every run's ti
 the JSON line. ``--cold`` times the audit's first run alone instead (the baseline is
 then still warm: its untimed run comes first).
 
-Prints two lines per size (the audit and the baseline with their ratio against its
-target, audit / baseline <= 4; the floor, and the audit against it, target <= 3 at 10M
-acks), then the warm audit of 20,000 acks against its 3 s budget (:func:`fixed_cost`),
-then the largest size's audit / the smallest's (target <= 12 for 10x the acks), and ends
-with ONE JSON line holding every figure.
+Prints four lines per size: the audit and the baseline with their ratio against its
+target (audit / baseline <= 4); the floor, and the audit against it (target <= 3 at 10M
+acks); one what-if (``pickup*=2``) and a 10-point pickup sweep, each timed like the audit
+and as a ratio to the audit of the same data (targets <= 1.5 and <= 4). Then the warm audit
+of 20,000 acks against its 3 s budget (:func:`fixed_cost`), then the largest size's audit /
+the smallest's (target <= 12 for 10x the acks), and ends with ONE JSON line holding every figure.
 
     .venv/bin/python -m bench.audit_scale                      # 1M and 10M acks
     .venv/bin/python -m bench.audit_scale --sizes 100000       # a quick run
+    .venv/bin/python -m bench.audit_scale --what-if-only       # audit, what-if, sweep only
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ TARGET_AUDIT_VS_SCAN = 4.0
 TARGET_10X_SCALING = 12.0
 FIXED_COST_ACKS = 20_000
 TARGET_FIXED_COST_S = 3.0
+#: What-if replay (docs/audit.md): one what-if within 1.5x the audit of the same data, a
+#: 10-point sweep within 4x.
+TARGET_WHAT_IF_VS_AUDIT = 1.5
+TARGET_SWEEP_VS_AUDIT = 4.0
+SWEEP_GRID = ("500ms", "1s", "2s", "3s", "4s", "5s", "7s", "10s", "15s", "30s")
 
 
 def acks_per_cm() -> float:
@@ -205,15 +212,11 @@ def expected_faults(spec: GenerateSpec) -> dict[str, int]:
     }
 
 
-def measure(
-    spark: SparkSession,
-    target: int,
-    root: Path,
-    say: Callable[[str], None],
-    *,
-    reuse: bool,
-    warm: bool,
-) -> dict[str, Any]:
+def prepare(
+    spark: SparkSession, target: int, root: Path, say: Callable[[str], None], *, reuse: bool
+) -> tuple[GenerateSpec, Injected, float, Callable[[], Any]]:
+    """The store of ``target`` acks (generated, or an earlier run's with ``reuse``), the
+    seconds generating it took, and the audit of it as an action to time."""
     data_dir, out_dir = root / f"data-{target}", root / f"out-{target}"
     shutil.rmtree(out_dir, ignore_errors=True)
     spec = spec_for(target)
@@ -231,6 +234,20 @@ def measure(
         options = AuditOptions(out=out_dir, window=window, source=str(data_dir))
         return run_audit(spark, data, options, progress=lambda _m: None)
 
+    return spec, injected, gen_s, audit
+
+
+def measure(
+    spark: SparkSession,
+    target: int,
+    root: Path,
+    say: Callable[[str], None],
+    *,
+    reuse: bool,
+    warm: bool,
+) -> dict[str, Any]:
+    spec, injected, gen_s, audit = prepare(spark, target, root, say, reuse=reuse)
+    data_dir = root / f"data-{target}"
     cold_s = None
     if warm:
         cold_s, _ = timed(audit)
@@ -258,6 +275,7 @@ def measure(
         f"{'':>10} floor {floor_s:.2f}s: {floor_s / scan_s:.2f} x scan+groupBy; "
         f"the audit is {audit_s / floor_s:.2f} x the floor (target <= {TARGET_AUDIT_VS_FLOOR})"
     )
+    replay = what_if_figures(spark, data_dir, spec, audit_s, say)
     return {
         "target_acks": target,
         "acks": injected.acks,
@@ -281,7 +299,68 @@ def measure(
         "audit_steps_s": result.timings,
         "faults_found_exactly": exact,
         "status": result.status,
+        **replay,
     }
+
+
+def measure_what_if(
+    spark: SparkSession, target: int, root: Path, say: Callable[[str], None], *, reuse: bool
+) -> dict[str, Any]:
+    """The audit (one untimed run, the best of three), the what-if and the sweep alone:
+    no baseline, no floor."""
+    spec, injected, gen_s, audit = prepare(spark, target, root, say, reuse=reuse)
+    audit()
+    audits = [timed(audit)[0] for _ in range(3)]
+    say(f"{'':>10} full audit {min(audits):.2f}s")
+    return {
+        "target_acks": target,
+        "acks": injected.acks,
+        "cms": spec.cms,
+        "generate_s": round(gen_s, 3),
+        "audit_s": round(min(audits), 3),
+        "audit_runs_s": [round(s, 3) for s in audits],
+        **what_if_figures(spark, root / f"data-{target}", spec, min(audits), say),
+    }
+
+
+def what_if_figures(
+    spark: SparkSession, data_dir: Path, spec: GenerateSpec, audit_s: float, say: Any
+) -> dict[str, Any]:
+    """One what-if (``pickup*=2``) and a 10-point pickup sweep, each timed like the audit
+    (one untimed run, the best of three) and as a ratio to it."""
+    from spark_audit.what_if import sweep, what_if
+
+    def one() -> Any:
+        data = read_parquet(spark, data_dir)
+        run = what_if(spark, data, ["pickup*=2"], until=spec.until, explain=0)
+        run.cms.unpersist()  # else every timed run would keep its CMs in memory
+        return run.totals
+
+    def grid() -> Any:
+        data = read_parquet(spark, data_dir)
+        return sweep(spark, data, "pickup", list(SWEEP_GRID), until=spec.until).points
+
+    figures: dict[str, Any] = {}
+    for name, action, target in (
+        ("what_if", one, TARGET_WHAT_IF_VS_AUDIT),
+        ("sweep10", grid, TARGET_SWEEP_VS_AUDIT),
+    ):
+        action()
+        best = min(timed(action)[0] for _ in range(3))
+        ratio = best / audit_s
+        say(
+            f"{'':>10} {name} {best:.2f}s vs audit {audit_s:.2f}s: "
+            f"ratio {ratio:.2f} (target <= {target})"
+        )
+        figures.update(
+            {
+                f"{name}_s": round(best, 3),
+                f"{name}_vs_audit": round(ratio, 3),
+                f"{name}_vs_audit_target": target,
+                f"{name}_vs_audit_ok": ratio <= target,
+            }
+        )
+    return figures
 
 
 def fixed_cost(
@@ -340,6 +419,11 @@ def main(argv: list[str] | None = None) -> int:
         help="time the first audit of each size alone (default: like the baseline, one "
         "untimed run, then the best of three)",
     )
+    parser.add_argument(
+        "--what-if-only",
+        action="store_true",
+        help="time the audit, the what-if and the sweep only (no baseline, floor or fixed cost)",
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     say = log
@@ -355,18 +439,27 @@ def main(argv: list[str] | None = None) -> int:
     # user's, and replaces this one with its own for its run.
     spark.conf.set("spark.sql.shuffle.partitions", str(args.shuffle_partitions))
     root = Path(args.dir)
-    runs = [measure(spark, size, root, say, reuse=args.reuse, warm=not args.cold) for size in sizes]
+    if args.what_if_only:
+        runs = [measure_what_if(spark, size, root, say, reuse=args.reuse) for size in sizes]
+    else:
+        runs = [
+            measure(spark, size, root, say, reuse=args.reuse, warm=not args.cold) for size in sizes
+        ]
     figures: dict[str, Any] = {
         "spark": spark.version,
         "master": spark.sparkContext.master,
         "runs": runs,
         # A size of this run already generated the fixed cost's data where they coincide.
-        "fixed_cost": fixed_cost(spark, root, say, reuse=args.reuse or FIXED_COST_ACKS in sizes),
+        "fixed_cost": None
+        if args.what_if_only
+        else fixed_cost(spark, root, say, reuse=args.reuse or FIXED_COST_ACKS in sizes),
         "targets": {
             "audit_vs_floor": TARGET_AUDIT_VS_FLOOR,
             "audit_vs_scan": TARGET_AUDIT_VS_SCAN,
             "scaling_10x": TARGET_10X_SCALING,
             "warm_20k_audit_s": TARGET_FIXED_COST_S,
+            "what_if_vs_audit": TARGET_WHAT_IF_VS_AUDIT,
+            "sweep10_vs_audit": TARGET_SWEEP_VS_AUDIT,
         },
     }
     if len(runs) >= 2:

@@ -18,9 +18,10 @@ from ackd.broker import Broker, Delivery
 from ackd.incoming import PendingSequences, ReceiverTransaction
 from ackd.intake import Intake
 from ackd.message import Message
-from ackd.outage import Pause, StoreUnavailable
+from ackd.outage import StoreUnavailable
 from ackd.reassembly import SequenceReassembly
 from condmsg.errors import BrokerAuthError, BrokerError
+from condmsg.pausing import Pause
 from condmsg.repeated_failures import reason_of
 
 log = logging.getLogger(__name__)

@@ -14,12 +14,13 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pika.exceptions
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
@@ -30,10 +31,17 @@ from condmsg.condition_codec import condition_to_json
 from condmsg.conditions import Condition
 from condmsg.copies import check_app_headers, plan_fanouts
 from condmsg.db import make_engine
-from condmsg.errors import BrokerError, ConditionError, ConfigError, ProtocolError
+from condmsg.errors import (
+    BrokerAuthError,
+    BrokerError,
+    ConditionError,
+    ConfigError,
+    ProtocolError,
+)
 from condmsg.evaluation import evaluate
 from condmsg.outcome import Outcome
 from condmsg.outgoing import Outgoing, new_cm_id
+from condmsg.pausing import Pause
 from condmsg.payloads import JSON, encode_payload
 from condmsg.relaying import OwnsOutbox
 from condmsg.send_store import (
@@ -59,6 +67,10 @@ from outbox.message import Fanout
 from outbox.table import create_tables as create_outbox_tables
 
 log = logging.getLogger(__name__)
+#: Where :meth:`Sender.outcomes` says that it pauses for a broker outage and resumes.
+OUTCOMES_LOG = logging.getLogger(f"{__name__}.outcomes")
+#: The longest single wait for an outcome notification (seconds).
+OUTCOME_WAIT_S = 0.5
 
 #: Copies larger than this travel as a Message Sequence (bytes). RabbitMQ accepts far
 #: larger messages, but big ones stall a queue and its consumers; 1 MiB parts stay cheap.
@@ -352,17 +364,52 @@ class Sender(OwnsOutbox):
 
         Each is acknowledged once the loop asks for the next one; stops after ``timeout``
         seconds without a notification (None: never).
+
+        A broker that goes away (its node lost, the connection cut) pauses the stream
+        until a node answers again, said once each way on the ``condmsg.sender.outcomes``
+        logger; a notification handed over but not acknowledged when the connection broke
+        comes again (outcomes are at least once). With ``timeout``, an outage that
+        outlasts it ends the stream with the broker's error; refused credentials end it
+        at once.
         """
+        pause = Pause(OUTCOMES_LOG, f"reading the outcomes of {self.name!r}", "RabbitMQ")
+        quiet_since = time.monotonic()
+        while True:
+            try:
+                with closing(self._outcome_stream(timeout)) as stream:
+                    for document in stream:
+                        pause.ended()
+                        yield document
+                        quiet_since = time.monotonic()
+                return
+            except BrokerAuthError:
+                raise
+            except (BrokerError, pika.exceptions.AMQPError, OSError) as exc:
+                if timeout is not None and time.monotonic() - quiet_since >= timeout:
+                    raise
+                pause.failed(exc)
+                pause.wait()
+
+    def _outcome_stream(
+        self, timeout: float | None
+    ) -> Generator[Outcome | SphereOutcome, None, None]:
+        """The documents of one connection to the outcome queue (see :meth:`outcomes`)."""
         connection = connect(self.amqp_url, name=f"condmsg-outcomes-{self.name}")
         try:
             channel = connection.channel()
             declare_service_queue(channel, protocol.outcome_queue(self.name))
             channel.basic_qos(prefetch_count=100)
+            # Short waits, the caller's timeout counted here: pika's blocking consume tells
+            # of a lost connection only when a wait ends, not while it waits.
+            last = time.monotonic()
             for method, props, body in channel.consume(
-                protocol.outcome_queue(self.name), inactivity_timeout=timeout
+                protocol.outcome_queue(self.name), inactivity_timeout=OUTCOME_WAIT_S
             ):
                 if method is None:
-                    return
+                    if timeout is not None and time.monotonic() - last >= timeout:
+                        return
+                    continue
+                last = time.monotonic()
                 decoded = _outcome_document(props, body or b"")
                 if decoded is not None:
                     yield decoded

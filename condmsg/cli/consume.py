@@ -181,7 +181,8 @@ def _loop(receiver: Receiver, args: argparse.Namespace, stop: threading.Event) -
     goes back to its queue, uncounted) until it answers again, as ``Receiver.consume``
     does; the pause is not idle time for ``--timeout``.
     """
-    from ackd.outage import Pause, is_store_outage
+    from ackd.outage import is_store_outage
+    from condmsg.pausing import Pause
 
     reading = f"reading {args.queue!r}"
     store = Pause(log, reading, "the receiver store", stop=stop)

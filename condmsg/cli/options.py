@@ -76,12 +76,12 @@ def named_db_url(args: argparse.Namespace, *, existing: bool = False) -> str:
     return str(url)
 
 
-def stderr_log(command: str) -> logging.Logger:
-    """The logger through which a command that configures no logging of its own says, on
-    stderr and in its own words (``condmsg <command>: ...``), that it pauses for an outage
-    and when it resumes."""
-    log = logging.getLogger(f"condmsg.cli.{command}.said")
-    if not log.handlers:
+def stderr_log(command: str, name: str | None = None) -> logging.Logger:
+    """The logger ``name`` (by default one of the command's own) made to say, on stderr
+    and in the command's words (``condmsg <command>: ...``), that work pauses for an
+    outage and when it resumes: the command configures no logging of its own."""
+    log = logging.getLogger(name or f"condmsg.cli.{command}.said")
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
         handler = _Stderr()
         handler.setFormatter(logging.Formatter(f"condmsg {command}: %(message)s"))
         log.addHandler(handler)

@@ -26,8 +26,6 @@ from condmsg.timeutil import parse_cli_instant
 if TYPE_CHECKING:
     from condmsg.sender import Sender
 
-log = stderr_log("outcomes")
-
 
 def register(subparsers: Any) -> None:
     parser = add_command(
@@ -116,25 +114,13 @@ def _follow(args: argparse.Namespace) -> int:
 
 def _print_outcomes(sender: Sender, timeout: float | None) -> None:
     """Print the notifications as they come until ``timeout`` passes without one. A
-    broker that goes away pauses the command until it answers again (a notification
-    printed but not yet acknowledged then is printed again: outcomes are at least once)."""
-    import pika.exceptions
+    broker that goes away pauses the stream until it answers again (``Sender.outcomes``),
+    which the command says on stderr each way."""
+    from condmsg.sender import OUTCOMES_LOG
 
-    from ackd.outage import Pause
-    from condmsg.errors import BrokerAuthError, BrokerError
-
-    broker = Pause(log, f"following the outcomes of {sender.name!r}", "RabbitMQ")
-    while True:
-        try:
-            for outcome in sender.outcomes(timeout=timeout):
-                broker.ended()
-                _emit(outcome.to_dict())
-            return
-        except BrokerAuthError:
-            raise  # a wrong user or vhost: waiting does not mend it
-        except (BrokerError, pika.exceptions.AMQPError, OSError) as exc:
-            broker.failed(exc)
-            broker.wait()
+    stderr_log("outcomes", OUTCOMES_LOG.name)
+    for outcome in sender.outcomes(timeout=timeout):
+        _emit(outcome.to_dict())
 
 
 def _decided(args: argparse.Namespace) -> int:

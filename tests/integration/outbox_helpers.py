@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -107,11 +109,9 @@ class TcpProxy:
 
     def __init__(self, target: tuple[str, int] = ("127.0.0.1", 5672)) -> None:
         self.target = target
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
+        self.port = _port_outside_the_ephemeral_range()
         self._listener: socket.socket | None = None
+        self._accepting: threading.Thread | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -127,12 +127,16 @@ class TcpProxy:
         listener.listen(16)
         listener.settimeout(0.1)
         self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        self._accepting = threading.Thread(target=self._accept, args=(listener,), daemon=True)
+        self._accepting.start()
 
     def down(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()
+            # The port is free only once the thread waiting in accept() has let go of it.
+            if self._accepting is not None:
+                self._accepting.join(5)
         self.cut()
 
     def cut(self) -> None:
@@ -140,7 +144,10 @@ class TcpProxy:
             conns, self._conns = self._conns, []
         for conn in conns:
             with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
+                # Closed with a reset, as a network failure gives: no TIME_WAIT is left on
+                # the proxy's port, which would keep up() from listening on it again.
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.shutdown(socket.SHUT_RDWR)  # wakes the pump blocked on it
             conn.close()
 
     def close(self) -> None:
@@ -178,6 +185,22 @@ class TcpProxy:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+def _port_outside_the_ephemeral_range() -> int:
+    """A free port below Linux's ephemeral range (32768 and up). A client that keeps
+    reconnecting to a port nobody listens on can be given that very port as its own and
+    connect to itself (TCP simultaneous open); the port is then taken, and the proxy
+    cannot listen on it again."""
+    for _ in range(200):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below 32000 for the proxy")
 
 
 #: The body every message of the fan-out tests shares.

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 
+from condmsg import migrate
 from condmsg import sender_tables as st
 from condmsg.archive_layout import ALL_TABLES, LAYOUT_VERSION, arrow_schema
 from condmsg.cli import main as condmsg_main
@@ -18,7 +19,7 @@ from tests.spark.builders import T0, ack_row, at, cm_row
 
 def _fill(url: str) -> None:
     engine = sa.create_engine(url)
-    st.metadata.create_all(engine)
+    migrate.upgrade(engine, "sender")  # export refuses a store without its schema
     condition = Destination("qa", pickup_within=timedelta(seconds=1))
     with engine.begin() as conn:
         conn.execute(
@@ -88,7 +89,7 @@ def test_export_of_an_unreachable_store_is_a_clear_error(tmp_path: Path, capsys)
     url = "postgresql+psycopg://bob:hunter2@127.0.0.1:1/none"
     assert condmsg_main(["export", "--db-url", url, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
-    assert "cannot export from" in err
+    assert "cannot use the database at postgresql+psycopg://bob:***@127.0.0.1:1/none" in err
     assert "hunter2" not in err
 
 

@@ -69,6 +69,19 @@ def _through(proxy: TcpProxy, url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
+def _publish_originals(channel: Any, queue: str, cm_ids: list[str]) -> None:
+    """One original per CM id to ``queue``, each read within five minutes."""
+    for cm_id in cm_ids:
+        publish_copy(
+            channel,
+            cm_id=cm_id,
+            condition=Destination(queue, pickup_within=timedelta(minutes=5)),
+            sender="s",
+            sent_at=datetime.now(UTC),
+            body=b"original",
+        )
+
+
 def _handler(name: str, seen: Counter[str]) -> Any:
     def handle(message: Message, session: Session | None) -> None:
         assert session is not None
@@ -101,15 +114,7 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
 
     cm_ids = [str(uuid.uuid4()) for _ in range(CMS)]
     compensated = set(cm_ids[::COMPENSATE_EVERY])
-    for cm_id in cm_ids:
-        publish_copy(
-            channel,
-            cm_id=cm_id,
-            condition=Destination(queue, pickup_within=timedelta(minutes=5)),
-            sender="s",
-            sent_at=datetime.now(UTC),
-            body=b"original",
-        )
+    _publish_originals(channel, queue, cm_ids)
 
     stop = threading.Event()
     seen: Counter[str] = Counter()
@@ -206,15 +211,7 @@ def test_a_non_transactional_consumer_rides_out_a_store_cut(
     receiver = make_receiver(_through(store_proxy, pg_url))
     receiver._broker.ensure_queue(queue)
     cm_ids = [str(uuid.uuid4()) for _ in range(60)]
-    for cm_id in cm_ids:
-        publish_copy(
-            channel,
-            cm_id=cm_id,
-            condition=Destination(queue, pickup_within=timedelta(minutes=5)),
-            sender="s",
-            sent_at=datetime.now(UTC),
-            body=b"original",
-        )
+    _publish_originals(channel, queue, cm_ids)
     got: list[str] = []
     stop = threading.Event()
 
@@ -280,15 +277,7 @@ def test_condmsg_consume_pauses_through_a_store_cut(
     queue = f"{unique_name}.q"
     channel.queue_declare(queue, durable=True, arguments={"x-max-priority": 10})
     cm_ids = [str(uuid.uuid4()) for _ in range(40)]
-    for cm_id in cm_ids:
-        publish_copy(
-            channel,
-            cm_id=cm_id,
-            condition=Destination(queue, pickup_within=timedelta(minutes=5)),
-            sender="s",
-            sent_at=datetime.now(UTC),
-            body=b"original",
-        )
+    _publish_originals(channel, queue, cm_ids)
     # Until idle: a message printed just before its commit was lost counts as printed, so a
     # count could stop one message short when the commit had in fact failed.
     args = ["consume", queue, "--recipient", "r", "--transactional", "--timeout", "3"]

@@ -40,6 +40,15 @@ $(CHROMEDRIVER):
 	  || { $(SUDO) apt-get update -qq \
 	       && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 
+# The Node.js receiver of interop/node, which the conformance tests run (amqplib and pg at
+# the versions its package-lock.json pins).
+NODE_MODULES := interop/node/node_modules/.package-lock.json
+$(NODE_MODULES): interop/node/package.json interop/node/package-lock.json
+	command -v npm >/dev/null || $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm \
+	  || { $(SUDO) apt-get update -qq \
+	       && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
+	npm ci --prefix interop/node --no-audit --no-fund
+
 services: $(STAMP)
 	$(BIN)/python -m condmsg.cli check-services
 
@@ -52,7 +61,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) $(JDBC_JAR) $(COMPOSE) $(CHROMEDRIVER) prepared-transactions services lint
+test: $(STAMP) $(JDBC_JAR) $(COMPOSE) $(CHROMEDRIVER) $(NODE_MODULES) prepared-transactions services lint
 	$(BIN)/pytest -n 2 --dist loadgroup --durations=25
 
 demo: $(STAMP) prepared-transactions services

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from ackd.tables import POISON_ID_LENGTH, poison
+from outbox.backoff import retry_delay_s
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,11 @@ class RetryPolicy:
         is exhausted (its next reading dead-letters it), else doubling up to the cap."""
         if attempts >= self.max_attempts or attempts < 1:
             return 0.0
-        doubled = self.backoff.total_seconds() * float(2 ** min(attempts - 1, 32))
-        return min(doubled, self.backoff_max.total_seconds())
+        return retry_delay_s(
+            attempts,
+            initial_s=self.backoff.total_seconds(),
+            maximum_s=self.backoff_max.total_seconds(),
+        )
 
 
 def poison_key(message_id: str | bytes) -> str:

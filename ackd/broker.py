@@ -18,11 +18,11 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from condmsg import protocol
-from condmsg.amqp import connect
-from condmsg.errors import BrokerError
-from condmsg.settings import destination_queue_type
-from condmsg.topology import declare_destination, declare_service_queue, describe_mode
+from condmsg.core import protocol
+from condmsg.core.errors import BrokerError
+from condmsg.runtime.amqp import connect
+from condmsg.runtime.settings import destination_queue_type
+from condmsg.runtime.topology import declare_destination, declare_service_queue, describe_mode
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from ackd.inbound import Inbound
 from ackd.receiver_store import ReceiverStore
-from condmsg.acks import AckKind
-from condmsg.protocol import ACK_CONTENT_TYPE, ACK_TYPE, AckMessage
+from ackd.validation import Inbound
+from condmsg.core.acks import AckKind
+from condmsg.core.protocol import ACK_CONTENT_TYPE, ACK_TYPE, AckMessage
 from outbox.enqueueing import enqueue_all
 from outbox.message import OutboxMessage
 

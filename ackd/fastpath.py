@@ -45,6 +45,12 @@ Both statements run on the session's own connection, so they are part of the app
 transaction exactly as portable SQLAlchemy statements would be. The receiver reaches them
 through its store's psycopg adapter (:mod:`ackd.receiver_store_psycopg`); the portable
 adapter runs the same claim and acks as plain SQLAlchemy statements, on PostgreSQL too.
+
+libpq calls through psycopg (``pgconn.exec_``, ``errors.error_from_result``, the
+connection's ``lock``) and the knowledge of when psycopg deallocates are psycopg's
+internals, so a receiver takes this path only with the psycopg releases it was tested
+with (:data:`TESTED_PSYCOPG`) and the portable adapter with any other: :func:`chosen`,
+which ``CONDMSG_RECEIVER_FASTPATH`` can force (see :mod:`outbox.fast_paths`).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import re
 import threading
 import weakref
@@ -67,11 +74,45 @@ from psycopg import errors as pg_errors
 from psycopg.pq import ExecStatus, TransactionStatus
 
 from ackd.tables import rlog
-from condmsg.errors import CondmsgError
+from condmsg.core.errors import CondmsgError
+from outbox.fast_paths import Gate, use_fast
 from outbox.pg import wrapped
 from outbox.table import outbox_table
 
-__all__ = ["ack_statement", "claim", "execute_and_commit", "watch"]
+__all__ = ["ack_statement", "chosen", "claim", "execute_and_commit", "watch"]
+
+#: The psycopg releases this path is tested with, from and up to (excluded): by the
+#: receiver store's contract suite and ``tests/integration/test_receiver_fastpath.py``,
+#: which also hold psycopg's deallocations to what :func:`watch` expects. Widen it after
+#: both pass on a new release (``CONDMSG_RECEIVER_FASTPATH=fast`` runs it there).
+TESTED_PSYCOPG = ((3, 3), (3, 4))
+#: The receiver's path on psycopg: ``auto`` (the default), ``fast`` or ``plain``.
+ENV_FASTPATH = "CONDMSG_RECEIVER_FASTPATH"
+
+
+def psycopg_gate() -> Gate:
+    """Whether the psycopg imported is a release this path was tested with and has the
+    libpq-level calls it makes."""
+    return Gate.check(
+        "psycopg",
+        str(getattr(psycopg, "__version__", "unknown")),
+        TESTED_PSYCOPG,
+        [
+            ("pq.PGconn.exec_", pq.PGconn, "exec_"),
+            ("pq.Escaping.escape_literal", pq.Escaping, "escape_literal"),
+            ("errors.error_from_result", pg_errors, "error_from_result"),
+        ],
+    )
+
+
+def chosen(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a receiver on psycopg takes this path (else the portable adapter's plain
+    SQLAlchemy statements): as :data:`ENV_FASTPATH` says, by default where psycopg is a
+    release it was tested with. Logged once per process."""
+    env = os.environ if environ is None else environ
+    mode = env.get(ENV_FASTPATH, "auto")
+    return use_fast("receiver store on psycopg", mode, psycopg_gate())
+
 
 _DONE = (ExecStatus.COMMAND_OK, ExecStatus.TUPLES_OK)
 _LOST = "26000"  # invalid_sql_statement_name: the prepared statement is not there

@@ -1,6 +1,6 @@
 """The names a receiver writes into every ack and receiver log row: its recipient
 identity and its receiver id. Both travel in acks, whose codec bounds them
-(``condmsg.limits``): a name it refuses would dead-letter every ack of the receiver, so
+(``condmsg.core.limits``): a name it refuses would dead-letter every ack of the receiver, so
 they are checked once, when the receiver is built."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import hashlib
 import os
 import socket
 
-from condmsg.errors import ConfigError
-from condmsg.limits import MAX_NAME_CHARS, forbidden_character
+from condmsg.core.errors import ConfigError
+from condmsg.core.limits import MAX_NAME_CHARS, forbidden_character
 
 
 def checked_name(value: str, what: str) -> str:

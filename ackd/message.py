@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from condmsg.payloads import decode_payload
-from condmsg.protocol import MessageKind
+from condmsg.core.payloads import decode_payload
+from condmsg.core.protocol import MessageKind
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,7 +5,7 @@ A message whose processing fails is tried again after a backoff and, after
 the message's fault: counting it would dead-letter good messages during an outage, and
 handing each delivery back at once would burn through the prefetch window while nothing
 can succeed. So an outage gives the messages back uncounted and pauses consumption until
-the store answers again (:class:`condmsg.pausing.Pause`), with one log line when it starts
+the store answers again (:class:`condmsg.runtime.pausing.Pause`), with one log line when it starts
 and one when it ends.
 """
 

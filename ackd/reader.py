@@ -14,15 +14,16 @@ from dataclasses import dataclass, field
 import pika.exceptions
 from sqlalchemy.orm import Session
 
-from ackd.broker import Broker, Delivery
-from ackd.incoming import PendingSequences, ReceiverTransaction
-from ackd.intake import Intake
+from ackd.acceptance import Acceptance
+from ackd.broker import Delivery
+from ackd.context import ReceiveContext
 from ackd.message import Message
 from ackd.outage import StoreUnavailable
-from ackd.reassembly import SequenceReassembly
-from condmsg.errors import BrokerAuthError, BrokerError
-from condmsg.pausing import Pause
-from condmsg.repeated_failures import reason_of
+from ackd.sequences import SequenceReassembly
+from ackd.transaction import ReceiverTransaction
+from condmsg.core.errors import BrokerAuthError, BrokerError
+from condmsg.runtime.pausing import Pause
+from outbox.repeated_failures import reason_of
 
 log = logging.getLogger(__name__)
 
@@ -37,23 +38,17 @@ class Reader:
 
     def __init__(
         self,
-        *,
-        broker: Broker,
-        intake: Intake,
+        context: ReceiveContext,
+        acceptance: Acceptance,
         sequences: SequenceReassembly,
-        pending: PendingSequences,
+        *,
         open_transaction: Callable[[], AbstractContextManager[ReceiverTransaction]],
-        poll_interval_s: float,
-        store_lost: Callable[[BaseException], bool],
         probe_store: Callable[[], None],
     ) -> None:
-        self._broker = broker
-        self._intake = intake
+        self._ctx = context
+        self._acceptance = acceptance
         self._sequences = sequences
-        self._pending = pending
         self._open_transaction = open_transaction
-        self._poll_interval_s = poll_interval_s
-        self._store_lost = store_lost
         self._probe_store = probe_store
 
     def next_message(
@@ -61,7 +56,7 @@ class Reader:
     ) -> Message | None:
         """The next message of ``queue`` (within ``tx`` if given), or None on timeout."""
         deadline = time.monotonic() + timeout
-        pending = self._pending
+        pending = self._ctx.pending
         while True:
             if tx is None:
                 self._sequences.expire_incomplete()  # rate-limited; parts may be stored by anyone
@@ -73,16 +68,16 @@ class Reader:
                 message = self._sequences.deliver_complete(queue, tx)
                 if message is not None:
                     return message
-            delivery = self._broker.get(queue)
+            delivery = self._ctx.broker.get(queue)
             if delivery is not None:
-                message = self._intake.accept(delivery, tx)
+                message = self._acceptance.accept(delivery, tx)
                 if message is not None:
                     return message
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            time.sleep(min(self._poll_interval_s, remaining))
+            time.sleep(min(self._ctx.config.poll_interval_s, remaining))
 
     def consume(
         self,
@@ -103,7 +98,7 @@ class Reader:
         """
         run = _Run(queue, handler, transactional, max_messages, idle_timeout_s, stop)
         activity = f"consuming {queue!r}"
-        store = Pause(log, activity, "the receiver store", idle=self._broker.idle, stop=stop)
+        store = Pause(log, activity, "the receiver store", idle=self._ctx.broker.idle, stop=stop)
         broker = Pause(log, activity, "RabbitMQ", stop=stop)
         while not run.stopped():
             try:
@@ -117,7 +112,7 @@ class Reader:
             except BrokerAuthError:
                 raise  # a wrong user or vhost: waiting does not mend it
             except (BrokerError, pika.exceptions.AMQPError, OSError) as exc:
-                self._broker.close()  # RabbitMQ requeues what the channel held
+                self._ctx.broker.close()  # RabbitMQ requeues what the channel held
                 broker.failed(exc)
                 if not broker.wait():
                     break
@@ -126,13 +121,14 @@ class Reader:
 
     def _consume_stream(self, run: _Run, prefetch: int) -> bool:
         """Consume with one broker consumer until done (True) or an outage (raised)."""
-        stream = self._broker.consume(run.queue, prefetch=prefetch, inactivity_s=0.1)
+        stream = self._ctx.broker.consume(run.queue, prefetch=prefetch, inactivity_s=0.1)
         try:
             for delivery in stream:
                 if run.stopped():
                     return True
+                self._sequences.expire_incomplete()  # rate-limited; parts may be stored by anyone
                 if delivery is None:
-                    if self._pending.maybe_complete and self._handle_stored(run):
+                    if self._ctx.pending.maybe_complete and self._handle_stored(run):
                         run.took_one()
                     elif (
                         run.idle_timeout_s is not None
@@ -151,14 +147,14 @@ class Reader:
     def _idle_for(self, last_handled: float) -> float:
         """Seconds with nothing to do: a message held back for another attempt, or given
         back a moment ago, is work still to come."""
-        if self._broker.held_back:
+        if self._ctx.broker.held_back:
             return 0.0
-        return time.monotonic() - max(last_handled, self._broker.last_release)
+        return time.monotonic() - max(last_handled, self._ctx.broker.last_release)
 
     def _handle_delivery(self, delivery: Delivery, run: _Run) -> bool:
         if not run.transactional:
             try:
-                message = self._intake.accept(delivery, None)
+                message = self._acceptance.accept(delivery, None)
             except Exception as exc:
                 self._raise_if_store_lost(exc, delivery)
                 raise
@@ -167,7 +163,7 @@ class Reader:
             return message is not None
         try:
             with self._open_transaction() as tx:
-                message = self._intake.accept(delivery, tx)
+                message = self._acceptance.accept(delivery, tx)
                 if message is not None:
                     run.handler(message, tx.session)
         except Exception as exc:
@@ -205,10 +201,10 @@ class Reader:
         """Raise :class:`StoreUnavailable` if ``exc`` came from an outage of the store,
         after giving ``delivery`` back uncounted (settling it twice is harmless: one that
         a rollback gave back already is not in the broker's books any more)."""
-        if not self._store_lost(exc):
+        if not self._ctx.store_lost(exc):
             return
         if delivery is not None:
-            self._broker.requeue(delivery)
+            self._ctx.broker.requeue(delivery)
         if isinstance(exc, StoreUnavailable):
             raise exc
         raise StoreUnavailable(reason_of(exc)) from exc

@@ -22,12 +22,13 @@ RLOG row, a success notice by its inbox row, each committed with the app's trans
 a redelivery after a crash before the broker ack finds the row and is dropped. Plain
 messages have no such row: like any AMQP consumer's, they are at least once.
 
-Where the work is done: the read and consume loops in :mod:`ackd.reader`; the checks
-that accept a delivery or move it to the invalid queue in :mod:`ackd.intake`; the RLOG
-decision, in or beside the app's transaction, in :mod:`ackd.decisions`; commit and
-rollback in :mod:`ackd.settlement` (failed attempts in :mod:`ackd.attempts`); Message
-Sequences in :mod:`ackd.reassembly` (their store in :mod:`ackd.sequence`); the settings
-in :mod:`ackd.receiver_config`.
+Where the work is done, in the order a message meets it: the read and consume loops in
+:mod:`ackd.reader`; the checks that accept a delivery or move it to the invalid queue in
+:mod:`ackd.acceptance` (the header, token and payload checks in :mod:`ackd.validation`);
+Message Sequences in :mod:`ackd.sequences`; the RLOG decision, in or beside the app's
+transaction, in :mod:`ackd.rlog`; commit and rollback in :mod:`ackd.settlement` (failed
+attempts in :mod:`ackd.attempts`). What these parts share is one
+:class:`~ackd.context.ReceiveContext`; the settings are in :mod:`ackd.receiver_config`.
 """
 
 from __future__ import annotations
@@ -44,30 +45,32 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
+from ackd import fastpath
+from ackd.acceptance import Acceptance
 from ackd.ack_watch import AckWatch
 from ackd.attempts import AttemptCounts
 from ackd.broker import Broker
-from ackd.decisions import RlogDecisions
+from ackd.context import ReceiveContext, ReceiverStats
 from ackd.identity import checked_name, default_receiver_id
-from ackd.incoming import PendingSequences, ReceiverStats, ReceiverTransaction
-from ackd.intake import Intake
 from ackd.message import Message
 from ackd.outage import StoreUnavailable, is_store_outage
 from ackd.reader import Handler, Reader
-from ackd.reassembly import SequenceReassembly
 from ackd.receiver_config import ReceiverConfig
 from ackd.receiver_store import ReceiverStore, SqlAlchemyReceiverStore
 from ackd.receiver_store_psycopg import PsycopgReceiverStore
+from ackd.rlog import RlogDecisions
+from ackd.sequences import SequenceReassembly
 from ackd.settlement import Settlement
 from ackd.tables import metadata
-from condmsg import migrate
-from condmsg.db import describe_db_url, make_engine
-from condmsg.errors import ConfigError
-from condmsg.relaying import OwnsOutbox
-from condmsg.repeated_failures import reason_of
-from condmsg.settings import Settings
-from condmsg.timeutil import utcnow
+from ackd.transaction import ReceiverTransaction
+from condmsg.core.errors import ConfigError
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime import migrate
+from condmsg.runtime.db import describe_db_url, make_engine
+from condmsg.runtime.relaying import OwnsOutbox
+from condmsg.runtime.settings import Settings
 from outbox import backends
+from outbox.repeated_failures import reason_of
 
 __all__ = ["Handler", "Receiver", "ReceiverConfig", "ReceiverStats", "ReceiverTransaction"]
 
@@ -116,9 +119,10 @@ class Receiver(OwnsOutbox):
         self.store: ReceiverStore = (
             store
             if store is not None
-            else backends.pick(
-                self.engine, psycopg=PsycopgReceiverStore(), portable=SqlAlchemyReceiverStore()
-            )
+            # The fast path only where psycopg is a release it was tested with.
+            else PsycopgReceiverStore()
+            if backends.uses_psycopg(self.engine) and fastpath.chosen()
+            else SqlAlchemyReceiverStore()
         )
         self._traits = self.store.attach(self.engine)
         self.secret = config.secret
@@ -146,64 +150,29 @@ class Receiver(OwnsOutbox):
         self._assemble(clock)
 
     def _assemble(self, clock: Callable[[], datetime]) -> None:
-        """Build the parts that do the work, sharing this receiver's broker, store,
-        counters and knowledge of the sequences in the store."""
-        pending = PendingSequences()
-        ids = {"recipient": self.recipient, "receiver_id": self.receiver_id}
-        decisions = RlogDecisions(
+        """Build the parts that do the work, around one context they share."""
+        context = ReceiveContext(
             engine=self.engine,
             store=self.store,
-            traits=self._traits,
+            row_locks=self._traits.row_locks,
             broker=self._broker,
-            stats=self.stats,
-            pending=pending,
-            **ids,
-        )
-        sequences = SequenceReassembly(
-            engine=self.engine,
-            store=self.store,
-            broker=self._broker,
-            stats=self.stats,
-            pending=pending,
-            decisions=decisions,
             attempts=self._attempts,
-            max_attempts=self.max_attempts,
-            clock=clock,
-            secret=self.secret,
-            sequence_timeout=self.sequence_timeout,
-            invalid_queue=self.invalid_queue,
-        )
-        intake = Intake(
-            engine=self.engine,
-            broker=self._broker,
-            stats=self.stats,
-            decisions=decisions,
-            sequences=sequences,
-            attempts=self._attempts,
-            retry=self.retry,
-            clock=clock,
-            secret=self.secret,
-            invalid_queue=self.invalid_queue,
-        )
-        self._settlement = Settlement(
-            store=self.store,
-            broker=self._broker,
-            stats=self.stats,
-            pending=pending,
-            attempts=self._attempts,
-            retry=self.retry,
+            config=self.config,
+            recipient=self.recipient,
+            receiver_id=self.receiver_id,
             clock=clock,
             store_lost=self._store_lost,
-            **ids,
+            stats=self.stats,
         )
+        decisions = RlogDecisions(context)
+        sequences = SequenceReassembly(context, decisions)
+        acceptance = Acceptance(context, decisions, sequences)
+        self._settlement = Settlement(context)
         self._reader = Reader(
-            broker=self._broker,
-            intake=intake,
-            sequences=sequences,
-            pending=pending,
+            context,
+            acceptance,
+            sequences,
             open_transaction=self.transaction,
-            poll_interval_s=self.poll_interval_s,
-            store_lost=self._store_lost,
             probe_store=self._probe_store,
         )
 
@@ -229,7 +198,7 @@ class Receiver(OwnsOutbox):
             raise self._unavailable(exc) from exc
         session = Session(bind)
         session.begin()
-        tx = ReceiverTransaction(self, session)
+        tx = ReceiverTransaction(session, self._reader.next_message)
         try:
             yield tx
         except BaseException as exc:

@@ -8,9 +8,9 @@ from datetime import timedelta
 from typing import Any
 
 from ackd.attempts import DEFAULT_BACKOFF, DEFAULT_BACKOFF_MAX, DEFAULT_MAX_ATTEMPTS, RetryPolicy
-from condmsg import protocol
-from condmsg.errors import ConfigError
-from condmsg.settings import Settings
+from condmsg.core import protocol
+from condmsg.core.errors import ConfigError
+from condmsg.runtime.settings import Settings
 
 #: How long the first part of an incomplete Message Sequence waits for the others.
 DEFAULT_SEQUENCE_TIMEOUT = timedelta(minutes=5)

@@ -1,5 +1,10 @@
 """The receiver log (RLOG) decisions: deliver, drop as duplicate, or cancel out.
 
+The functions ``on_original``, ``on_compensation`` and ``on_success`` take the decision
+on one message in a given session; :class:`RlogDecisions` decides where that session is
+(the app's transaction, a SAVEPOINT in it, or a short transaction of its own), writes a
+non-transactional read's READ ack and counts the decision.
+
 RabbitMQ cannot delete an unread message from a queue, so cancel-out happens here. The row
 for (CM, destination) is unique and holds ``consumed`` or ``cancelled``; whichever of the
 original and its compensation inserts it first decides, and every interleaving of
@@ -22,6 +27,7 @@ make its unconsumed original look consumed.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from enum import Enum
 from typing import Any
@@ -29,10 +35,23 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from ackd.inbound import Inbound
+from ackd.context import ReceiveContext
+from ackd.emit import enqueue_ack
+from ackd.message import Message
 from ackd.receiver_store import ReceiverStore
 from ackd.tables import RlogState, rlog, rx_inbox
-from condmsg.protocol import MessageKind
+from ackd.transaction import Incoming, ReceiverTransaction, TakenMessage
+from ackd.validation import Inbound
+from condmsg.core.acks import AckKind
+from condmsg.core.protocol import MessageKind
+
+log = logging.getLogger(__name__)
+
+#: PostgreSQL SQLSTATEs: a detected deadlock, a lock wait cut by ``lock_timeout``.
+DEADLOCK_DETECTED = "40P01"
+LOCK_NOT_AVAILABLE = "55P03"
+#: How long a side transaction of a transactional read waits for an RLOG row.
+LOCK_TIMEOUT_MS = 2000
 
 
 class Decision(Enum):
@@ -185,3 +204,190 @@ def _update(session: Session, cm_id: str, destination: str, **values: Any) -> No
         .where(rlog.c.cm_id == cm_id, rlog.c.destination == destination)
         .values(**values)
     )
+
+
+class RlogDecisions:
+    """Takes the RLOG decisions of one receiver and counts them in its ``stats``.
+
+    Where the store locks rows (``row_locks``), a decision that delivers nothing leaves
+    the app's transaction.
+    """
+
+    def __init__(self, context: ReceiveContext) -> None:
+        self._ctx = context
+
+    def decide(
+        self,
+        session: Session,
+        incoming: Incoming,
+        inbound: Inbound,
+        read_at: datetime,
+        tx: ReceiverTransaction | None,
+    ) -> Message | None:
+        """The RLOG decision, in ``session``; for a non-transactional read also the ack."""
+        if tx is None:
+            decision = self.rlog_decision(session, incoming, inbound, read_at, False)
+        else:
+            found = self._decide_in_transaction(tx, incoming, inbound, read_at)
+            if found is None:
+                return None
+            decision = found
+        self._count_decision(decision, inbound)
+        if decision is not Decision.DELIVER:
+            return None
+        return incoming.message(inbound, read_at)
+
+    def _decide_in_transaction(
+        self, tx: ReceiverTransaction, incoming: Incoming, inbound: Inbound, read_at: datetime
+    ) -> Decision | None:
+        """The RLOG decision of a transactional read; None if the message was requeued.
+
+        A delivered message's RLOG row commits with the app's transaction. A message that is
+        not delivered (duplicate, discard, cancel-out) must not keep its row locked until
+        the app commits: two competing consumers would each hold rows the other needs and
+        deadlock again and again. Where rows are locked (PostgreSQL) its decision is
+        therefore tried in a SAVEPOINT, rolled back (which releases the row) and redone in
+        a short transaction of its own. Where one writer runs at a time (SQLite) it simply
+        stays in the app's transaction.
+        """
+        session = tx.session
+        rlog_row = (inbound.cm_id, inbound.destination)
+        if not self._ctx.row_locks:
+            decision = self.rlog_decision(session, incoming, inbound, read_at, True)
+            return self._keep_in_transaction(tx, incoming, inbound, read_at, decision)
+        if inbound.kind is MessageKind.ORIGINAL and not tx.locked_rlog_rows:
+            # The common case, without a SAVEPOINT: the insert either claims the row (and
+            # this transaction keeps it) or conflicts, which writes and locks nothing.
+            # Holding no RLOG row yet, this transaction cannot be part of a lock cycle
+            # through the RLOG.
+            if claim_original(
+                self._ctx.store,
+                session,
+                inbound,
+                message_id=incoming.message_id,
+                recipient=self._ctx.recipient,
+                receiver=self._ctx.receiver_id,
+                read_at=read_at,
+                transactional=True,
+            ):
+                return self._keep_in_transaction(tx, incoming, inbound, read_at, Decision.DELIVER)
+            return self._decide_in_own_transaction(incoming, inbound, read_at)
+        nested = session.begin_nested()
+        try:
+            decision = self.rlog_decision(session, incoming, inbound, read_at, True)
+        except sa.exc.OperationalError as exc:
+            nested.rollback()
+            if getattr(exc.orig, "sqlstate", None) != DEADLOCK_DETECTED:
+                raise
+            # PostgreSQL broke a lock cycle by failing this statement: requeue and go on.
+            log.info("deadlock on cm %s; requeued, the transaction goes on", inbound.cm_id)
+            self._put_back(incoming)
+            return None
+        if decision is Decision.DELIVER or rlog_row in tx.locked_rlog_rows:
+            nested.commit()
+            return self._keep_in_transaction(tx, incoming, inbound, read_at, decision)
+        nested.rollback()
+        return self._decide_in_own_transaction(incoming, inbound, read_at)
+
+    @staticmethod
+    def _keep_in_transaction(
+        tx: ReceiverTransaction,
+        incoming: Incoming,
+        inbound: Inbound,
+        read_at: datetime,
+        decision: Decision,
+    ) -> Decision:
+        """Note a decision taken inside the app's transaction (settled at its end)."""
+        delivered = decision is Decision.DELIVER
+        if delivered:
+            tx.locked_rlog_rows.add((inbound.cm_id, inbound.destination))
+        tx.taken_messages.append(TakenMessage(incoming, inbound, read_at, delivered=delivered))
+        return decision
+
+    def _decide_in_own_transaction(
+        self, incoming: Incoming, inbound: Inbound, read_at: datetime
+    ) -> Decision | None:
+        """Record a non-delivering decision in its own transaction, then ack the message.
+
+        If the facts changed meanwhile and the message would now be delivered, it is
+        requeued instead (a transactional read must deliver within the app's transaction).
+        The lock timeout breaks a wait that PostgreSQL cannot see: this thread's own app
+        transaction may hold the row another consumer is waiting behind.
+        """
+        try:
+            with Session(self._ctx.engine) as own, own.begin():
+                self._ctx.store.limit_lock_wait(own, LOCK_TIMEOUT_MS)
+                decision = self.rlog_decision(own, incoming, inbound, read_at, True)
+                if decision is Decision.DELIVER:
+                    own.rollback()
+                    self._put_back(incoming)
+                    return None
+        except sa.exc.OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) not in (DEADLOCK_DETECTED, LOCK_NOT_AVAILABLE):
+                raise
+            self._put_back(incoming)
+            return None
+        if incoming.delivery is not None:
+            self._ctx.broker.ack(incoming.delivery, deferred=True)
+        return decision
+
+    def _put_back(self, incoming: Incoming) -> None:
+        """Leave a message undecided for a later read: requeue a delivery; a reassembled
+        sequence stays in the store (its parts' deletion is rolled back)."""
+        if incoming.delivery is not None:
+            self._ctx.broker.requeue(incoming.delivery)
+        else:
+            self._ctx.pending.maybe_complete = True
+
+    def rlog_decision(
+        self,
+        session: Session,
+        incoming: Incoming,
+        inbound: Inbound,
+        read_at: datetime,
+        transactional: bool,
+    ) -> Decision:
+        """The RLOG's decision in ``session``; a non-transactional delivery's READ ack
+        goes to the outbox in the same transaction."""
+        if inbound.kind is MessageKind.COMPENSATION:
+            return on_compensation(
+                self._ctx.store, session, inbound, receiver=self._ctx.receiver_id, now=read_at
+            )
+        if inbound.kind is MessageKind.SUCCESS:
+            return on_success(self._ctx.store, session, inbound, now=read_at)
+        decision = on_original(
+            self._ctx.store,
+            session,
+            inbound,
+            message_id=incoming.message_id,
+            recipient=self._ctx.recipient,
+            receiver=self._ctx.receiver_id,
+            read_at=read_at,
+            transactional=transactional,
+        )
+        if decision is Decision.DELIVER and not transactional:
+            enqueue_ack(
+                session,
+                inbound,
+                kind=AckKind.READ,
+                read_at=read_at,
+                committed_at=None,
+                recipient=self._ctx.recipient,
+                receiver=self._ctx.receiver_id,
+            )
+        return decision
+
+    def _count_decision(self, decision: Decision, inbound: Inbound) -> None:
+        if decision is Decision.DELIVER:
+            self._ctx.stats.delivered += 1
+        elif decision is Decision.DUPLICATE:
+            self._ctx.stats.duplicates += 1
+        elif decision is Decision.DISCARD:
+            self._ctx.stats.discards += 1
+            log.info(
+                "discarded cm %s at %s: compensated before it was read",
+                inbound.cm_id,
+                inbound.destination,
+            )
+        else:
+            self._ctx.stats.cancelled += 1

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from datetime import datetime
 
-from ackd.attempts import AttemptCounts, RetryPolicy, poison_key
-from ackd.broker import Broker
+from ackd.attempts import poison_key
+from ackd.context import ReceiveContext
 from ackd.emit import commit_with_acks
-from ackd.incoming import PendingSequences, ReceiverStats, ReceiverTransaction, TakenMessage
-from ackd.receiver_store import ReceiverStore
-from condmsg.protocol import MessageKind
+from ackd.transaction import ReceiverTransaction, TakenMessage
+from condmsg.core.protocol import MessageKind
 
 log = logging.getLogger(__name__)
 
@@ -22,49 +19,27 @@ log = logging.getLogger(__name__)
 class Settlement:
     """Commits and rolls back the transactions of one receiver."""
 
-    def __init__(
-        self,
-        *,
-        store: ReceiverStore,
-        broker: Broker,
-        stats: ReceiverStats,
-        pending: PendingSequences,
-        attempts: AttemptCounts,
-        retry: RetryPolicy,
-        clock: Callable[[], datetime],
-        store_lost: Callable[[BaseException], bool],
-        recipient: str,
-        receiver_id: str,
-    ) -> None:
-        self._store = store
-        self._broker = broker
-        self._stats = stats
-        self._pending = pending
-        self._attempts = attempts
-        self._retry = retry
-        self._clock = clock
-        self._store_lost = store_lost
-        self._recipient = recipient
-        self._receiver_id = receiver_id
+    def __init__(self, context: ReceiveContext) -> None:
+        self._ctx = context
 
     def commit(self, tx: ReceiverTransaction) -> None:
         try:
             commit_with_acks(
-                self._store,
+                self._ctx.store,
                 tx.session,
                 [
                     (taken.inbound, taken.read_at)
                     for taken in tx.taken_messages
                     if taken.delivered and taken.inbound.kind is MessageKind.ORIGINAL
                 ],
-                committed_at=self._clock(),
-                recipient=self._recipient,
-                receiver=self._receiver_id,
+                committed_at=self._ctx.clock(),
+                recipient=self._ctx.recipient,
+                receiver=self._ctx.receiver_id,
             )
             if any(t.inbound.seq_id is not None for t in tx.taken_messages):
                 # Parts stored by this transaction are visible now: the sequence may be
                 # complete (another consumer's check may have run before this commit).
-                self._pending.maybe_complete = True
+                self._ctx.pending.maybe_complete = True
         except BaseException as exc:
             self.rollback(tx, exc)
             raise
@@ -76,7 +51,7 @@ class Settlement:
         for taken in tx.taken_messages:
             if taken.incoming.delivery is not None:
                 rlog_backed = taken.inbound.kind is not None and taken.inbound.seq_id is None
-                self._broker.ack(taken.incoming.delivery, deferred=rlog_backed)
+                self._ctx.broker.ack(taken.incoming.delivery, deferred=rlog_backed)
 
     def rollback(self, tx: ReceiverTransaction, exc: BaseException) -> None:
         """Roll back, and give every message taken back to its queue: after its backoff
@@ -87,8 +62,8 @@ class Settlement:
             tx.session.rollback()
         except Exception:  # a lost connection: the server has rolled back on its own
             log.debug("rollback on a lost connection", exc_info=True)
-        self._stats.rolled_back += 1
-        if self._store_lost(exc):
+        self._ctx.stats.rolled_back += 1
+        if self._ctx.store_lost(exc):
             for taken in tx.taken_messages:
                 self._give_back(taken, 0.0)
             return
@@ -97,21 +72,21 @@ class Settlement:
         # Each failure counts as one attempt of each, and holds it back for its backoff.
         failed = [t for t in tx.taken_messages if t.delivered or t.inbound.kind is None]
         keys = [poison_key(t.incoming.message_id) for t in failed if t.incoming.message_id]
-        totals = self._attempts.record(keys, repr(exc)[:500], self._clock()) if keys else {}
+        totals = self._ctx.attempts.record(keys, repr(exc)[:500], self._ctx.clock()) if keys else {}
         for taken in tx.taken_messages:
             delay = 0.0
             if any(taken is t for t in failed):
                 message_id = taken.incoming.message_id
                 # An id-less message cannot be counted; it still waits the first pause.
                 attempts = totals[poison_key(message_id)] if message_id else 1
-                delay = self._retry.delay_s(attempts)
+                delay = self._ctx.config.retry.delay_s(attempts)
             self._give_back(taken, delay)
 
     def _give_back(self, taken: TakenMessage, delay: float) -> None:
         if taken.incoming.delivery is not None:
-            self._broker.requeue(taken.incoming.delivery, after_s=delay)
+            self._ctx.broker.requeue(taken.incoming.delivery, after_s=delay)
             return
-        self._pending.maybe_complete = True  # a reassembled sequence is back in the store
+        self._ctx.pending.maybe_complete = True  # a reassembled sequence is back in the store
         if delay > 0 and taken.incoming.message_id:
             due = time.monotonic() + delay
-            self._pending.retry_due[str(taken.incoming.message_id)] = due
+            self._ctx.pending.retry_due[str(taken.incoming.message_id)] = due

@@ -51,7 +51,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bench._common import emit_result, log
-from condmsg.archive_layout import ACKS, ANOMALIES
+from condmsg.archive.layout import ACKS, ANOMALIES
 from spark_audit.generate import Injected, generate
 from spark_audit.generate_spec import GenerateSpec
 from spark_audit.job import AuditOptions, run_audit

@@ -31,8 +31,8 @@ import sqlalchemy as sa
 
 from ackd.receiver import Receiver
 from bench._common import emit_result, fresh_pg_schema, log, timed, wait_until
-from condmsg import Destination, sender_tables
-from condmsg.sender import Sender
+from condmsg import Destination, tables
+from condmsg.sending.sender import Sender
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 
@@ -63,8 +63,8 @@ def _decided(engine: sa.Engine) -> int:
         return int(
             conn.execute(
                 sa.select(sa.func.count())
-                .select_from(sender_tables.cms)
-                .where(sender_tables.cms.c.state != "pending")
+                .select_from(tables.cms)
+                .where(tables.cms.c.state != "pending")
             ).scalar_one()
         )
 
@@ -130,7 +130,7 @@ def one_pass(amqp_url: str, queue_type: str, cms: int) -> float:
 
 
 def _delete_queues(amqp_url: str, queues: list[str], sender: str) -> None:
-    from condmsg.amqp import connect
+    from condmsg.runtime.amqp import connect
 
     connection = connect(amqp_url)
     try:

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from bench._common import emit_result, fresh_pg_schema, log, percentile, psycopg_conninfo, timed
-from condmsg import sender_tables
+from condmsg import tables
 from condmsg.console import queries
 
 PG_URL = os.environ.get("CONDMSG_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -53,7 +53,7 @@ FROM condmsg_cm
 
 
 def fill(engine: sa.Engine, n: int) -> None:
-    sender_tables.metadata.create_all(engine)
+    tables.metadata.create_all(engine)
     with timed() as sw, engine.begin() as conn:
         conn.execute(sa.text(FILL), {"n": n, "now": NOW})
         conn.execute(sa.text(FILL_COPIES))
@@ -66,8 +66,8 @@ def fill(engine: sa.Engine, n: int) -> None:
 def scenarios(engine: sa.Engine) -> dict[str, tuple[queries.ListFilter, queries.Cursor | None]]:
     with engine.connect() as conn:
         deep = conn.execute(
-            sa.select(sender_tables.cms.c.sent_at, sender_tables.cms.c.cm_id)
-            .order_by(sender_tables.cms.c.sent_at.desc())
+            sa.select(tables.cms.c.sent_at, tables.cms.c.cm_id)
+            .order_by(tables.cms.c.sent_at.desc())
             .offset(500_000)
             .limit(1)
         ).first()

@@ -38,14 +38,14 @@ import sqlalchemy as sa
 
 from ackd.receiver import Receiver
 from bench._common import emit_result, fresh_pg_schema, log, percentile, timed, wait_until
-from condmsg import Destination, protocol, sender_tables
-from condmsg.acks import AckKind
-from condmsg.condition_codec import condition_to_json
-from condmsg.outcome import Outcome
-from condmsg.sender import Outgoing, Sender
-from condmsg.settings import DEFAULT_ACK_GRACE
-from condmsg.sphere_outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
-from condmsg.timeutil import utcnow
+from condmsg import Destination, tables
+from condmsg.core import protocol
+from condmsg.core.acks import AckKind
+from condmsg.core.condition_codec import condition_to_json
+from condmsg.core.outcome import SPHERE_OUTCOME_TYPE, Outcome, SphereOutcome
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime.settings import DEFAULT_ACK_GRACE
+from condmsg.sending.sender import Outgoing, Sender
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 
@@ -305,7 +305,7 @@ def latencies(
             time.sleep(0.01)  # deadlines spread over the sweeps
         assert wait_until(lambda: all(c in watcher.arrived for c in ids), timeout_s=120)
         with engine.connect() as conn:
-            query = sa.select(sender_tables.cms.c.cm_id, sender_tables.cms.c.sent_at)
+            query = sa.select(tables.cms.c.cm_id, tables.cms.c.sent_at)
             sent = {r.cm_id: r.sent_at for r in conn.execute(query)}
         for cm_id in ids:
             assert watcher.outcomes[cm_id].verdict.value == "violated"

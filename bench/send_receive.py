@@ -81,8 +81,9 @@ from bench._common import (
     timed,
     wait_until,
 )
-from condmsg import Condition, Destination, DestinationSet, protocol
-from condmsg.sender import Outgoing, Sender
+from condmsg import Condition, Destination, DestinationSet
+from condmsg.core import protocol
+from condmsg.sending.sender import Outgoing, Sender
 from outbox.relay import Relay
 from outbox.table import DEFAULT_TABLE_NAME
 

@@ -37,9 +37,10 @@ import sqlalchemy as sa
 
 from bench._common import emit_result, fresh_pg_schema, log, percentile, wait_until
 from bench.evaluator import SECRET, OutcomeWatcher, _ack_bodies, _publish
-from condmsg import Destination, protocol, sender_tables
-from condmsg.sender import Outgoing, Sender
-from condmsg.settings import DEFAULT_ACK_GRACE
+from condmsg import Destination, tables
+from condmsg.core import protocol
+from condmsg.runtime.settings import DEFAULT_ACK_GRACE
+from condmsg.sending.sender import Outgoing, Sender
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 
@@ -73,21 +74,21 @@ def _utc(value: datetime) -> datetime:
 
 
 def _decided_at(engine: sa.Engine, cm_ids: list[str]) -> dict[str, float]:
-    cms = sender_tables.cms
+    cms = tables.cms
     with engine.connect() as conn:
         rows = conn.execute(sa.select(cms.c.cm_id, cms.c.decided_at).where(cms.c.cm_id.in_(cm_ids)))
         return {r.cm_id: _utc(r.decided_at).timestamp() for r in rows if r.decided_at}
 
 
 def _sphere_rows(engine: sa.Engine, sphere_ids: list[str]) -> dict[str, Any]:
-    s = sender_tables.spheres
+    s = tables.spheres
     with engine.connect() as conn:
         rows = conn.execute(sa.select(s).where(s.c.sphere_id.in_(sphere_ids)))
         return {r.sphere_id: r for r in rows}
 
 
 def _members_decided(engine: sa.Engine, cm_ids: list[str]) -> bool:
-    cms = sender_tables.cms
+    cms = tables.cms
     with engine.connect() as conn:
         pending = conn.execute(
             sa.select(sa.func.count())

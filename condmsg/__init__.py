@@ -6,15 +6,20 @@ The public facade. Conditions and their pure evaluation::
 
 It exports what this package owns; the receiver side is its own package
 (``from ackd import Receiver, Message``), which imports this one, never the reverse.
+
+Importing it loads the pure core (:mod:`condmsg.core`) and nothing else: the outbox imports
+the core's error root, and the Spark audit's Python workers and the property tests import the
+model, none of which may pull in pika or SQLAlchemy. The names it exports from the rest of
+condmsg, :class:`Sender` and :class:`Settings`, are loaded on first use (``docs/layout.md``).
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from condmsg.acks import Ack, AckKind
-from condmsg.condition_codec import condition_from_json, condition_to_json
-from condmsg.conditions import Condition, Delivery, Destination, DestinationSet, Kind
-from condmsg.errors import (
+from condmsg.core.acks import Ack, AckKind
+from condmsg.core.condition_codec import condition_from_json, condition_to_json
+from condmsg.core.conditions import Condition, Delivery, Destination, DestinationSet, Kind
+from condmsg.core.errors import (
     AckError,
     BrokerError,
     ConditionError,
@@ -23,7 +28,7 @@ from condmsg.errors import (
     ProtocolError,
     StoreError,
 )
-from condmsg.evaluation import (
+from condmsg.core.evaluation import (
     ConstraintResult,
     DestinationFacts,
     EvaluationResult,
@@ -32,21 +37,27 @@ from condmsg.evaluation import (
     evaluate,
     evaluation_deadline,
 )
-from condmsg.settings import Settings
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from condmsg.sender import Sender
+    from condmsg.runtime.settings import Settings
+    from condmsg.sending.sender import Sender
+
+#: The module that defines each name exported on first use.
+_DEFINED_IN = {
+    "Sender": "condmsg.sending.sender",
+    "Settings": "condmsg.runtime.settings",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # The Sender pulls in pika and SQLAlchemy. It is imported on first use so that the
-    # pure model (``import condmsg.conditions``) stays free of I/O libraries, which the
-    # Spark audit's Python workers and the property tests rely on.
-    if name == "Sender":
-        return importlib.import_module("condmsg.sender").Sender
-    raise AttributeError(f"module 'condmsg' has no attribute {name!r}")
+    module = _DEFINED_IN.get(name)
+    if module is None:
+        raise AttributeError(f"module 'condmsg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # found directly from now on
+    return value
 
 
 __all__ = [

@@ -3,8 +3,8 @@
 import argparse
 import sys
 
-from condmsg.errors import CondmsgError
-from condmsg.exit_codes import INTERRUPTED, USAGE, HelpFormatter, epilog
+from condmsg.core.errors import CondmsgError
+from condmsg.runtime.exit_codes import INTERRUPTED, USAGE, HelpFormatter, epilog
 from evaluator.cli import DESCRIPTION, add_arguments, run
 
 parser = argparse.ArgumentParser(

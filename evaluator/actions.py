@@ -18,17 +18,19 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from condmsg import protocol
-from condmsg.copies import notice_message
-from condmsg.outcome import OUTCOME_CONTENT_TYPE, OUTCOME_TYPE, Outcome
-from condmsg.payloads import JSON
-from condmsg.protocol import PROTOCOL_VERSION, format_instant
-from condmsg.sphere_outcome import (
+from condmsg.core import protocol
+from condmsg.core.outcome import (
+    OUTCOME_CONTENT_TYPE,
+    OUTCOME_TYPE,
     SPHERE_OUTCOME_CONTENT_TYPE,
     SPHERE_OUTCOME_TYPE,
+    Outcome,
     SphereOutcome,
 )
-from condmsg.sphere_store import MemberRow
+from condmsg.core.payloads import JSON
+from condmsg.core.protocol import PROTOCOL_VERSION, format_instant
+from condmsg.sending.copies import notice_message
+from condmsg.spheres.store import MemberRow
 from evaluator.store import CopyRow, DecisionStore
 from outbox.enqueueing import enqueue_all, enqueue_batch
 from outbox.message import OutboxMessage

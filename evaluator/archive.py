@@ -1,7 +1,7 @@
 """Atomic archive directories in the audit's Parquet layout (what ``condmsg export`` writes).
 
 An archive appears under its final name complete or not at all. The tables
-(``<table>/part-00000.parquet``, Arrow schemas from :mod:`condmsg.archive_layout`) and
+(``<table>/part-00000.parquet``, Arrow schemas from :mod:`condmsg.archive.layout`) and
 ``_manifest.json`` are written into a hidden temporary sibling, every file and directory is
 fsynced, the directory is renamed into place (atomic within one POSIX filesystem) and the
 parent is fsynced so that the rename itself survives a power loss. A crash leaves at most a
@@ -18,8 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from condmsg.archive_layout import ALL_TABLES, MANIFEST, arrow_schema, write_manifest
-from condmsg.errors import CondmsgError
+from condmsg.archive.layout import ALL_TABLES, MANIFEST, arrow_schema, write_manifest
+from condmsg.core.errors import CondmsgError
 
 #: The one part file per table, as ``condmsg export`` names it.
 PART = "part-00000.parquet"
@@ -45,7 +45,7 @@ def write_archive(
     # its processes need not pay for pyarrow and numpy at start.
     import pyarrow.parquet as pq
 
-    from condmsg.export import arrow_batches
+    from condmsg.archive.export import arrow_batches
 
     final = parent / name
     temporary = parent / f".tmp-{name}-{uuid.uuid4().hex[:8]}"

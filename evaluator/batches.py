@@ -19,10 +19,11 @@ from sqlalchemy.orm import Session
 
 from evaluator import decisions
 from evaluator.config import EvaluatorConfig
-from evaluator.failures import Backoff, first_line, is_transient
+from evaluator.failures import FIRST_RETRY_S, MAX_RETRY_S, first_line, is_transient
 from evaluator.intake import dead_letter, describe, ingest
 from evaluator.metrics import EvaluatorMetrics, batch_report
-from evaluator.sender_store import SenderStore
+from evaluator.store_setup import SenderStore
+from outbox.backoff import Backoff
 from outbox.enqueueing import enqueue_all
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class AckBatches:
         self._clock = clock
         self._on_decided = on_decided
         self._report = report
-        self.retries = Backoff(stop)
+        self.retries = Backoff(FIRST_RETRY_S, MAX_RETRY_S, stop=stop)
 
     def store(self, bodies: list[bytes]) -> bool:
         """Store and decide one batch (in a storing thread); False if it must be handed
@@ -70,7 +71,7 @@ class AckBatches:
                 "batch of %d acks not stored (%s); handed back after %.1fs",
                 len(bodies),
                 first_line(exc),
-                self.retries.next_delay,
+                self.retries.upcoming_s,
             )
             return False
         self.retries.reset()

@@ -1,6 +1,6 @@
 """Command line of the evaluator service, shared by ``condmsg evaluator`` and ``python -m
 evaluator``: run the service for one sender until SIGTERM/SIGINT. Exit codes:
-:mod:`condmsg.exit_codes` (0 stopped by a signal, 2 a configuration error, which includes a
+:mod:`condmsg.runtime.exit_codes` (0 stopped by a signal, 2 a configuration error, which includes a
 store without its schema and credentials RabbitMQ keeps refusing).
 
 The service is imported when the command runs, so building the ``condmsg`` parser stays
@@ -16,9 +16,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from condmsg.errors import ConfigError
-from condmsg.logging_setup import add_logging_arguments, configure_logging, log_banner
-from condmsg.settings import (
+from condmsg.core.errors import ConfigError
+from condmsg.runtime.logging_setup import add_logging_arguments, configure_logging, log_banner
+from condmsg.runtime.settings import (
     ENV_AMQP_URL,
     ENV_ARCHIVE_DIR,
     ENV_DB_URL,
@@ -27,8 +27,8 @@ from condmsg.settings import (
     Settings,
     parse_duration,
 )
-from condmsg.stopping import StopSignals
-from condmsg.url_checks import checked_amqp_url, checked_db_url
+from condmsg.runtime.stopping import StopSignals
+from condmsg.runtime.url_checks import checked_amqp_url, checked_db_url
 
 if TYPE_CHECKING:
     from evaluator.config import EvaluatorConfig
@@ -89,6 +89,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: CONDMSG_ACK_GRACE_MS or 250)",
     )
     parser.add_argument(
+        "--create-schema",
+        action="store_true",
+        help="create the sender store if it does not exist yet (else: condmsg db upgrade)",
+    )
+    _add_throughput_arguments(parser)
+    _add_monitoring_arguments(parser)
+    add_logging_arguments(parser)
+    parser.add_argument(
+        "--no-relay", action="store_true", help="do not publish the outbox (run `condmsg relay`)"
+    )
+    add_policy_arguments(parser, "--retention")
+    parser.add_argument(
+        "--retention-interval",
+        type=float,
+        metavar="SECONDS",
+        help=f"between retention passes (default: {ENV_RETENTION_INTERVAL_S} or 3600)",
+    )
+
+
+def _add_throughput_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the evaluator paces and spreads its work."""
+    parser.add_argument(
         "--sweep-interval",
         type=float,
         default=1.0,
@@ -101,11 +123,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=500,
         metavar="N",
         help="acks taken in per batch, one transaction each (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--create-schema",
-        action="store_true",
-        help="create the sender store if it does not exist yet (else: condmsg db upgrade)",
     )
     parser.add_argument(
         "--store-threads",
@@ -124,6 +141,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "interpreter lock bounds a process's intake, so use up to one per core "
         "(default: %(default)s)",
     )
+
+
+def _add_monitoring_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the evaluator tells its operators, and how often."""
     parser.add_argument(
         "--metrics-port",
         type=int,
@@ -145,17 +166,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="between INFO lines saying how many CMs were decided, are pending and are "
         "overdue (0: none; default: %(default)s)",
-    )
-    add_logging_arguments(parser)
-    parser.add_argument(
-        "--no-relay", action="store_true", help="do not publish the outbox (run `condmsg relay`)"
-    )
-    add_policy_arguments(parser, "--retention")
-    parser.add_argument(
-        "--retention-interval",
-        type=float,
-        metavar="SECONDS",
-        help=f"between retention passes (default: {ENV_RETENTION_INTERVAL_S} or 3600)",
     )
 
 
@@ -200,8 +210,8 @@ def _config(args: argparse.Namespace) -> EvaluatorConfig:
 
 
 def _banner(service: Evaluator, metrics_port: int | None) -> None:
-    from condmsg import protocol
-    from condmsg.amqp import describe_url
+    from condmsg.core import protocol
+    from condmsg.runtime.amqp import describe_url
 
     config = service.config
     sender = config.sender
@@ -223,8 +233,8 @@ def _banner(service: Evaluator, metrics_port: int | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from condmsg.exit_codes import OK, USAGE
-    from condmsg.ops_server import serve_ops
+    from condmsg.runtime.exit_codes import OK, USAGE
+    from condmsg.runtime.ops_server import serve_ops
     from evaluator.service import Evaluator
 
     configure_logging(args.log_level, args.log_format)

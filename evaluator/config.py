@@ -16,8 +16,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from condmsg.errors import ConfigError
-from condmsg.settings import (
+from condmsg.core.errors import ConfigError
+from condmsg.runtime.settings import (
     DEFAULT_ACK_GRACE,
     DEFAULT_CLOCK_SKEW,
     DEFAULT_RETENTION_INTERVAL_S,

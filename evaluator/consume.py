@@ -18,9 +18,9 @@ from typing import Any
 
 import pika.exceptions
 
-from condmsg import protocol
-from condmsg.amqp import connect
-from condmsg.topology import declare_service_queue
+from condmsg.core import protocol
+from condmsg.runtime.amqp import connect
+from condmsg.runtime.topology import declare_service_queue
 from evaluator.batches import AckBatches
 from evaluator.config import EvaluatorConfig
 

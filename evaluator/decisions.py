@@ -19,11 +19,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from condmsg.acks import Ack
-from condmsg.evaluation import Verdict, evaluate
-from condmsg.outcome import Outcome
-from condmsg.sphere_outcome import SphereOutcome
-from condmsg.sphere_store import SPHERES, SphereStore
+from condmsg.core.acks import Ack
+from condmsg.core.evaluation import Verdict, evaluate
+from condmsg.core.outcome import Outcome, SphereOutcome
+from condmsg.spheres.store import SPHERES, SphereStore
 from evaluator.actions import Actions, instants_json, outcome_body
 from evaluator.spheres import settle_spheres
 from evaluator.store import CmRow, CopyRow, DecisionStore

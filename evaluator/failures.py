@@ -1,15 +1,13 @@
 """Failures of the environment (the database, the broker) told apart from the acks' own,
-and the waits between tries while the environment is away."""
+and the waits between tries while the environment is away (an
+:class:`outbox.backoff.Backoff` from :data:`FIRST_RETRY_S` to :data:`MAX_RETRY_S`)."""
 
 from __future__ import annotations
-
-import threading
-import time
 
 import pika.exceptions
 import sqlalchemy as sa
 
-from condmsg.errors import BrokerError
+from condmsg.core.errors import BrokerError
 
 #: Waits between tries while the database or the broker is unreachable: doubled from the
 #: first to the last (at start, and before a batch that failed for that is handed back).
@@ -56,27 +54,3 @@ def first_line(exc: BaseException) -> str:
     """The first line of an error's text (drivers append SQL and hints below it)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-class Backoff:
-    """Waits that double from :data:`FIRST_RETRY_S` to :data:`MAX_RETRY_S` while
-    failures follow each other; cut short when ``stop`` is set."""
-
-    def __init__(self, stop: threading.Event) -> None:
-        self._stop = stop
-        self._lock = threading.Lock()
-        self.next_delay = FIRST_RETRY_S
-
-    def wait(self, also: threading.Event | None = None) -> None:
-        """Wait the next delay (or until stopped, or ``also`` is set), then double it."""
-        with self._lock:
-            delay = self.next_delay
-            self.next_delay = min(delay * 2, MAX_RETRY_S)
-        deadline = time.monotonic() + delay
-        while (left := deadline - time.monotonic()) > 0:
-            if self._stop.wait(min(left, 0.1)) or (also is not None and also.is_set()):
-                return
-
-    def reset(self) -> None:
-        with self._lock:
-            self.next_delay = FIRST_RETRY_S

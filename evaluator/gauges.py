@@ -16,15 +16,16 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from condmsg import protocol, sender_tables
-from condmsg.amqp import connect
-from condmsg.repeated_failures import RepeatedFailures, reason_of
+from condmsg import tables
+from condmsg.core import protocol
+from condmsg.runtime.amqp import connect
 from evaluator.config import EvaluatorConfig
 from evaluator.metrics import EvaluatorMetrics
+from outbox.repeated_failures import RepeatedFailures, reason_of
 
 log = logging.getLogger(__name__)
 
-_PENDING = sender_tables.CmState.PENDING.value
+_PENDING = tables.CmState.PENDING.value
 
 
 class ServiceGauges:
@@ -77,7 +78,7 @@ class ServiceGauges:
         self.refresh_broker()
 
     def refresh_store(self) -> None:
-        cms = sender_tables.cms.c
+        cms = tables.cms.c
         overdue_before = self._clock() - timedelta(seconds=self._config.sweep_interval_s)
         # One pass over the partial index on next_check_at, which holds the pending CMs only.
         query = sa.select(

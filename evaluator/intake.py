@@ -20,15 +20,16 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
-from condmsg import protocol, sender_tables
-from condmsg.acks import Ack
-from condmsg.errors import ProtocolError
-from condmsg.evaluation import evaluate
+from condmsg import tables
+from condmsg.core import protocol
+from condmsg.core.acks import Ack
+from condmsg.core.errors import ProtocolError
+from condmsg.core.evaluation import evaluate
 from evaluator.store import CmRow, CopyRow, DecisionStore
 from outbox.enqueueing import enqueue_all
 from outbox.message import OutboxMessage
 
-Kind = sender_tables.AnomalyKind
+Kind = tables.AnomalyKind
 
 _NEVER = datetime.min.replace(tzinfo=UTC)
 #: Dead-letter reasons are cut to this many characters (``condmsg-reason``).
@@ -246,7 +247,7 @@ def _count(
         if counted is None:
             counted = intake.acks[cm.cm_id] = list(prior.get(cm.cm_id, []))
         counted.append(received.ack)
-    elif row["status"] == sender_tables.AckStatus.CHANGES_VERDICT.value:
+    elif row["status"] == tables.AckStatus.CHANGES_VERDICT.value:
         if late.first_contradiction(cm.cm_id):
             intake.contradicted += 1
         anomalies.add(
@@ -292,7 +293,7 @@ class _LateEvidence:
         self._contradicted = {
             cm_id
             for cm_id, rows in stored.items()
-            if any(status == sender_tables.AckStatus.CHANGES_VERDICT.value for _, status in rows)
+            if any(status == tables.AckStatus.CHANGES_VERDICT.value for _, status in rows)
         }
 
     def before(self, cm_id: str) -> list[Ack]:
@@ -327,10 +328,10 @@ def _row(
     now: datetime,
 ) -> dict[str, Any]:
     ack = received.message
-    status = sender_tables.AckStatus.COUNTED
+    status = tables.AckStatus.COUNTED
     if _decided(cm):
         assert cm.effective_at is not None
-        status = sender_tables.AckStatus.AFTER_DECISION
+        status = tables.AckStatus.AFTER_DECISION
         # The stored verdict is exactly evaluate() over the acks that counted, at the
         # decision's effective instant. Late acks are judged together: two that each
         # change nothing alone may satisfy a minimum between them, so this one is judged
@@ -339,7 +340,7 @@ def _row(
         evidence = [*counted, *before, received.ack]
         judged = evaluate(cm.condition, cm.sent_at, evidence, cm.effective_at)
         if judged.verdict.value != cm.state:
-            status = sender_tables.AckStatus.CHANGES_VERDICT
+            status = tables.AckStatus.CHANGES_VERDICT
         late.add(cm.cm_id, received.ack)
     return {
         "ack_id": ack.ack_id,

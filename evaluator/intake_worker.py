@@ -17,9 +17,9 @@ import threading
 from datetime import timedelta
 from typing import IO, Any
 
-from condmsg.errors import ConfigError
-from condmsg.logging_setup import configure_logging
-from condmsg.stopping import StopSignals
+from condmsg.core.errors import ConfigError
+from condmsg.runtime.logging_setup import configure_logging
+from condmsg.runtime.stopping import StopSignals
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from evaluator.workers import WorkerConfig

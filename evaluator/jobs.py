@@ -17,10 +17,9 @@ from datetime import datetime, timedelta
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.orm import Session
 
-from condmsg.errors import ConfigError
-from condmsg.repeated_failures import RepeatedFailures
-from condmsg.sphere_store import SPHERES
-from condmsg.timeutil import utcnow
+from condmsg.core.errors import ConfigError
+from condmsg.core.timeutil import utcnow
+from condmsg.spheres.store import SPHERES
 from evaluator import decisions
 from evaluator.actions import Actions
 from evaluator.config import EvaluatorConfig
@@ -29,9 +28,10 @@ from evaluator.gauges import ServiceGauges
 from evaluator.intake import describe
 from evaluator.metrics import EvaluatorMetrics
 from evaluator.retention import Archived, retain
-from evaluator.sender_store import SenderStore
 from evaluator.spheres import settle_spheres
+from evaluator.store_setup import SenderStore
 from evaluator.summary import DecisionSummary
+from outbox.repeated_failures import RepeatedFailures
 
 log = logging.getLogger(__name__)
 

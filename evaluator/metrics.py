@@ -8,8 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from condmsg.outcome import Outcome
-from condmsg.sphere_outcome import SphereOutcome
+from condmsg.core.outcome import Outcome, SphereOutcome
 from evaluator.intake import Intake
 from evaluator.retention import Archived
 

@@ -43,12 +43,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from condmsg import sender_tables
-from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, SPHERES, Table
-from condmsg.db import describe_db_url
-from condmsg.errors import ConfigError, StoreError
-from condmsg.store_values import ParticipantState, SphereState
-from condmsg.timeutil import utcnow
+from condmsg import tables
+from condmsg.archive.layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, SPHERES, Table
+from condmsg.core.errors import ConfigError, StoreError
+from condmsg.core.store_values import ParticipantState, SphereState
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime.db import describe_db_url
 from evaluator.archive import write_archive
 
 DEFAULT_BATCH = 1000
@@ -177,7 +177,7 @@ def _batch(
 def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Claim:
     # Every claim locks its rows ``FOR UPDATE SKIP LOCKED``: SQLAlchemy renders nothing of
     # it on SQLite, where the transaction's write lock already keeps other writers out.
-    cm = sender_tables.cms.c
+    cm = tables.cms.c
     # decided_at >= sent_at, so ``sent_at < cutoff`` adds no condition but lets the scan
     # walk the sent_at index (there is none on decided_at) in order.
     cms = (
@@ -185,7 +185,7 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
         .where(
             cm.sent_at < cutoff,
             cm.decided_at < cutoff,
-            cm.state != sender_tables.CmState.PENDING.value,
+            cm.state != tables.CmState.PENDING.value,
             # A sphere's members go with their sphere (below).
             cm.sphere_id.is_(None),
         )
@@ -207,11 +207,11 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
         claim.member_ids += conn.scalars(members)
     if not orphans:
         return claim
-    ack, anomaly = sender_tables.acks.c, sender_tables.anomalies.c
+    ack, anomaly = tables.acks.c, tables.anomalies.c
     acks = (
         sa.select(ack.ack_id)
         .where(ack.received_at < cutoff, ~sa.exists().where(cm.cm_id == ack.cm_id))
-        .with_for_update(skip_locked=True, of=sender_tables.acks)
+        .with_for_update(skip_locked=True, of=tables.acks)
     )
     anomalies = (
         sa.select(anomaly.id)
@@ -220,7 +220,7 @@ def _claim(conn: Connection, cutoff: datetime, limit: int, orphans: bool) -> _Cl
             sa.or_(anomaly.cm_id.is_(None), ~sa.exists().where(cm.cm_id == anomaly.cm_id)),
         )
         .order_by(anomaly.recorded_at)
-        .with_for_update(skip_locked=True, of=sender_tables.anomalies)
+        .with_for_update(skip_locked=True, of=tables.anomalies)
     )
     claim.ack_ids = list(conn.scalars(acks.limit(limit)))
     claim.anomaly_ids = list(conn.scalars(anomalies.limit(limit)))
@@ -231,8 +231,8 @@ def _spheres(cutoff: datetime, limit: int) -> sa.Select[tuple[str]]:
     """Up to ``limit`` spheres decided before ``cutoff`` whose members were all decided
     before it too, and none of whose participants still has open work (``enlisted`` or
     ``prepared``: the sender's recovery finishes those from the sphere's row)."""
-    sphere, cm = sender_tables.spheres.c, sender_tables.cms.c
-    participant = sender_tables.sphere_participants.c
+    sphere, cm = tables.spheres.c, tables.cms.c
+    participant = tables.sphere_participants.c
     decided = [SphereState.SATISFIED.value, SphereState.VIOLATED.value]
     open_work = [ParticipantState.ENLISTED.value, ParticipantState.PREPARED.value]
     member_too_recent = sa.exists().where(
@@ -251,13 +251,13 @@ def _spheres(cutoff: datetime, limit: int) -> sa.Select[tuple[str]]:
         )
         .order_by(sphere.begun_at)
         .limit(limit)
-        .with_for_update(skip_locked=True, of=sender_tables.spheres)
+        .with_for_update(skip_locked=True, of=tables.spheres)
     )
 
 
 def _participants(conn: Connection, sphere_ids: Sequence[str]) -> list[dict[str, Any]]:
     """The participant rows of ``sphere_ids``, as JSON-ready dicts (instants in ISO 8601)."""
-    table = sender_tables.sphere_participants
+    table = tables.sphere_participants
     found: list[dict[str, Any]] = []
     for chunk in _chunks(sphere_ids):
         query = sa.select(table).where(table.c.sphere_id.in_(chunk))
@@ -271,7 +271,7 @@ def _participants(conn: Connection, sphere_ids: Sequence[str]) -> list[dict[str,
 def _projection(table: Table) -> list[sa.ColumnElement[Any]]:
     """The layout's columns of ``table`` from its store table (``body_bytes`` is the size of
     the stored compensation body, as ``condmsg export`` writes it)."""
-    store = sender_tables.metadata.tables[table.store_table]
+    store = tables.metadata.tables[table.store_table]
     return [
         sa.func.length(store.c.body).label(name) if name == "body_bytes" else store.c[name]
         for name in table.column_names
@@ -280,7 +280,7 @@ def _projection(table: Table) -> list[sa.ColumnElement[Any]]:
 
 def _select(conn: Connection, table: Table, key: str, ids: Sequence[Any]) -> list[Any]:
     """The rows of ``table`` whose ``key`` is in ``ids``, in layout column order."""
-    store = sender_tables.metadata.tables[table.store_table]
+    store = tables.metadata.tables[table.store_table]
     found: list[Any] = []
     for chunk in _chunks(ids):
         query = sa.select(*_projection(table)).where(store.c[key].in_(chunk))
@@ -307,13 +307,13 @@ def _delete(conn: Connection, claim: _Claim, rows: dict[str, list[Any]], partici
     ack_ids = [row.ack_id for row in rows[ACKS.name]]
     anomaly_ids = [row.id for row in rows[ANOMALIES.name]]
     keys: list[tuple[sa.Table, str, list[Any], int]] = [
-        (sender_tables.acks, "ack_id", ack_ids, len(ack_ids)),
-        (sender_tables.anomalies, "id", anomaly_ids, len(anomaly_ids)),
-        (sender_tables.copies, "cm_id", cm_ids, len(rows[COPIES.name])),
-        (sender_tables.compensations, "cm_id", cm_ids, len(rows[COMPENSATIONS.name])),
-        (sender_tables.cms, "cm_id", cm_ids, len(rows[CMS.name])),
-        (sender_tables.sphere_participants, "sphere_id", claim.sphere_ids, participants),
-        (sender_tables.spheres, "sphere_id", claim.sphere_ids, len(rows[SPHERES.name])),
+        (tables.acks, "ack_id", ack_ids, len(ack_ids)),
+        (tables.anomalies, "id", anomaly_ids, len(anomaly_ids)),
+        (tables.copies, "cm_id", cm_ids, len(rows[COPIES.name])),
+        (tables.compensations, "cm_id", cm_ids, len(rows[COMPENSATIONS.name])),
+        (tables.cms, "cm_id", cm_ids, len(rows[CMS.name])),
+        (tables.sphere_participants, "sphere_id", claim.sphere_ids, participants),
+        (tables.spheres, "sphere_id", claim.sphere_ids, len(rows[SPHERES.name])),
     ]
     for store, key, ids, expected in keys:
         deleted = 0

@@ -25,23 +25,24 @@ from datetime import datetime
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 
-from condmsg.db import make_engine
-from condmsg.errors import BrokerAuthError, CondmsgError, ConfigError
-from condmsg.migrate import SchemaError
-from condmsg.repeated_failures import RepeatedFailures, reason_of
-from condmsg.timeutil import utcnow
+from condmsg.core.errors import BrokerAuthError, CondmsgError, ConfigError
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime.db import make_engine
+from condmsg.runtime.migrate import SchemaError
 from evaluator.batches import AckBatches, Report
 from evaluator.config import EvaluatorConfig
 from evaluator.consume import consume_acks
 from evaluator.gauges import ServiceGauges
 from evaluator.jobs import ScheduledJobs
 from evaluator.metrics import EvaluatorMetrics
-from evaluator.sender_store import SenderStore
 from evaluator.store import DecisionStore
+from evaluator.store_setup import SenderStore
 from evaluator.workers import IntakeWorkers, WorkerConfig
+from outbox.backoff import Backoff
 from outbox.config import RelayConfig
 from outbox.errors import AUTH_REFUSALS_BEFORE_GIVING_UP
 from outbox.relay import Relay
+from outbox.repeated_failures import RepeatedFailures, reason_of
 
 log = logging.getLogger(__name__)
 
@@ -268,12 +269,12 @@ class Evaluator:
         self.jobs.start()
 
     def _consume_until_stopped(self) -> None:
-        delay_s = FIRST_RECONNECT_S
+        backoff = Backoff(FIRST_RECONNECT_S, MAX_RECONNECT_S, stop=self._stop)
         refused = 0
         while not self._stop.is_set():
             try:
                 consume_acks(self.config, self.batches, self._stop)
-                delay_s = FIRST_RECONNECT_S
+                backoff.reset()
                 refused = 0
             except BrokerAuthError as exc:
                 # A broker restart does not refuse credentials; a wrong URL does, for ever.
@@ -283,8 +284,7 @@ class Evaluator:
                     log.error("the evaluator stops: %s", self.fatal)
                     return
                 self._consume_failures.failed(exc, level=logging.WARNING)
-                self._stop.wait(delay_s)
-                delay_s = min(delay_s * 2, MAX_RECONNECT_S)
+                backoff.wait()
             except Exception as exc:
                 # A broker that is away, or anything the client library raised while the
                 # network failed (pika lets a ValueError or an OSError through from a
@@ -292,8 +292,7 @@ class Evaluator:
                 # change of failure (with its traceback when it is not one of ours).
                 self._consume_failed = (time.monotonic(), reason_of(exc))
                 self._consume_failures.failed(exc, level=logging.WARNING)
-                self._stop.wait(delay_s)
-                delay_s = min(delay_s * 2, MAX_RECONNECT_S)
+                backoff.wait()
 
     # -- one step at a time (tests, tools) ------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Deciding Dependency-Spheres and writing their members' outcome actions.
 
-A sphere is judged (:func:`condmsg.sphere_outcome.judge_sphere`) whenever something that
+A sphere is judged (:func:`condmsg.core.sphere_evaluation.judge_sphere`) whenever something that
 can decide it happened: a member was decided (:func:`evaluator.decisions.judge` settles the
 spheres of the members it decided), or its next check came (the sender committed or
 aborted it, or its deadline passed: :func:`sweep_spheres`). The caller holds the sphere's
@@ -18,10 +18,11 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from condmsg.evaluation import Verdict
-from condmsg.sphere_outcome import SphereOutcome, judge_sphere
-from condmsg.sphere_store import MemberRow, SphereRow, SphereStore, sphere_facts
-from condmsg.store_values import CmState
+from condmsg.core.evaluation import Verdict
+from condmsg.core.outcome import SphereOutcome
+from condmsg.core.sphere_evaluation import judge_sphere
+from condmsg.core.store_values import CmState
+from condmsg.spheres.store import MemberRow, SphereRow, SphereStore, sphere_facts
 from evaluator.actions import Actions, outcome_body_of_row
 
 

@@ -1,10 +1,10 @@
-"""The evaluator's port onto the sender store (``condmsg.sender_tables``): its protocols and
+"""The evaluator's port onto the sender store (``condmsg.tables``): its protocols and
 the rows they hand back.
 
 Two adapters serve it: :class:`evaluator.store_sqlalchemy.SqlAlchemyDecisionStore` (any
 database SQLAlchemy speaks) and :class:`evaluator.store_psycopg.PsycopgDecisionStore`
 (PostgreSQL through psycopg 3: one statement per batch, array parameters). The evaluator's
-:class:`evaluator.sender_store.SenderStore` picks one when it is built.
+:class:`evaluator.store_setup.SenderStore` picks one when it is built.
 
 Every method takes the caller's session and never commits: the service stores a batch of
 acks, decides, and writes the outcome actions to the outbox in one transaction.
@@ -19,14 +19,14 @@ from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy.orm import Session
 
-from condmsg import sender_tables
-from condmsg.acks import Ack
-from condmsg.condition_codec import condition_from_json
-from condmsg.conditions import Condition
-from condmsg.timeutil import stored_instant
+from condmsg import tables
+from condmsg.core.acks import Ack
+from condmsg.core.condition_codec import condition_from_json
+from condmsg.core.conditions import Condition
+from condmsg.core.timeutil import stored_instant
 
 #: The keys of an ack row for :meth:`AckStore.insert_acks`: the ``condmsg_ack`` columns.
-ACK_ROW_KEYS = tuple(sender_tables.acks.c.keys())
+ACK_ROW_KEYS = tuple(tables.acks.c.keys())
 #: The keys of a decision row for :meth:`CmStore.decide_many`: what may differ between the
 #: CMs decided by one call (the decision instant and the instance are the call's).
 DECISION_ROW_KEYS = ("cm_id", "state", "effective_at", "reasons_json", "facts_json")

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from condmsg import sender_tables
+from condmsg import tables
 from evaluator.store import ACK_ROW_KEYS, DECISION_ROW_KEYS, CmRow, Rows, parse_condition, to_utc
 from evaluator.store_sqlalchemy import CmLookup, SqlAlchemyDecisionStore
 from outbox import pg
@@ -33,14 +33,14 @@ _ACK_TYPES = dict.fromkeys(ACK_ROW_KEYS, "text") | dict.fromkeys(
 _ACK_VARYING = frozenset({"ack_id", "cm_id", "read_at"})
 _DECISION_TYPES = dict.fromkeys(DECISION_ROW_KEYS, "text") | {"effective_at": "timestamptz"}
 _DECISION_VARYING = frozenset({"cm_id", "reasons_json", "facts_json"})
-_PENDING = sender_tables.CmState.PENDING.value
+_PENDING = tables.CmState.PENDING.value
 
 
 class PsycopgDecisionStore(SqlAlchemyDecisionStore):
     """:class:`evaluator.store.DecisionStore` on psycopg 3 (stateless)."""
 
     def _load(self, session: Session, ids: list[str], *, lock: bool) -> dict[str, CmRow]:
-        sql = _lookup_sql(sender_tables.cms.name, _CM_COLUMNS, lock=lock)
+        sql = _lookup_sql(tables.cms.name, _CM_COLUMNS, lock=lock)
         rows = pg.execute(psycopg_connection(session), sql, {"ids": _json_ids(ids)})
         return {
             cm_id: CmRow(
@@ -143,7 +143,7 @@ def _insert_acks_sql(shared: frozenset[str]) -> str:
     arrays = {c: type_ for c, type_ in _ACK_TYPES.items() if c not in shared}
     constants = {c: f"CAST(%({c})s AS {_ACK_TYPES[c]})" for c in _ACK_TYPES if c in shared}
     return pg.unnest_insert(
-        sender_tables.acks.name,
+        tables.acks.name,
         arrays,
         constants=constants,
         suffix="ON CONFLICT (ack_id) DO NOTHING RETURNING ack_id",
@@ -158,7 +158,7 @@ def _decide_sql(shared: frozenset[str]) -> str:
         c: f"CAST(%({c})s AS {types[c]})" if c in shared else f"d.{c}" for c in DECISION_ROW_KEYS
     }
     return (
-        f"UPDATE {sender_tables.cms.name} AS cm "
+        f"UPDATE {tables.cms.name} AS cm "
         f"SET state = {value['state']}, next_check_at = NULL, "
         f"decided_at = %(decided_at)s, effective_at = {value['effective_at']}, "
         f"reasons_json = {value['reasons_json']}, facts_json = {value['facts_json']}, "
@@ -171,7 +171,7 @@ def _decide_sql(shared: frozenset[str]) -> str:
 
 
 _RESCHEDULE_SQL = (
-    f"UPDATE {sender_tables.cms.name} AS cm SET next_check_at = d.at "
+    f"UPDATE {tables.cms.name} AS cm SET next_check_at = d.at "
     "FROM unnest(CAST(%(ids)b AS text[]), CAST(%(ats)b AS timestamptz[])) AS d(cm_id, at) "
     f"WHERE cm.cm_id = d.cm_id AND cm.state = '{_PENDING}'"
 )

@@ -2,7 +2,7 @@
 
 Row locks are always asked for: SQLAlchemy renders ``FOR UPDATE`` (``SKIP LOCKED``) where
 the database has it and nothing on SQLite, whose one writer at a time (``BEGIN
-IMMEDIATE``, see :mod:`condmsg.db`) already serialises the evaluator's transactions.
+IMMEDIATE``, see :mod:`condmsg.runtime.db`) already serialises the evaluator's transactions.
 
 The public methods skip empty batches and normalise ids; the SQL of each batch operation
 is one private method, which :class:`evaluator.store_psycopg.PsycopgDecisionStore`
@@ -20,11 +20,11 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from condmsg import sender_tables
-from condmsg.acks import Ack, AckKind
+from condmsg import tables
+from condmsg.core.acks import Ack, AckKind
 from evaluator.store import DECISION_ROW_KEYS, CmRow, CompensationRow, CopyRow, Rows, to_utc
 
-_PENDING = sender_tables.CmState.PENDING.value
+_PENDING = tables.CmState.PENDING.value
 
 
 class CmLookup(NamedTuple):
@@ -37,10 +37,8 @@ class CmLookup(NamedTuple):
 
 
 _ACK_COLUMNS = ("cm_id", "destination", "kind", "read_at", "committed_at", "recipient")
-_COUNTED_ACKS = CmLookup(sender_tables.acks, _ACK_COLUMNS, sender_tables.AckStatus.COUNTED.value)
-_COPIES = CmLookup(
-    sender_tables.copies, ("cm_id", "destination", "recipient", "exchange", "routing_key")
-)
+_COUNTED_ACKS = CmLookup(tables.acks, _ACK_COLUMNS, tables.AckStatus.COUNTED.value)
+_COPIES = CmLookup(tables.copies, ("cm_id", "destination", "recipient", "exchange", "routing_key"))
 
 
 class SqlAlchemyDecisionStore:
@@ -56,9 +54,7 @@ class SqlAlchemyDecisionStore:
 
     def _load(self, session: Session, ids: list[str], *, lock: bool) -> dict[str, CmRow]:
         query = (
-            sa.select(sender_tables.cms)
-            .where(sender_tables.cms.c.cm_id.in_(ids))
-            .order_by(sender_tables.cms.c.cm_id)
+            sa.select(tables.cms).where(tables.cms.c.cm_id.in_(ids)).order_by(tables.cms.c.cm_id)
         )
         if lock:
             query = query.with_for_update()
@@ -96,7 +92,7 @@ class SqlAlchemyDecisionStore:
         # instance that decided one of them first has made it not pending, one that comes
         # later waits for this transaction, then finds it decided. The UPDATE below then
         # writes exactly the rows found here.
-        cm = sender_tables.cms.c
+        cm = tables.cms.c
         pending = (
             sa.select(cm.cm_id)
             .where(cm.cm_id.in_(sorted({row["cm_id"] for row in rows})), cm.state == _PENDING)
@@ -107,7 +103,7 @@ class SqlAlchemyDecisionStore:
         if not won:
             return won
         stmt = (
-            sa.update(sender_tables.cms)
+            sa.update(tables.cms)
             .where(cm.cm_id == sa.bindparam("b_cm_id"), cm.state == _PENDING)
             .values(
                 {c: sa.bindparam(f"b_{c}") for c in DECISION_ROW_KEYS if c != "cm_id"}
@@ -126,10 +122,10 @@ class SqlAlchemyDecisionStore:
 
     def _reschedule(self, session: Session, rows: Sequence[tuple[str, datetime | None]]) -> None:
         stmt = (
-            sa.update(sender_tables.cms)
+            sa.update(tables.cms)
             .where(
-                sender_tables.cms.c.cm_id == sa.bindparam("b_cm_id"),
-                sender_tables.cms.c.state == _PENDING,
+                tables.cms.c.cm_id == sa.bindparam("b_cm_id"),
+                tables.cms.c.state == _PENDING,
             )
             .values(next_check_at=sa.bindparam("b_at"))
         )
@@ -138,9 +134,9 @@ class SqlAlchemyDecisionStore:
     def claim_due(self, session: Session, now: datetime, limit: int) -> list[str]:
         # Served by the partial index on next_check_at (pending CMs only).
         query = (
-            sa.select(sender_tables.cms.c.cm_id)
-            .where(sender_tables.cms.c.state == _PENDING, sender_tables.cms.c.next_check_at <= now)
-            .order_by(sender_tables.cms.c.next_check_at)
+            sa.select(tables.cms.c.cm_id)
+            .where(tables.cms.c.state == _PENDING, tables.cms.c.next_check_at <= now)
+            .order_by(tables.cms.c.next_check_at)
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
@@ -152,7 +148,7 @@ class SqlAlchemyDecisionStore:
         ids = list(set(cm_ids))
         found: dict[str, list[CompensationRow]] = defaultdict(list)
         if ids:
-            c = sender_tables.compensations.c
+            c = tables.compensations.c
             query = sa.select(c.cm_id, c.destination, c.body, c.content_type).where(
                 c.cm_id.in_(ids)
             )
@@ -164,8 +160,8 @@ class SqlAlchemyDecisionStore:
         ids = list(set(cm_ids))
         if ids:
             session.execute(
-                sa.update(sender_tables.compensations)
-                .where(sender_tables.compensations.c.cm_id.in_(ids))
+                sa.update(tables.compensations)
+                .where(tables.compensations.c.cm_id.in_(ids))
                 .values(released_at=at)
             )
 
@@ -176,10 +172,10 @@ class SqlAlchemyDecisionStore:
 
     def _insert(self, session: Session, rows: Rows) -> set[str]:
         insert = (
-            _dialect_insert(session)(sender_tables.acks)
+            _dialect_insert(session)(tables.acks)
             .values(list(rows))
-            .on_conflict_do_nothing(index_elements=[sender_tables.acks.c.ack_id])
-            .returning(sender_tables.acks.c.ack_id)
+            .on_conflict_do_nothing(index_elements=[tables.acks.c.ack_id])
+            .returning(tables.acks.c.ack_id)
         )
         return set(session.scalars(insert))
 
@@ -201,10 +197,10 @@ class SqlAlchemyDecisionStore:
         if not ids:
             return found
         late = (
-            sender_tables.AckStatus.AFTER_DECISION.value,
-            sender_tables.AckStatus.CHANGES_VERDICT.value,
+            tables.AckStatus.AFTER_DECISION.value,
+            tables.AckStatus.CHANGES_VERDICT.value,
         )
-        c = sender_tables.acks.c
+        c = tables.acks.c
         query = (
             sa.select(*(c[name] for name in _ACK_COLUMNS), c.status)
             .where(c.cm_id.in_(ids), c.status.in_(late))
@@ -217,7 +213,7 @@ class SqlAlchemyDecisionStore:
 
     def record_anomalies(self, session: Session, rows: Rows) -> None:
         if rows:
-            session.execute(sa.insert(sender_tables.anomalies), list(rows))
+            session.execute(sa.insert(tables.anomalies), list(rows))
 
 
 def _dialect_insert(session: Session) -> Any:

@@ -35,7 +35,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
-from condmsg.settings import DEFAULT_CLOCK_SKEW
+from condmsg.runtime.settings import DEFAULT_CLOCK_SKEW
+from outbox.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class IntakeWorkers:
             thread.join(timeout_s)
 
     def _supervise(self, index: int) -> None:
-        delay = FIRST_RESTART_DELAY_S
+        restarts = Backoff(FIRST_RESTART_DELAY_S, MAX_RESTART_DELAY_S, stop=self._stopping)
         config = json.dumps(
             asdict(self.config) | {"instance": f"{self.config.instance}/{index + 1}"}
         )
@@ -160,16 +161,15 @@ class IntakeWorkers:
             if self._stopping.is_set():
                 return
             if time.monotonic() - began >= STEADY_S:
-                delay = FIRST_RESTART_DELAY_S
+                restarts.reset()
             log.warning(
-                "intake worker %d exited (code %s); starting another in %.0f s",
+                "intake worker %d exited (code %s); starting another within %.0f s",
                 proc.pid,
                 code,
-                delay,
+                restarts.upcoming_s,
             )
-            if self._stopping.wait(delay):
+            if not restarts.wait():
                 return
-            delay = min(delay * 2, MAX_RESTART_DELAY_S)
 
     def _report(self, line: str) -> None:
         try:

@@ -4,9 +4,10 @@ Write messages with :func:`enqueue` / :func:`enqueue_many` in the same transacti
 business rows they belong to; a :class:`Relay` publishes them after the commit with
 publisher confirms, at least once. See ``docs/outbox.md``.
 
-The errors are imported at once; everything else on first use. :mod:`outbox.errors` holds
-the root of the whole project's exception tree, which the pure condition model imports, and
-importing a submodule runs this file first: it must not pull in SQLAlchemy, psycopg or pika.
+The errors are imported at once; everything else on first use, because importing any
+submodule (``outbox.urls``, ``outbox.backoff``) runs this file first and must not pull in
+SQLAlchemy, psycopg or pika. The errors descend from the project's one root,
+:class:`condmsg.CondmsgError`, which lives in condmsg's pure core (``docs/layout.md``).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ if TYPE_CHECKING:
     from outbox.enqueueing import enqueue, enqueue_all, enqueue_fanouts, enqueue_many
     from outbox.message import Fanout, OutboxMessage, StoredMessage
     from outbox.metrics import RelayMetrics
-    from outbox.publishing import COPY_HEADER, ROW_ID_HEADER
-    from outbox.relay import Relay, RelayStats
+    from outbox.publish_pika import COPY_HEADER, ROW_ID_HEADER
+    from outbox.relay import Relay
+    from outbox.relay_health import RelayStats
     from outbox.store import FailedRow, OutboxStatus, OutboxStore
     from outbox.table import DEFAULT_TABLE_NAME, create_tables, metadata, outbox_table
 
@@ -40,8 +42,9 @@ _DEFINED_IN = {
     **dict.fromkeys(("Fanout", "OutboxMessage", "StoredMessage"), "message"),
     "RelayConfig": "config",
     "RelayMetrics": "metrics",
-    **dict.fromkeys(("COPY_HEADER", "ROW_ID_HEADER"), "publishing"),
-    **dict.fromkeys(("Relay", "RelayStats"), "relay"),
+    **dict.fromkeys(("COPY_HEADER", "ROW_ID_HEADER"), "publish_pika"),
+    "Relay": "relay",
+    "RelayStats": "relay_health",
     **dict.fromkeys(("FailedRow", "OutboxStatus", "OutboxStore"), "store"),
     **dict.fromkeys(("DEFAULT_TABLE_NAME", "create_tables", "metadata", "outbox_table"), "table"),
 }

@@ -17,10 +17,11 @@ from outbox.table import DEFAULT_TABLE_NAME
 
 ENV_AMQP_URL = "CONDMSG_AMQP_URL"
 ENV_PUBLISHING = "CONDMSG_RELAY_PUBLISHING"
-#: How the relay puts messages on the channel (see :mod:`outbox.publishing`): ``frames``
-#: encoded by the outbox, or ``pika``'s ``basic_publish``.
-PUBLISHING_CHOICES = ("frames", "pika")
-#: The broker of a development machine (the same default as ``condmsg.settings``).
+#: How the relay puts messages on the channel (see :mod:`outbox.publish_pika`): ``frames``
+#: encoded by the outbox, ``pika``'s ``basic_publish``, or ``auto``: the frames where this
+#: pika is a release they were tested with, else ``pika`` (see :mod:`outbox.fast_paths`).
+PUBLISHING_CHOICES = ("auto", "frames", "pika")
+#: The broker of a development machine (the same default as ``condmsg.runtime.settings``).
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
 
@@ -33,7 +34,7 @@ class RelayConfig:
     """
 
     #: The broker the rows are published to, or a cluster's nodes comma-separated: each
-    #: connection goes to the first that answers (see :mod:`outbox.publisher`).
+    #: connection goes to the first that answers (see :mod:`outbox.publish_confirms`).
     amqp_url: str = field(repr=False)
     #: The outbox table to publish.
     table_name: str = DEFAULT_TABLE_NAME
@@ -66,7 +67,7 @@ class RelayConfig:
     #: The RabbitMQ connection name (shown in the management UI).
     connection_name: str = "outbox-relay"
     #: How messages are put on the channel: one of :data:`PUBLISHING_CHOICES`.
-    publishing: str = "frames"
+    publishing: str = "auto"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.max_batches_in_flight < 1:
@@ -80,7 +81,7 @@ class RelayConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **fields: Any) -> RelayConfig:
         """The broker from ``CONDMSG_AMQP_URL`` (default: a development machine's) and the
-        publishing from ``CONDMSG_RELAY_PUBLISHING`` (default ``frames``), with the
+        publishing from ``CONDMSG_RELAY_PUBLISHING`` (default ``auto``), with the
         ``fields`` given taking precedence."""
         env = os.environ if environ is None else environ
         found: dict[str, Any] = {"amqp_url": env.get(ENV_AMQP_URL, DEFAULT_AMQP_URL)}

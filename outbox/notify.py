@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from outbox.backoff import Backoff
 from outbox.repeated_failures import RepeatedFailures
 
 log = logging.getLogger(__name__)
@@ -58,17 +59,16 @@ class Listener:
             self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        backoff = 0.2
+        backoff = Backoff(0.2, self._max_backoff_s, stop=self._stop)
         while not self._stop.is_set():
             try:
                 self._listen()
-                backoff = 0.2
+                backoff.reset()
             except Exception as exc:  # any driver error: the relay polls meanwhile
                 self.listening.clear()
                 self._failures.failed(exc, level=logging.WARNING)
-                if self._stop.wait(backoff):
+                if not backoff.wait():
                     return
-                backoff = min(backoff * 2, self._max_backoff_s)
 
     def _listen(self) -> None:
         with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

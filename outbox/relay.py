@@ -20,7 +20,6 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 
@@ -39,8 +38,8 @@ from outbox.errors import (
 )
 from outbox.metrics import RelayMetrics
 from outbox.notify import Listener
-from outbox.publisher import PUBLISHINGS, PendingBatch, Publisher
-from outbox.repeated_failures import RepeatedFailures
+from outbox.publish_confirms import PendingBatch, Publisher, publishing_for
+from outbox.relay_health import RelayProblems, RelayStats
 from outbox.store import Claim, Key, OutboxStatus, OutboxStore
 
 log = logging.getLogger(__name__)
@@ -48,26 +47,6 @@ log = logging.getLogger(__name__)
 #: How long the loop may go without turning before :meth:`Relay.liveness` reports it stuck
 #: (seconds): well above a slow claim or settle, so that a busy database is not a restart.
 LIVE_STALL_S = 60.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RelayStats:
-    """Counters since the relay was created, and the last table snapshot.
-
-    ``published``: confirmed and deleted. ``failed``: parked by this relay. ``retried``:
-    given back for another attempt (nacks and broker failures). ``in_flight``: messages
-    awaiting a confirm now. ``status``: the last :class:`OutboxStatus` read (``None`` until
-    the first refresh). ``last_error``: the most recent broker or database problem.
-    """
-
-    published: int
-    failed: int
-    retried: int
-    reconnects: int
-    in_flight: int
-    connected: bool
-    last_error: str | None
-    status: OutboxStatus | None
 
 
 class Relay:
@@ -91,6 +70,8 @@ class Relay:
         self.poll_interval_s = config.poll_interval_s or (1.0 if self.listen else 0.25)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = RelayMetrics(self.registry, table=config.table_name)
+        # Chosen once: a forced publishing this pika cannot run fails here, not at connect.
+        self._publishing = publishing_for(config.publishing)
 
         self._wake_event = threading.Event()
         self._stop_event = threading.Event()
@@ -123,16 +104,8 @@ class Relay:
         self._drain_target = -1
         self._ever_connected = False
         self._published = self._failed = self._retried = self._reconnects = 0
-        self._last_error: str | None = None
-        # An outage is one line when it starts, a reminder a minute, one when it is over:
-        # one log per source and operation (the text before the first colon, e.g. "cannot
-        # read the outbox status in ..."), whose failures alternate during one outage.
-        self._failure_logs: dict[tuple[str, str], RepeatedFailures] = {}
+        self._problems = RelayProblems(self.metrics)
         self._status: OutboxStatus | None = None
-        # What keeps the relay from working now (None: nothing), for readiness checks;
-        # plain attributes, read without a lock by the health endpoint's thread.
-        self._broker_problem: str | None = None
-        self._store_problem: str | None = None
         self._stepped_at = time.monotonic()
 
     # -- public control -------------------------------------------------------------------
@@ -235,7 +208,7 @@ class Relay:
             reconnects=self._reconnects,
             in_flight=sum(c.messages for c, _ in list(self._inflight)),
             connected=self._publisher is not None and self._publisher.alive,
-            last_error=self._last_error,
+            last_error=self._problems.last,
             status=self._status,
         )
 
@@ -260,10 +233,10 @@ class Relay:
             return "the outbox relay is not running"
         publisher = self._publisher
         if publisher is None or not publisher.alive:
-            problem = self._broker_problem or "connecting"
+            problem = self._problems.broker or "connecting"
             return f"the outbox relay is not connected to RabbitMQ: {problem}"
-        if self._store_problem is not None:
-            return f"the outbox table does not answer: {self._store_problem}"
+        if self._problems.store is not None:
+            return f"the outbox table does not answer: {self._problems.store}"
         return None
 
     # -- loop -----------------------------------------------------------------------------
@@ -292,7 +265,7 @@ class Relay:
             try:
                 channel = self.store.notify_channel()
             except StoreError as exc:
-                self._note_error(str(exc), "store")
+                self._problems.failed(str(exc), "store")
                 channel = None
             if channel is not None:
                 self._listener = Listener(self.store.engine, channel, self.wake).start()
@@ -312,34 +285,6 @@ class Relay:
             return
         self._claim_more()
 
-    def _note_error(self, message: str, source: str) -> None:
-        """A broker or database failure (``source``), retried with backoff: counted every
-        time, logged when it starts or its text changes and as a reminder a minute, so an
-        outage makes a few lines, not one per retry."""
-        if source == "broker":
-            self.metrics.broker_errors.inc()
-            self._broker_problem = message
-        else:
-            self.metrics.store_errors.inc()
-            self._store_problem = message
-        key = (source, message.split(":", 1)[0])
-        if key not in self._failure_logs:
-            what = "RabbitMQ" if source == "broker" else "the database"
-            self._failure_logs[key] = RepeatedFailures(log, f"outbox relay: {what}")
-        self._failure_logs[key].failed(message, level=logging.WARNING)
-        self._last_error = message
-
-    def _answered(self, source: str) -> None:
-        """``source`` works again: each of its failure logs says so once."""
-        for (which, _), failures in list(self._failure_logs.items()):
-            if which == source:
-                failures.succeeded()
-
-    def _store_answered(self) -> None:
-        if self._store_problem is not None:
-            self._store_problem = None
-            self._answered("store")
-
     def _ensure_publisher(self) -> bool:
         if self._publisher is not None and self._publisher.alive:
             return True
@@ -348,7 +293,7 @@ class Relay:
         self.metrics.connected.set(0)
         if self._publisher is not None:
             if self._publisher.last_error:
-                self._note_error(self._publisher.last_error, "broker")
+                self._problems.failed(self._publisher.last_error, "broker")
             self._publisher.close()
             self._publisher = None
         now = time.monotonic()
@@ -359,10 +304,10 @@ class Relay:
                 self.config.amqp_url,
                 on_done=self._wake_event.set,
                 connection_name=self.config.connection_name,
-                publishing=PUBLISHINGS[self.config.publishing](),
+                publishing=self._publishing,
             ).start()
         except BrokerError as exc:
-            self._note_error(str(exc), "broker")
+            self._problems.failed(str(exc), "broker")
             self._next_connect_at = now + self._broker_backoff.next_delay()
             self._refusals = self._refusals + 1 if isinstance(exc, BrokerAuthError) else 0
             if self._refusals >= AUTH_REFUSALS_BEFORE_GIVING_UP:
@@ -373,11 +318,10 @@ class Relay:
         if self._ever_connected:
             self._reconnects += 1
             self.metrics.reconnects.inc()
-            if self._broker_problem is None:
+            if self._problems.broker is None:
                 log.info("outbox relay: reconnected to RabbitMQ")
-        self._answered("broker")  # says so if connecting had failed
+        self._problems.answered("broker")  # says so if connecting had failed
         self._ever_connected = True
-        self._broker_problem = None
         self._broker_backoff.reset()
         self.metrics.connected.set(1)
         self._rescan = self._more = True
@@ -409,11 +353,11 @@ class Relay:
             try:
                 claim = self.store.claim(self.config.batch_size, after_id=self._cursor)
             except StoreError as exc:
-                self._note_error(str(exc), "store")
+                self._problems.failed(str(exc), "store")
                 self._next_claim_at = now + self._store_backoff.next_delay()
                 return
             self._store_backoff.reset()
-            self._store_answered()
+            self._problems.answered("store")
             self._seen_seq = seq
             if from_head:
                 self._rescan = False
@@ -449,7 +393,7 @@ class Relay:
         result = batch.result
         if result.error is not None:
             self.store.release(claim)
-            self._note_error(str(result.error), "broker")
+            self._problems.failed(str(result.error), "broker")
             self._retried += claim.messages
             self.metrics.retried_broker.inc(claim.messages)
             self._rescan = self._more = True
@@ -473,7 +417,7 @@ class Relay:
             self.store.settle(claim, published=result.published, parked=parked, retry=retry)
         except StoreError as exc:
             # The rows stay pending and go out again: a duplicate, never a loss.
-            self._note_error(str(exc), "store")
+            self._problems.failed(str(exc), "store")
             self._rescan = True
             return
         self._published += len(result.published)
@@ -505,9 +449,9 @@ class Relay:
         try:
             status = self.store.status()
         except StoreError as exc:
-            self._note_error(str(exc), "store")
+            self._problems.failed(str(exc), "store")
             return
-        self._store_answered()
+        self._problems.answered("store")
         self._status = status
         self.metrics.backlog.set(status.pending)
         self.metrics.failed_rows.set(status.failed)

@@ -8,7 +8,7 @@ everything else and say nothing new. :class:`RepeatedFailures` logs the first fa
 with how many tries failed meanwhile.
 
 It lives in the outbox, the lowest layer, so that the relay logs its outages the same way
-as the services above it (:mod:`condmsg.repeated_failures` re-exports it).
+as the services above it (:mod:`outbox.repeated_failures` re-exports it).
 """
 
 from __future__ import annotations

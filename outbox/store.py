@@ -35,11 +35,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 from sqlalchemy.sql.dml import ReturningDelete
 
+from outbox.enqueueing import row_values
 from outbox.errors import StoreError
 from outbox.message import MESSAGE_FIELDS, OutboxMessage, StoredMessage
 from outbox.table import DEFAULT_TABLE_NAME, FAILED, PENDING, notify_channel, outbox_table
 from outbox.urls import redact_url
-from outbox.writer import row_values
 
 T = TypeVar("T")
 

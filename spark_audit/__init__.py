@@ -7,7 +7,7 @@ lag and clock-skew bounds, re-evaluates every decided conditional message with
 self-contained ``report.html``.
 
 Importing this package does not import pyspark. The Parquet layout it reads is
-:mod:`condmsg.archive_layout` (``condmsg export``, SQLAlchemy + pyarrow, writes it without a
+:mod:`condmsg.archive.layout` (``condmsg export``, SQLAlchemy + pyarrow, writes it without a
 JVM). The entry points: :func:`audit` (frames, for notebooks and programs), the command
 line (:mod:`spark_audit.cli`), :mod:`spark_audit.job` and :mod:`spark_audit.generate`.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from condmsg.archive_layout import LAYOUT_VERSION, TABLES
+from condmsg.archive.layout import LAYOUT_VERSION, TABLES
 from spark_audit.versions import SUMMARY_VERSION
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ A change is one short text (``docs/audit.md``, *What-if replay*):
 :func:`parse_changes` checks the text; :meth:`ChangeSet.apply` edits one condition (the
 caller runs it once per *distinct* condition) and re-validates the result with the
 condition model, so an impossible result (a count above the members, a deadline past
-100 years) is a :class:`~condmsg.errors.ConditionError` naming the change and the node.
+100 years) is a :class:`~condmsg.core.errors.ConditionError` naming the change and the node.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from condmsg.condition_codec import condition_from_dict, condition_to_dict
-from condmsg.conditions import MAX_COUNT, MAX_DURATION, Condition
-from condmsg.errors import ConditionError, ConfigError
-from condmsg.timeutil import parse_cli_instant, to_ms
+from condmsg.core.condition_codec import condition_from_dict, condition_to_dict
+from condmsg.core.conditions import MAX_COUNT, MAX_DURATION, Condition
+from condmsg.core.errors import ConditionError, ConfigError
+from condmsg.core.timeutil import parse_cli_instant, to_ms
 
 DEADLINES = {
     "pickup": "pickup_within_ms",

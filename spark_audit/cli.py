@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from condmsg.timeutil import parse_cli_instant, utcnow
+from condmsg.core.timeutil import parse_cli_instant, utcnow
 
 if TYPE_CHECKING:
     from spark_audit.readers import AuditInput, Window

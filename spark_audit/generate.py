@@ -34,9 +34,9 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from condmsg.archive_layout import write_manifest
-from condmsg.condition_codec import condition_to_json
-from condmsg.timeutil import to_epoch_us, to_ms
+from condmsg.archive.layout import write_manifest
+from condmsg.core.condition_codec import condition_to_json
+from condmsg.core.timeutil import to_epoch_us, to_ms
 from spark_audit.generate_inject import inject
 from spark_audit.generate_spec import GenerateSpec, uniform
 from spark_audit.reevaluate.recompute import recompute

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES
-from condmsg.timeutil import to_epoch_us
+from condmsg.archive.layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES
+from condmsg.core.timeutil import to_epoch_us
 from spark_audit.generate_spec import GenerateSpec, uniform
 from spark_audit.schemas import conform
 

@@ -36,7 +36,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
-from condmsg.archive_layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, SPHERES, Table
+from condmsg.archive.layout import ACKS, ANOMALIES, CMS, COMPENSATIONS, COPIES, SPHERES, Table
 from spark_audit.readers import AuditInput, Window, apply_window
 from spark_audit.schemas import conform
 from spark_audit.settings import least_partitions

@@ -22,7 +22,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from condmsg.timeutil import utcnow
+from condmsg.core.timeutil import utcnow
 from spark_audit import storage
 from spark_audit.checks import DEFAULT_CHECKS, CheckSpec
 from spark_audit.job import AuditOptions, run_audit

@@ -1,7 +1,7 @@
 """What the audit needs to know about one condition, computed once per distinct condition.
 
 Pure Python (no pyspark): :func:`plan_of` decodes a ``condition_json`` with
-:func:`condmsg.condition_codec.condition_from_json` and returns a :class:`Plan`:
+:func:`condmsg.core.condition_codec.condition_from_json` and returns a :class:`Plan`:
 
 * ``shape``: a signature of the tree with names and durations removed, e.g.
   ``set(pickup)[queue(process),set(process,min_process=2)[queue,queue,queue]]``. Members
@@ -26,10 +26,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from condmsg.condition_codec import condition_from_json
-from condmsg.conditions import Condition, Destination, DestinationSet, Kind
-from condmsg.errors import ConditionError
-from condmsg.timeutil import to_ms
+from condmsg.core.condition_codec import condition_from_json
+from condmsg.core.conditions import Condition, Destination, DestinationSet, Kind
+from condmsg.core.errors import ConditionError
+from condmsg.core.timeutil import to_ms
 
 #: At most this many topic probes per condition for the compiled path.
 MAX_PROBES = 8

@@ -16,7 +16,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from condmsg.archive_layout import (
+from condmsg.archive.layout import (
     ACKS,
     ALL_TABLES,
     ANOMALIES,

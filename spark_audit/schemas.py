@@ -1,4 +1,4 @@
-"""Spark schemas of the input tables (derived from :mod:`condmsg.archive_layout`)."""
+"""Spark schemas of the input tables (derived from :mod:`condmsg.archive.layout`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from condmsg.archive_layout import ALL_TABLES, OUTCOME_COLUMNS, ColumnType, Table
+from condmsg.archive.layout import ALL_TABLES, OUTCOME_COLUMNS, ColumnType, Table
 
 _SPARK_TYPES: dict[ColumnType, T.DataType] = {
     "string": T.StringType(),

@@ -21,7 +21,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from condmsg.timeutil import utcnow
+from condmsg.core.timeutil import utcnow
 from spark_audit.checks import CheckResult
 from spark_audit.readers import Window
 from spark_audit.versions import SUMMARY_VERSION

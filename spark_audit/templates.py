@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from condmsg.conditions import Condition, Destination, DestinationSet
-from condmsg.protocol import Requirement
+from condmsg.core.conditions import Condition, Destination, DestinationSet
+from condmsg.core.protocol import Requirement
 
 s = timedelta(seconds=1)
 

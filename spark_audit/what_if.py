@@ -28,10 +28,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from condmsg.condition_codec import condition_from_json, condition_to_json
-from condmsg.conditions import Condition
-from condmsg.errors import ConditionError, ConfigError
-from condmsg.timeutil import utcnow
+from condmsg.core.condition_codec import condition_from_json, condition_to_json
+from condmsg.core.conditions import Condition, Kind
+from condmsg.core.errors import ConditionError, ConfigError
+from condmsg.core.timeutil import utcnow
 from spark_audit.changes import Change, ChangeSet, Selection, parse_changes, sweep_changes
 from spark_audit.plans import Plan, numbered, plan_of
 from spark_audit.readers import AuditInput, Window, export_until, read_parquet, sent_in
@@ -123,6 +123,8 @@ class _Variants:
     skeletons: list[dict[int, Any]]
     probes: int
     errors: dict[str, str]
+    #: Per variant, the kinds whose deadlines it shares with an earlier variant (its tag).
+    shared: list[dict[Kind, str]]
 
 
 def _variant_plans(
@@ -187,7 +189,24 @@ def _variant_plans(
         {s: examples[s] for s in {r[f"skel_id{_tag(k)}"] for r in data} if s is not None}
         for k in range(len(sets))
     ]
-    return _Variants(frame, used, width, {})
+    return _Variants(frame, used, width, {}, _shared_deadlines(data, len(sets)))
+
+
+def _tuple(values: list[int] | None) -> tuple[int, ...] | None:
+    return None if values is None else tuple(values)
+
+
+def _shared_deadlines(data: Sequence[dict[str, Any]], count: int) -> list[dict[Kind, str]]:
+    """Per variant, each kind whose deadline arrays equal an earlier variant's on every
+    plan, mapped to the first such variant's tag: the deadlines a change or grid value
+    leaves alone are judged once for all the variants that share them."""
+    shared: list[dict[Kind, str]] = [{} for _ in range(count)]
+    for kind in Kind:
+        first: dict[tuple[Any, ...], str] = {}
+        for k in range(count):
+            arrays = tuple(_tuple(row[f"node_{kind}_ms{_tag(k)}"]) for row in data)
+            shared[k][kind] = first.setdefault(arrays, _tag(k))
+    return shared
 
 
 def _changed(original: Condition, changes: ChangeSet) -> Plan:
@@ -202,8 +221,11 @@ def _replay(
     sets: Sequence[ChangeSet],
     selection: Selection,
     partitions: int | None,
+    *,
+    ids: bool = True,
 ) -> tuple[DataFrame, PlanSet]:
-    """One row per selected decided CM with ``v{k}``: its verdict under each variant."""
+    """One row per selected decided CM with ``v{k}``: its verdict under each variant
+    (and its ``cm_id`` with ``ids``: a join with the CMs again)."""
     window = _narrowed(window, selection)
     least = partitions or least_partitions(spark)
     with audit_settings(spark, least):
@@ -236,20 +258,47 @@ def _replay(
         .where("selected")
         .selectExpr("*", f"array({hits}) AS _hits", "true AS final", "0L AS at_us")
     )
-    verdicts = []
-    for k, skeletons in enumerate(variants.skeletons):
+    judged = _judged(rows, variants)
+    if not ids:
+        return judged, plans
+    return judged.join(cut.select("cm_key", "cm_rank", "cm_id"), ["cm_key", "cm_rank"]), plans
+
+
+#: The columns of a judged CM besides its verdicts.
+_KEEP = ("cm_key", "cm_rank", "plan_id", "sender_code", "sent_at", "state")
+
+
+def _judged(rows: DataFrame, variants: _Variants) -> DataFrame:
+    """``rows`` with ``v{k}``: the verdict of variant ``k`` (its compiled skeletons).
+
+    Every variant's items of one stage are one projection (a stage's items read only
+    earlier stages, see :class:`~spark_audit.reevaluate.compiled.Compiled`), and after
+    the first stage the inputs (the variants' plan arrays, the facts) are dropped. The
+    rows are too wide for whole-stage code generation (more than
+    ``spark.sql.codegen.maxFields``, or its code past 64 KB), so each projection writes
+    every column it keeps: a few narrow projections rather than one per stage and
+    variant, each copying every earlier variant's columns.
+    """
+    compiled = []
+    for k, used in enumerate(variants.skeletons):
         tag = _tag(k)
         facts_k = Facts("c", tag=tag, hits="_hits", offset=f"_off{tag}")
-        compiled = compiled_values(skeletons, (facts_k,), tag=tag)
-        for stage in compiled.stages:
-            # The facts' non-null copies are shared by the variants: added once.
-            present = set(rows.columns)
-            fresh = [item for item in stage if item.rsplit(" AS ", 1)[1] not in present]
-            rows = rows.selectExpr("*", *fresh)
-        verdicts.append(f"{verdict_name(compiled.values['c'])} AS v{k}")
-    keep = ["cm_key", "cm_rank", "plan_id", "sender_code", "sent_at", "state"]
-    judged = rows.selectExpr(*keep, *verdicts)
-    return judged.join(cut.select("cm_key", "cm_rank", "cm_id"), ["cm_key", "cm_rank"]), plans
+        compiled.append(compiled_values(used, (facts_k,), tag=tag, shared=variants.shared[k]))
+    carried = [*_KEEP, *(f"skel_id{_tag(k)}" for k in range(len(variants.skeletons)))]
+    depth = max((len(c.stages) for c in compiled), default=0)
+    for level in range(depth):
+        # The facts' non-null copies and the clock are shared by the variants: once.
+        items = {
+            name: item
+            for c in compiled
+            if level < len(c.stages)
+            for item in c.stages[level]
+            if (name := item.rsplit(" AS ", 1)[1]) not in carried
+        }
+        rows = rows.selectExpr(*carried, *items.values())
+        carried += list(items)
+    verdicts = [f"{verdict_name(c.values['c'])} AS v{k}" for k, c in enumerate(compiled)]
+    return rows.selectExpr(*_KEEP, *verdicts)
 
 
 def _rate(violated: int, judged: int) -> float | None:
@@ -392,7 +441,7 @@ def sweep(
     grid = sweep_changes(parameter, values)
     sets = [ChangeSet(()), *(ChangeSet((*base.changes, g), base.selection) for g in grid)]
     data, window = _window(spark, source, since, until)
-    judged, _ = _replay(spark, data, window, sets, base.selection, partitions)
+    judged, _ = _replay(spark, data, window, sets, base.selection, partitions, ids=False)
     # Judged CMs in the low 32 bits, violated ones above: one read of each verdict column.
     weights = "map('violated', 4294967297L, 'satisfied', 1L, 'pending', 1L)"
     sums = [f"sum(coalesce(element_at({weights}, v{k}), 0L)) AS s{k}" for k in range(len(sets))]

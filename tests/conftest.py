@@ -26,6 +26,9 @@ from urllib.parse import quote
 import hypothesis  # noqa: F401
 import pytest
 
+from condmsg.core.conditions import Condition
+from condmsg.demo import timelines
+
 AMQP_URL = os.environ.get("CONDMSG_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 #: This test run's mark in every queue name: set once by the controlling process, inherited
 #: by the xdist workers it starts, so the end-of-run sweep deletes this run's leftovers only
@@ -154,7 +157,7 @@ def test_secret() -> bytes:
 @pytest.fixture
 def make_sender(amqp_url: str, test_secret: bytes) -> Iterator[Callable[..., Any]]:
     """``make_sender(db_url, name, **options)``: senders that are disposed of afterwards."""
-    from condmsg.sender import Sender
+    from condmsg.sending.sender import Sender
 
     made: list[Sender] = []
 
@@ -263,3 +266,11 @@ def adapter_backend(request: pytest.FixtureRequest) -> tuple[str, bool]:
     database, adapter = str(request.param).split("-")
     url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "pg_url")
     return str(url), adapter == "psycopg"
+
+
+@pytest.fixture
+def example1() -> Callable[..., Condition]:
+    """The paper's Example 1 (``condmsg.demo.timelines.example1``, its one definition):
+    call it with a function naming the test's queue of each attendee (``"qr1"`` -> a
+    queue of this test) and the length of the test's day."""
+    return timelines.example1

@@ -11,7 +11,7 @@ audit; ``condmsg --help`` (or a command it does not know) lists the commands fro
 :data:`SUMMARIES` and imports none of them. pyspark is loaded only when ``condmsg audit``
 runs.
 
-Exit codes (:mod:`condmsg.exit_codes` has the table): 0 done, 1 a failed check or outcome
+Exit codes (:mod:`condmsg.runtime.exit_codes` has the table): 0 done, 1 a failed check or outcome
 (a command says which), 2 a usage or configuration error, which includes a service or file
 the command cannot use: one line on stderr naming what failed and what to do
 (:mod:`condmsg.cli.failures`; ``--debug`` shows the traceback too), 130 interrupted.
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from condmsg import __version__
 from condmsg.cli.extras import require_extra
-from condmsg.exit_codes import INTERRUPTED, USAGE
+from condmsg.runtime.exit_codes import INTERRUPTED, USAGE
 
 #: The services: a stop signal is how they end (exit 0); they install their own handlers.
 SERVICES = frozenset({"relay", "evaluator"})
@@ -52,6 +52,7 @@ COMMANDS = {
     "console": "console",
     "export": "export",
     "audit": "audit",
+    "conformance": "conformance",
 }
 
 #: Each command's line in ``condmsg --help``. They are kept here, not read from the
@@ -73,6 +74,7 @@ SUMMARIES = {
     "console": "serve a web console of a sender store (CMs, trees, outbox, dead letters)",
     "export": "export a sender store to Parquet for the audit (no Spark needed)",
     "audit": "audit acks, latencies and verdicts with Spark",
+    "conformance": "test a receiver in any language against the wire protocol",
 }
 
 

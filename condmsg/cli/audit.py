@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from condmsg.exit_codes import add_command
+from condmsg.runtime.exit_codes import add_command
 from spark_audit.cli import add_arguments
 from spark_audit.cli import run as run_audit
 

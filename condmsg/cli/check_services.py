@@ -4,7 +4,7 @@ Each check does what a service does at start, so a pass means the services can s
 logs in to RabbitMQ with the URL's credentials and virtual host, opens the named database
 and runs a query, and (with ``--store``) checks that store's schema revision and (with
 ``--sender``) that the sender's service queues exist. Each failure is one line naming what
-failed and what to do. Exit codes: :mod:`condmsg.exit_codes`.
+failed and what to do. Exit codes: :mod:`condmsg.runtime.exit_codes`.
 
 ``make test`` and ``make demo`` run it first, so a stopped service produces one clear
 message naming the command that starts it instead of a wall of connection errors.
@@ -22,15 +22,16 @@ import sqlalchemy as sa
 
 import outbox
 from ackd.ack_watch import STALE_AFTER_S
-from condmsg import migrate, protocol
-from condmsg.amqp import connect, describe_url
 from condmsg.cli.failures import database_problem
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url
-from condmsg.db import describe_db_url
-from condmsg.errors import CondmsgError
-from condmsg.exit_codes import FAILED, OK, add_command
-from condmsg.settings import ENV_DB_URL, ENV_TEST_PG_URL, Settings
-from condmsg.url_checks import checked_db_url
+from condmsg.core import protocol
+from condmsg.core.errors import CondmsgError
+from condmsg.runtime import migrate
+from condmsg.runtime.amqp import connect, describe_url
+from condmsg.runtime.db import describe_db_url
+from condmsg.runtime.exit_codes import FAILED, OK, add_command
+from condmsg.runtime.settings import ENV_DB_URL, ENV_TEST_PG_URL, Settings
+from condmsg.runtime.url_checks import checked_db_url
 
 
 def register(subparsers: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from condmsg.cli.extras import MissingExtraError, missing
 from condmsg.cli.options import add_db_url, named_db_url
-from condmsg.exit_codes import OK, add_command
+from condmsg.runtime.exit_codes import OK, add_command
 
 ENV_TOKEN = "CONDMSG_CONSOLE_TOKEN"
 #: What installs the ``console`` extra (quoted, since shells expand square brackets).
@@ -85,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from condmsg.console import ConsoleConfig, Store, create_app
-    from condmsg.db import describe_db_url, make_engine
-    from condmsg.logging_setup import configure_logging
-    from condmsg.settings import Settings
+    from condmsg.runtime.db import describe_db_url, make_engine
+    from condmsg.runtime.logging_setup import configure_logging
+    from condmsg.runtime.settings import Settings
 
     configure_logging()
     urls = [named_db_url(args, existing=True), *args.receiver_db_url]

@@ -9,7 +9,7 @@ outbox, so an in-process relay publishes them while the command runs, and is dra
 before it exits.
 
 A queue that does not exist is an error: reading would declare it, and a mistyped name
-would then wait on a new, empty queue for ever. Exit codes: :mod:`condmsg.exit_codes`.
+would then wait on a new, empty queue for ever. Exit codes: :mod:`condmsg.runtime.exit_codes`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from condmsg import protocol
 from condmsg.cli.options import (
     add_amqp_url,
     add_create_schema,
@@ -33,9 +32,10 @@ from condmsg.cli.options import (
     stderr_log,
 )
 from condmsg.cli.queues import require_queue
-from condmsg.errors import BrokerAuthError, BrokerError, CondmsgError, ConfigError
-from condmsg.exit_codes import FAILED, INTERRUPTED, OK, add_command
-from condmsg.protocol import H_TOKEN
+from condmsg.core import protocol
+from condmsg.core.errors import BrokerAuthError, BrokerError, CondmsgError, ConfigError
+from condmsg.core.protocol import H_TOKEN
+from condmsg.runtime.exit_codes import FAILED, INTERRUPTED, OK, add_command
 
 log = stderr_log("consume")
 
@@ -99,8 +99,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ackd import Receiver
-    from condmsg.settings import Settings
-    from condmsg.stopping import StopSignals
+    from condmsg.runtime.settings import Settings
+    from condmsg.runtime.stopping import StopSignals
 
     if args.count is not None and args.count < 1:
         raise ConfigError("--count must be at least 1")
@@ -182,7 +182,7 @@ def _loop(receiver: Receiver, args: argparse.Namespace, stop: threading.Event) -
     does; the pause is not idle time for ``--timeout``.
     """
     from ackd.outage import is_store_outage
-    from condmsg.pausing import Pause
+    from condmsg.runtime.pausing import Pause
 
     reading = f"reading {args.queue!r}"
     store = Pause(log, reading, "the receiver store", stop=stop)

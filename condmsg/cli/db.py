@@ -4,7 +4,7 @@
 ``--db-url`` the database (default: ``CONDMSG_DB_URL``; one of the two must be given: this
 command never picks a database the user did not name). Exit codes: 0 done or current, 1
 the check failed (a database that cannot be used fails it too), 2 a usage or
-configuration error (:mod:`condmsg.exit_codes`).
+configuration error (:mod:`condmsg.runtime.exit_codes`).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from condmsg import migrate
 from condmsg.cli.failures import database_problem
 from condmsg.cli.options import add_db_url, named_db_url
-from condmsg.db import describe_db_url
-from condmsg.errors import ConfigError
-from condmsg.exit_codes import FAILED, OK, add_command
+from condmsg.core.errors import ConfigError
+from condmsg.runtime import migrate
+from condmsg.runtime.db import describe_db_url
+from condmsg.runtime.exit_codes import FAILED, OK, add_command
 
 
 def register(subparsers: Any) -> None:

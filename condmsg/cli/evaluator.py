@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from condmsg.exit_codes import add_command
+from condmsg.runtime.exit_codes import add_command
 from evaluator.cli import DESCRIPTION, HELP, add_arguments, run
 
 

@@ -3,7 +3,7 @@ Parquet layout the Spark audit reads. SQLAlchemy and pyarrow only: no Spark, no 
 
 An export without ``--since`` replaces what its directory holds, so a directory that is
 not empty is refused unless ``--overwrite`` says to replace it (or ``--since`` appends to
-an earlier export there). Exit codes: :mod:`condmsg.exit_codes`.
+an earlier export there). Exit codes: :mod:`condmsg.runtime.exit_codes`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from condmsg.cli.options import add_db_url, named_db_url
-from condmsg.errors import ConfigError
-from condmsg.exit_codes import OK, add_command
-from condmsg.timeutil import parse_cli_instant
+from condmsg.core.errors import ConfigError
+from condmsg.core.timeutil import parse_cli_instant
+from condmsg.runtime.exit_codes import OK, add_command
 
 #: What pyarrow's S3 filesystem reads, for a message about an ``s3://`` output it cannot use.
 S3_SETTINGS = (
@@ -60,9 +60,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from condmsg import migrate
-    from condmsg.db import make_engine
-    from condmsg.export import export_store
+    from condmsg.archive.export import export_store
+    from condmsg.runtime import migrate
+    from condmsg.runtime.db import make_engine
 
     db_url = named_db_url(args, existing=True)
     engine = make_engine(db_url)
@@ -91,7 +91,7 @@ def _check_out(out: str, *, replace: bool) -> None:
     with content that ``replace`` does not allow to be replaced."""
     from pyarrow import fs as pafs
 
-    from condmsg.export_files import ExportTarget
+    from condmsg.archive.files import ExportTarget
 
     if "://" not in out:
         existing = Path(out).absolute()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from condmsg.errors import CondmsgError
+from condmsg.core.errors import CondmsgError
 
 #: What installs the ``audit`` extra (quoted, since shells expand square brackets).
 AUDIT_INSTALL = "pip install 'condmsg[audit]'"

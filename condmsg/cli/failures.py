@@ -1,7 +1,7 @@
 """What a command says when the world is not as it expects: one line naming what failed
 and what to do about it.
 
-The library translates most driver errors where they arise (:mod:`condmsg.amqp`, the
+The library translates most driver errors where they arise (:mod:`condmsg.runtime.amqp`, the
 stores), but a command also meets them raw: SQLAlchemy's ``OperationalError`` carrying
 psycopg's or sqlite3's message when it opens a database, pika's errors when a channel
 fails, ``socket.gaierror`` when a broker's host name does not resolve, and ``OSError`` for
@@ -17,10 +17,10 @@ import socket
 import pika.exceptions
 import sqlalchemy as sa
 
-from condmsg.amqp import broker_reason, describe_url
 from condmsg.cli.options import amqp_url, given_db_url
-from condmsg.db import describe_db_url
-from condmsg.errors import CondmsgError
+from condmsg.core.errors import CondmsgError
+from condmsg.runtime.amqp import broker_reason, describe_url
+from condmsg.runtime.db import describe_db_url
 
 START_POSTGRESQL = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
 

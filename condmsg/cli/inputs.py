@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from condmsg.condition_codec import MAX_DOCUMENT_BYTES, SCHEMA_VERSION, condition_from_dict
-from condmsg.conditions import MAX_DEPTH, Condition
-from condmsg.errors import ConditionError, ConfigError
+from condmsg.core.condition_codec import MAX_DOCUMENT_BYTES, SCHEMA_VERSION, condition_from_dict
+from condmsg.core.conditions import MAX_DEPTH, Condition
+from condmsg.core.errors import ConditionError, ConfigError
 
 #: What names standard input in place of a file.
 STDIN = "-"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from condmsg.amqp import describe_url
-from condmsg.errors import ConfigError
-from condmsg.settings import DEFAULT_AMQP_URL, ENV_AMQP_URL, ENV_DB_URL, Settings
-from condmsg.url_checks import checked_amqp_url, checked_db_url
+from condmsg.core.errors import ConfigError
+from condmsg.runtime.amqp import describe_url
+from condmsg.runtime.settings import DEFAULT_AMQP_URL, ENV_AMQP_URL, ENV_DB_URL, Settings
+from condmsg.runtime.url_checks import checked_amqp_url, checked_db_url
 
 
 def add_db_url(parser: argparse.ArgumentParser, what: str = "the store", *, also: str = "") -> None:

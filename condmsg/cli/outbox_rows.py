@@ -4,7 +4,7 @@ The relay parks a row it cannot publish (a missing exchange or queue, a message 
 refuses, attempts exhausted) with the reason. ``list`` prints them as JSON lines;
 ``requeue`` makes them pending again, so the running relay publishes them (after the
 cause is mended); ``purge`` deletes them, and asks for ``--yes``: what it deletes is gone.
-Exit codes: :mod:`condmsg.exit_codes`.
+Exit codes: :mod:`condmsg.runtime.exit_codes`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from condmsg.cli.options import add_db_url, named_db_url
-from condmsg.errors import ConfigError
-from condmsg.exit_codes import FAILED, OK, add_command
+from condmsg.core.errors import ConfigError
+from condmsg.runtime.exit_codes import FAILED, OK, add_command
 
 
 def register(subparsers: Any) -> None:
@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import outbox
-    from condmsg.db import describe_db_url, make_engine
+    from condmsg.runtime.db import describe_db_url, make_engine
 
     if args.action != "list" and not (args.ids or args.all):
         raise ConfigError(f"outbox {args.action}: name the rows with --ids ID... or --all")

@@ -6,7 +6,7 @@ notifications as they arrive on the sender's outcome queue (CMs and Dependency-S
 alike), each acknowledged once printed: the queue's consumer takes them away from any
 other consumer of that queue, so follow only a sender whose application does not read
 its outcome queue itself; a sender whose outcome queue does not exist is refused (a
-mistyped name would otherwise create its queues). Exit codes: :mod:`condmsg.exit_codes`.
+mistyped name would otherwise create its queues). Exit codes: :mod:`condmsg.runtime.exit_codes`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url, stderr_log
-from condmsg.errors import ConfigError
-from condmsg.exit_codes import OK, add_command
-from condmsg.timeutil import parse_cli_instant
+from condmsg.core.errors import ConfigError
+from condmsg.core.timeutil import parse_cli_instant
+from condmsg.runtime.exit_codes import OK, add_command
 
 if TYPE_CHECKING:
-    from condmsg.sender import Sender
+    from condmsg.sending.sender import Sender
 
 
 def register(subparsers: Any) -> None:
@@ -78,9 +78,9 @@ def _emit(document: dict[str, Any]) -> None:
 
 def _follow(args: argparse.Namespace) -> int:
     from condmsg.cli.queues import require_queue
-    from condmsg.protocol import outcome_queue
-    from condmsg.sender import Sender
-    from condmsg.settings import Settings
+    from condmsg.core.protocol import outcome_queue
+    from condmsg.runtime.settings import Settings
+    from condmsg.sending.sender import Sender
 
     broker = amqp_url(args)
     queue = outcome_queue(args.sender)
@@ -116,7 +116,7 @@ def _print_outcomes(sender: Sender, timeout: float | None) -> None:
     """Print the notifications as they come until ``timeout`` passes without one. A
     broker that goes away pauses the stream until it answers again (``Sender.outcomes``),
     which the command says on stderr each way."""
-    from condmsg.sender import OUTCOMES_LOG
+    from condmsg.sending.outcomes import OUTCOMES_LOG
 
     stderr_log("outcomes", OUTCOMES_LOG.name)
     for outcome in sender.outcomes(timeout=timeout):
@@ -124,14 +124,14 @@ def _print_outcomes(sender: Sender, timeout: float | None) -> None:
 
 
 def _decided(args: argparse.Namespace) -> int:
-    from condmsg import sender_tables
-    from condmsg.db import make_engine
-    from condmsg.outcome import Outcome
+    from condmsg import tables
+    from condmsg.core.outcome import Outcome
+    from condmsg.runtime.db import make_engine
 
-    cms = sender_tables.cms
+    cms = tables.cms
     query = (
         sa.select(cms)
-        .where(cms.c.sender == args.sender, cms.c.state != sender_tables.CmState.PENDING.value)
+        .where(cms.c.sender == args.sender, cms.c.state != tables.CmState.PENDING.value)
         .order_by(cms.c.decided_at, cms.c.cm_id)
     )
     if args.since is not None:

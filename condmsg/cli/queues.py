@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pika.exceptions
 
-from condmsg.amqp import connect, describe_url
-from condmsg.errors import ConfigError
+from condmsg.core.errors import ConfigError
+from condmsg.runtime.amqp import connect, describe_url
 
 
 def require_queue(url: str, queue: str, hint: str) -> None:

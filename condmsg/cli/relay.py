@@ -3,7 +3,7 @@
 Settings come from the environment (``CONDMSG_DB_URL``, ``CONDMSG_AMQP_URL``). SIGTERM and
 SIGINT stop the relay gracefully: no new claims, confirms in flight are awaited, rows
 settled, connections closed (exit 0). ``--status`` prints the backlog and exits. Exit
-codes: :mod:`condmsg.exit_codes`.
+codes: :mod:`condmsg.runtime.exit_codes`.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from typing import Any
 import sqlalchemy as sa
 
 import outbox
-from condmsg import migrate
-from condmsg.amqp import describe_url
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
-from condmsg.exit_codes import INTERRUPTED, OK, USAGE, add_command
-from condmsg.logging_setup import add_logging_arguments, configure_logging, log_banner
-from condmsg.ops_server import serve_ops
-from condmsg.stopping import StopSignals
+from condmsg.runtime import migrate
+from condmsg.runtime.amqp import describe_url
+from condmsg.runtime.exit_codes import INTERRUPTED, OK, USAGE, add_command
+from condmsg.runtime.logging_setup import add_logging_arguments, configure_logging, log_banner
+from condmsg.runtime.ops_server import serve_ops
+from condmsg.runtime.stopping import StopSignals
+from outbox.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def _create_tables(engine: sa.Engine, table: str) -> bool:
     False if SIGTERM or SIGINT came meanwhile (noticed through a flag, never by
     interrupting a connection attempt halfway)."""
     stop = StopSignals().install()
-    delay = 0.5
+    retries = Backoff(0.5, 30.0, stop=stop.event)
     try:
         while not stop.requested:
             try:
@@ -120,10 +121,9 @@ def _create_tables(engine: sa.Engine, table: str) -> bool:
                     "waiting for the database at %s: %s; retrying in %.1fs",
                     engine.url.render_as_string(hide_password=True),
                     reason,
-                    delay,
+                    retries.upcoming_s,
                 )
-                stop.event.wait(delay)
-                delay = min(delay * 2, 30.0)
+                retries.wait()
         return False
     finally:
         stop.uninstall()
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         )
 
         def _stop(signum: int, _frame: FrameType | None) -> None:
-            # Only a flag: see condmsg.stopping for why a handler takes no lock.
+            # Only a flag: see condmsg.runtime.stopping for why a handler takes no lock.
             relay.request_stop()
 
         signal.signal(signal.SIGTERM, _stop)

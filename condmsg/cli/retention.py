@@ -3,7 +3,7 @@
 CMs decided longer ago than ``--older-than`` are archived to Parquet under ``--archive``
 (the layout ``condmsg export`` writes, one directory per batch) and only then deleted, one
 transaction per batch. Safe next to running evaluators (which may run the same job).
-Exit codes: :mod:`condmsg.exit_codes`.
+Exit codes: :mod:`condmsg.runtime.exit_codes`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import sys
 from typing import Any
 
 from condmsg.cli.options import add_db_url, named_db_url
-from condmsg.errors import ConfigError
-from condmsg.exit_codes import OK, add_command
-from condmsg.settings import ENV_ARCHIVE_DIR, ENV_RETENTION, Settings
+from condmsg.core.errors import ConfigError
+from condmsg.runtime.exit_codes import OK, add_command
+from condmsg.runtime.settings import ENV_ARCHIVE_DIR, ENV_RETENTION, Settings
 from evaluator.cli import add_policy_arguments
 
 
@@ -42,8 +42,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from condmsg import migrate
-    from condmsg.db import make_engine
+    from condmsg.runtime import migrate
+    from condmsg.runtime.db import make_engine
     from evaluator.retention import DEFAULT_BATCH, RetentionPolicy, retain
 
     settings = Settings.from_env()

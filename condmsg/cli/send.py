@@ -23,9 +23,9 @@ from condmsg.cli.options import (
     amqp_url,
     named_db_url,
 )
-from condmsg.errors import ConditionError, ConfigError
-from condmsg.evaluation import Verdict
-from condmsg.exit_codes import FAILED, OK, add_command
+from condmsg.core.errors import ConditionError, ConfigError
+from condmsg.core.evaluation import Verdict
+from condmsg.runtime.exit_codes import FAILED, OK, add_command
 
 
 def register(subparsers: Any) -> None:
@@ -77,9 +77,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from condmsg.amqp import connect
-    from condmsg.sender import Sender
-    from condmsg.settings import Settings
+    from condmsg.runtime.amqp import connect
+    from condmsg.runtime.settings import Settings
+    from condmsg.sending.sender import Sender
 
     if args.wait is not None and args.wait < 0:
         raise ConfigError("--wait must not be negative")

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from condmsg import __version__
-from condmsg.exit_codes import OK, add_command
+from condmsg.runtime.exit_codes import OK, add_command
 
 
 def register(subparsers: Any) -> None:

@@ -27,13 +27,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from condmsg import sender_tables
+from condmsg import tables
 from condmsg.console import dead_letters, detail, queries
 from condmsg.console.auth import COOKIE, Sessions
 from condmsg.console.render import FILTERS, chart
-from condmsg.db import describe_db_url
-from condmsg.settings import Settings
-from condmsg.timeutil import utcnow
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime.db import describe_db_url
+from condmsg.runtime.settings import Settings
 
 log = logging.getLogger("condmsg.console")
 
@@ -65,24 +65,45 @@ class ConsoleConfig:
 
 
 def create_app(config: ConsoleConfig) -> Starlette:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("condmsg.console", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
+    console = _Console(config)
+    return Starlette(
+        routes=[
+            Route("/", console.overview),
+            Route("/live/overview", console.overview_live),
+            Route("/cms", console.cm_list),
+            Route("/cms/{cm_id}", console.cm_page),
+            Route("/spheres/{sphere_id}", console.sphere_page),
+            Route("/outbox", console.outbox_page),
+            Route("/outbox/{action:str}", console.outbox_action, methods=["POST"]),
+            Route("/login", console.login, methods=["GET", "POST"]),
+            Route("/logout", console.logout, methods=["POST"]),
+        ]
     )
-    env.filters.update(FILTERS)
-    sessions = Sessions(config.token)
-    sender_store = config.stores[0]
 
-    def page(request: Request, template: str, status: int = 200, **context: Any) -> Response:
+
+class _Console:
+    """The pages and actions of one console, over its stores."""
+
+    def __init__(self, config: ConsoleConfig) -> None:
+        self.config = config
+        self.env = jinja2.Environment(
+            loader=jinja2.PackageLoader("condmsg.console", "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        self.env.filters.update(FILTERS)
+        self.sessions = Sessions(config.token)
+        self.sender_store = config.stores[0]
+
+    def page(self, request: Request, template: str, status: int = 200, **context: Any) -> Response:
         nonce = secrets.token_urlsafe(16)
         session_id = request.cookies.get(COOKIE)
-        session = sessions.get(session_id)
-        html = env.get_template(template).render(
+        session = self.sessions.get(session_id)
+        html = self.env.get_template(template).render(
             request=request,
             nonce=nonce,
-            store=describe_db_url(str(sender_store.engine.url)),
-            actions_enabled=sessions.enabled,
+            store=describe_db_url(str(self.sender_store.engine.url)),
+            actions_enabled=self.sessions.enabled,
             logged_in=session is not None,
             csrf=session.csrf if session else "",
             **context,
@@ -97,20 +118,22 @@ def create_app(config: ConsoleConfig) -> Starlette:
         response.headers["Referrer-Policy"] = "no-referrer"
         return response
 
-    def overview_data(request: Request) -> dict[str, Any]:
+    def overview_data(self, request: Request) -> dict[str, Any]:
         window_name = request.query_params.get("window", "24h")
         window = WINDOWS.get(window_name, WINDOWS["24h"])
-        with sender_store.engine.connect() as conn:
-            view = queries.overview(conn, config.clock(), window, sender_store.outbox)
+        with self.sender_store.engine.connect() as conn:
+            view = queries.overview(conn, self.config.clock(), window, self.sender_store.outbox)
         return {"view": view, "chart": chart(view), "window": window_name, "windows": WINDOWS}
 
-    def overview(request: Request) -> Response:
-        return page(request, "overview.html", refresh_s=config.refresh_s, **overview_data(request))
+    def overview(self, request: Request) -> Response:
+        return self.page(
+            request, "overview.html", refresh_s=self.config.refresh_s, **self.overview_data(request)
+        )
 
-    def overview_live(request: Request) -> Response:
-        return page(request, "overview_live.html", **overview_data(request))
+    def overview_live(self, request: Request) -> Response:
+        return self.page(request, "overview_live.html", **self.overview_data(request))
 
-    def cm_list(request: Request) -> Response:
+    def cm_list(self, request: Request) -> Response:
         params = request.query_params
         problems: list[str] = []
         flt = queries.ListFilter(
@@ -128,10 +151,10 @@ def create_app(config: ConsoleConfig) -> Starlette:
                 after = queries.Cursor.decode(params["after"])
             except ValueError:
                 problems.append("the page cursor is not one this console wrote; first page shown")
-        with sender_store.engine.connect() as conn:
-            found = queries.cm_page(conn, flt, after, config.clock(), limit)
+        with self.sender_store.engine.connect() as conn:
+            found = queries.cm_page(conn, flt, after, self.config.clock(), limit)
         kept = {k: v for k, v in params.items() if k != "after" and v}
-        return page(
+        return self.page(
             request,
             "cms.html",
             flt=flt,
@@ -143,25 +166,25 @@ def create_app(config: ConsoleConfig) -> Starlette:
             verdicts=queries.VERDICTS,
         )
 
-    def cm_page(request: Request) -> Response:
+    def cm_page(self, request: Request) -> Response:
         cm_id = request.path_params["cm_id"]
-        with sender_store.engine.connect() as conn:
-            found = detail.cm_detail(conn, cm_id, config.settings, sender_store.outbox)
+        with self.sender_store.engine.connect() as conn:
+            found = detail.cm_detail(conn, cm_id, self.config.settings, self.sender_store.outbox)
         if found is None:
-            return page(request, "missing.html", 404, what="conditional message", ident=cm_id)
-        return page(request, "cm.html", cm=found)
+            return self.page(request, "missing.html", 404, what="conditional message", ident=cm_id)
+        return self.page(request, "cm.html", cm=found)
 
-    def sphere_page(request: Request) -> Response:
+    def sphere_page(self, request: Request) -> Response:
         sphere_id = request.path_params["sphere_id"]
-        with sender_store.engine.connect() as conn:
+        with self.sender_store.engine.connect() as conn:
             found = detail.sphere_detail(conn, sphere_id)
         if found is None:
-            return page(request, "missing.html", 404, what="sphere", ident=sphere_id)
-        return page(request, "sphere.html", sphere=found)
+            return self.page(request, "missing.html", 404, what="sphere", ident=sphere_id)
+        return self.page(request, "sphere.html", sphere=found)
 
-    def outbox_page(request: Request) -> Response:
-        index = _store_index(request.query_params.get("store"), config.stores)
-        chosen = config.stores[index]
+    def outbox_page(self, request: Request) -> Response:
+        index = _store_index(request.query_params.get("store"), self.config.stores)
+        chosen = self.config.stores[index]
         after = _int(request.query_params.get("after"))
         rows: list[dict[str, Any]] = []
         if chosen.outbox is not None:
@@ -170,16 +193,16 @@ def create_app(config: ConsoleConfig) -> Starlette:
         more = len(rows) > PARKED_PAGE
         rows = rows[:PARKED_PAGE]
         dead = None
-        if config.amqp_url and index == 0:
-            sender = config.sender or _latest_sender(sender_store.engine)
+        if self.config.amqp_url and index == 0:
+            sender = self.config.sender or _latest_sender(self.sender_store.engine)
             if sender is not None:
-                dead = dead_letters.peek(config.amqp_url, sender, DEAD_LETTERS_SHOWN)
-        with sender_store.engine.connect() as conn:
+                dead = dead_letters.peek(self.config.amqp_url, sender, DEAD_LETTERS_SHOWN)
+        with self.sender_store.engine.connect() as conn:
             anomalies = queries.recent_anomalies(conn, 50) if index == 0 else []
-        return page(
+        return self.page(
             request,
             "outbox.html",
-            stores=config.stores,
+            stores=self.config.stores,
             index=index,
             chosen=chosen,
             rows=rows,
@@ -189,43 +212,43 @@ def create_app(config: ConsoleConfig) -> Starlette:
             done=request.query_params.get("done"),
         )
 
-    async def login(request: Request) -> Response:
+    async def login(self, request: Request) -> Response:
         if request.method == "GET":
-            return page(request, "login.html", failed=False)
+            return self.page(request, "login.html", failed=False)
         form = await _form(request)
-        session_id = sessions.login(form.get("token", ""))
+        session_id = self.sessions.login(form.get("token", ""))
         client = request.client.host if request.client else "?"
         if session_id is None:
             log.warning("console login refused from %s", client)
-            return page(request, "login.html", 403, failed=True)
+            return self.page(request, "login.html", 403, failed=True)
         log.info("console login from %s", client)
         response = RedirectResponse("/outbox", status_code=303)
         response.set_cookie(COOKIE, session_id, httponly=True, samesite="strict", path="/")
         return response
 
-    async def logout(request: Request) -> Response:
+    async def logout(self, request: Request) -> Response:
         form = await _form(request)
         session_id = request.cookies.get(COOKIE)
-        if sessions.check_csrf(session_id, form.get("csrf", "")):
-            sessions.logout(session_id)
+        if self.sessions.check_csrf(session_id, form.get("csrf", "")):
+            self.sessions.logout(session_id)
         response = RedirectResponse("/", status_code=303)
         response.delete_cookie(COOKIE, path="/")
         return response
 
-    async def outbox_action(request: Request) -> Response:
+    async def outbox_action(self, request: Request) -> Response:
         action = request.path_params["action"]
         form = await _form(request)
         session_id = request.cookies.get(COOKIE)
         client = request.client.host if request.client else "?"
-        if not sessions.enabled:
+        if not self.sessions.enabled:
             return _refused("actions are disabled: start the console with --token")
-        if sessions.get(session_id) is None:
+        if self.sessions.get(session_id) is None:
             return _refused("log in with the console's token first", 401)
-        if not sessions.check_csrf(session_id, form.get("csrf", "")):
+        if not self.sessions.check_csrf(session_id, form.get("csrf", "")):
             log.warning("console %s refused from %s: bad CSRF token", action, client)
             return _refused("the form's CSRF token does not match your session")
-        index = _store_index(form.get("store", "0"), config.stores)
-        chosen = config.stores[index]
+        index = _store_index(form.get("store", "0"), self.config.stores)
+        chosen = self.config.stores[index]
         if chosen.outbox is None:
             return _refused("this store has no outbox table", 400)
         everything = form.get("all") == "1"
@@ -243,20 +266,6 @@ def create_app(config: ConsoleConfig) -> Starlette:
             done,
         )
         return RedirectResponse(f"/outbox?store={index}&done={action}+{done}", status_code=303)
-
-    return Starlette(
-        routes=[
-            Route("/", overview),
-            Route("/live/overview", overview_live),
-            Route("/cms", cm_list),
-            Route("/cms/{cm_id}", cm_page),
-            Route("/spheres/{sphere_id}", sphere_page),
-            Route("/outbox", outbox_page),
-            Route("/outbox/{action:str}", outbox_action, methods=["POST"]),
-            Route("/login", login, methods=["GET", "POST"]),
-            Route("/logout", logout, methods=["POST"]),
-        ]
-    )
 
 
 class _Form:
@@ -327,7 +336,7 @@ def _instant(value: str | None, name: str, problems: list[str]) -> datetime | No
 
 
 def _latest_sender(engine: sa.Engine) -> str | None:
-    cms = sender_tables.cms
+    cms = tables.cms
     with engine.connect() as conn:
         found = conn.scalar(sa.select(cms.c.sender).order_by(cms.c.sent_at.desc()).limit(1))
     return None if found is None else str(found)

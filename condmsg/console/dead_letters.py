@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from condmsg import protocol
-from condmsg.amqp import broker_reason, connect
+from condmsg.core import protocol
+from condmsg.runtime.amqp import broker_reason, connect
 
 #: Body bytes of a dead letter the page shows (escaped, as text).
 EXCERPT = 160

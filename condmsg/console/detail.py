@@ -1,30 +1,27 @@
 """What the console's CM, sphere and outbox pages read (SELECT only).
 
-A CM is judged as ``condmsg status`` judges it: a decided CM at its decision's effective
-instant over the acks counted then, a pending one as it stands now less the ack grace;
-the same :func:`~condmsg.evaluation.evaluate` and the same contradiction check.
+A CM is judged as ``condmsg status`` judges it (:mod:`condmsg.cm_status`).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from condmsg import sender_tables
-from condmsg.acks import Ack, AckKind
-from condmsg.condition_codec import condition_from_json
-from condmsg.conditions import Condition, Destination
+from condmsg import tables
+from condmsg.cm_status import ack_line, cm_status, node_notes
 from condmsg.console.queries import utc
-from condmsg.evaluation import EvaluationResult, Truth, evaluate
-from condmsg.protocol import H_CM_ID
-from condmsg.settings import Settings
-from condmsg.sphere_store import SPHERES, ParticipantRow, SphereRow
-from condmsg.store_values import AckStatus
-from condmsg.timeutil import describe_duration, iso, utcnow
+from condmsg.core.acks import Ack
+from condmsg.core.conditions import Condition, Destination
+from condmsg.core.evaluation import EvaluationResult, Truth
+from condmsg.core.protocol import H_CM_ID
+from condmsg.core.store_values import AckStatus
+from condmsg.core.timeutil import iso
+from condmsg.runtime.settings import Settings
+from condmsg.spheres.store import SPHERES, ParticipantRow, SphereRow
 
 _MARK = {Truth.TRUE: "held", Truth.FALSE: "failed", Truth.UNKNOWN: "open"}
 #: Payload bytes of an outbox row the console shows (escaped, as text).
@@ -58,64 +55,31 @@ class CmDetail:
     outbox: list[dict[str, Any]]
 
 
-def _ack(row: Any) -> Ack:
-    return Ack(
-        destination=row.destination,
-        kind=AckKind(row.kind),
-        read_at=utc(row.read_at),  # type: ignore[arg-type]
-        committed_at=utc(row.committed_at),
-        recipient=row.recipient,
-    )
-
-
 def cm_detail(
     conn: sa.Connection, cm_id: str, settings: Settings, outbox_table: sa.Table | None
 ) -> CmDetail | None:
-    cms, acks = sender_tables.cms, sender_tables.acks
+    cms = tables.cms
     row = conn.execute(sa.select(cms).where(cms.c.cm_id == cm_id)).first()
     if row is None:
         return None
-    ack_rows = conn.execute(
-        sa.select(acks).where(acks.c.cm_id == cm_id).order_by(acks.c.received_at)
-    ).all()
-    counted = [_ack(r) for r in ack_rows if r.status == AckStatus.COUNTED.value]
-    late = [_ack(r) for r in ack_rows if r.status != AckStatus.COUNTED.value]
-    condition = condition_from_json(row.condition_json)
-    sent_at = utc(row.sent_at)
-    assert sent_at is not None
-    at = utc(row.effective_at) or (utcnow() - settings.ack_grace)
-    result = evaluate(condition, sent_at, counted, at)
-    contradicted = None
-    differ = False
-    if row.decided_at is not None:
-        differ = list(result.reasons) != json.loads(row.reasons_json or "[]")
-        if late:
-            with_late = evaluate(condition, sent_at, [*counted, *late], at)
-            if with_late.verdict.value != row.state:
-                # As ``condmsg status`` says it: the late acks, judged with the counted
-                # ones at the decision's effective instant, give another verdict.
-                contradicted = (
-                    f"contradicted by late acks: with the {len(late)} ack(s) received after "
-                    f"the decision the verdict would be {with_late.verdict.value}, not "
-                    f"{row.state} (the ack grace was too short for them)"
-                )
+    status = cm_status(conn, row, settings.ack_grace)
     copy_rows = conn.execute(
-        sa.select(sender_tables.copies)
-        .where(sender_tables.copies.c.cm_id == cm_id)
-        .order_by(sender_tables.copies.c.destination)
+        sa.select(tables.copies)
+        .where(tables.copies.c.cm_id == cm_id)
+        .order_by(tables.copies.c.destination)
     ).all()
     comp_rows = conn.execute(
-        sa.select(sender_tables.compensations).where(sender_tables.compensations.c.cm_id == cm_id)
+        sa.select(tables.compensations).where(tables.compensations.c.cm_id == cm_id)
     ).all()
     return CmDetail(
         row=row,
-        sent_at=sent_at,
-        judged_at=at,
-        result=result,
-        tree=_tree(condition, result, [*counted, *late]),
-        contradiction=contradicted,
-        stored_reasons_differ=differ,
-        timeline=_timeline(row, sent_at, copy_rows, ack_rows, comp_rows),
+        sent_at=status.sent_at,
+        judged_at=status.judged_at,
+        result=status.result,
+        tree=_tree(status.condition, status.result, [*status.counted, *status.late]),
+        contradiction=status.contradiction,
+        stored_reasons_differ=status.stored_reasons_differ,
+        timeline=_timeline(row, status.sent_at, copy_rows, status.ack_rows, comp_rows),
         copies=list(copy_rows),
         outbox=[] if outbox_table is None else outbox_rows_of(conn, outbox_table, cm_id),
     )
@@ -130,25 +94,10 @@ def _tree(condition: Condition, result: EvaluationResult, acks: list[Ack]) -> Tr
         constraints = [
             (_MARK[c.value], f"{c.kind} by {iso(c.deadline)}") for c in by_path.get(path, [])
         ]
-        notes = []
-        for kind in ("pickup", "process"):
-            low, high = getattr(node, f"min_{kind}"), getattr(node, f"max_{kind}")
-            if low is not None or high is not None:
-                bounds = f"{low if low is not None else 0}..{high if high is not None else '*'}"
-                notes.append(f"{kind} count [{bounds}]")
-        if node.evaluation_timeout is not None:
-            notes.append(f"evaluation timeout {describe_duration(node.evaluation_timeout)}")
         mine = []
         if isinstance(node, Destination):
-            for ack in acks:
-                if ack.destination != node.name:
-                    continue
-                when = f"read {iso(ack.read_at)}"
-                if ack.committed_at is not None:
-                    when += f", committed {iso(ack.committed_at)}"
-                who = f" by {ack.recipient}" if ack.recipient else ""
-                mine.append(f"{ack.kind.value} ack{who}: {when}")
-        out = TreeNode(node.label, path, constraints, notes, mine)
+            mine = [ack_line(ack) for ack in acks if ack.destination == node.name]
+        out = TreeNode(node.label, path, constraints, node_notes(node), mine)
         out.children = [visit(m, f"{path}[{i}]") for i, m in enumerate(node.members)]
         return out
 
@@ -238,7 +187,7 @@ def sphere_detail(conn: sa.Connection, sphere_id: str) -> SphereDetail | None:
     sphere = SPHERES.sphere(conn, sphere_id)
     if sphere is None:
         return None
-    cms = sender_tables.cms
+    cms = tables.cms
     members = conn.execute(
         sa.select(cms.c.cm_id, cms.c.sent_at, cms.c.state, cms.c.decided_at)
         .where(cms.c.sphere_id == sphere_id)

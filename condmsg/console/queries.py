@@ -1,6 +1,6 @@
 """What the console's overview and CM list read from a sender store (SELECT only).
 
-Every query is SQLAlchemy Core over :mod:`condmsg.sender_tables` and the outbox table, so
+Every query is SQLAlchemy Core over :mod:`condmsg.tables` and the outbox table, so
 one code serves SQLite and PostgreSQL, and a role with SELECT on the tables is enough.
 The CM list pages by keyset on ``(sent_at, cm_id)`` (newest first): each page reads the
 ``ix_condmsg_cm_sent_at`` index from where the previous one stopped, so its cost does not
@@ -16,9 +16,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from condmsg import sender_tables
-from condmsg.store_values import AckStatus, CmState
-from condmsg.timeutil import stored_instant
+from condmsg import tables
+from condmsg.core.store_values import AckStatus, CmState
+from condmsg.core.timeutil import stored_instant
 
 #: CMs a page of the list shows.
 PAGE_SIZE = 50
@@ -34,10 +34,10 @@ OVERDUE_AFTER = timedelta(seconds=10)
 STATES = ("pending", "decided", "overdue")
 VERDICTS = (CmState.SATISFIED.value, CmState.VIOLATED.value)
 
-cms = sender_tables.cms
-copies = sender_tables.copies
-acks = sender_tables.acks
-anomalies = sender_tables.anomalies
+cms = tables.cms
+copies = tables.copies
+acks = tables.acks
+anomalies = tables.anomalies
 
 
 def utc(value: datetime | None) -> datetime | None:

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from condmsg.console.queries import Overview
-from condmsg.timeutil import iso
+from condmsg.core.timeutil import iso
 
 #: The chart's series, bottom to top, with their colours.
 SERIES = (("satisfied", "#2e7d32"), ("violated", "#c62828"), ("pending", "#f9a825"))

@@ -31,9 +31,9 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from condmsg.amqp import connect
 from condmsg.cli import main as condmsg_main
-from condmsg.db import check_reachable, describe_db_url, make_engine
+from condmsg.core.errors import CondmsgError
+from condmsg.core.protocol import ack_queue
 from condmsg.demo import example1, example2, sphere_example, timelines
 from condmsg.demo.agents import OutcomeListener, RxProcess
 from condmsg.demo.audit import export_and_audit
@@ -53,10 +53,10 @@ from condmsg.demo.setup import (
 )
 from condmsg.demo.stage import Checks, Stage
 from condmsg.demo.story import Story
-from condmsg.errors import CondmsgError
-from condmsg.protocol import ack_queue
-from condmsg.sender import Sender
-from condmsg.settings import Settings
+from condmsg.runtime.amqp import connect
+from condmsg.runtime.db import check_reachable, describe_db_url, make_engine
+from condmsg.runtime.settings import Settings
+from condmsg.sending.sender import Sender
 
 #: The evaluator's settle window and sweep interval: short, because the demo's days are.
 ACK_GRACE_MS = 100

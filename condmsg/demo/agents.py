@@ -13,13 +13,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from condmsg.core.errors import CondmsgError
+from condmsg.core.outcome import Outcome, SphereOutcome
+from condmsg.core.timeutil import utcnow
 from condmsg.demo.setup import wait_for
 from condmsg.demo.story import Story
-from condmsg.errors import CondmsgError
-from condmsg.outcome import Outcome
-from condmsg.sender import Sender
-from condmsg.sphere_outcome import SphereOutcome
-from condmsg.timeutil import utcnow
+from condmsg.sending.sender import Sender
 
 
 class RxProcess:

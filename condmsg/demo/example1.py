@@ -12,13 +12,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from condmsg.conditions import Condition, Destination, DestinationSet
+from condmsg.core.conditions import Condition
+from condmsg.core.evaluation import Verdict
+from condmsg.demo import timelines
 from condmsg.demo.agents import pause
 from condmsg.demo.setup import Names, queue_depth, wait_for
 from condmsg.demo.stage import Stage, sleep_until
 from condmsg.demo.story import Clock
-from condmsg.evaluation import Verdict
-from condmsg.sender_tables import AckStatus
+from condmsg.tables import AckStatus
 
 NOTICE = b"Meeting on 3 December, 10:00, room 4.12: please confirm"
 CANCELLED = "Meeting on 3 December cancelled"
@@ -26,18 +27,8 @@ RECIPIENTS = {"qr1": "alice", "qr2": "bob", "qr3": "carol", "qr4": "dave"}
 
 
 def condition(names: Names, day_s: float) -> Condition:
-    day = timedelta(seconds=day_s)
-    return DestinationSet(
-        Destination(names.queue("qr3"), process_within=3 * day),
-        DestinationSet(
-            Destination(names.queue("qr1")),
-            Destination(names.queue("qr2")),
-            Destination(names.queue("qr4")),
-            process_within=7 * day,
-            min_process=2,
-        ),
-        pickup_within=2 * day,
-    )
+    """Example 1 on the demo's queues, with a day lasting ``day_s`` seconds."""
+    return timelines.example1(names.queue, timedelta(seconds=day_s))
 
 
 @dataclass(frozen=True, slots=True)

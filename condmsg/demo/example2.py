@@ -8,12 +8,12 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta
 
-from condmsg.conditions import Condition, Destination
+from condmsg.core.conditions import Condition, Destination
+from condmsg.core.evaluation import Verdict
 from condmsg.demo.agents import pause
 from condmsg.demo.setup import Names, queue_depth, wait_for
 from condmsg.demo.stage import Stage, sleep_until
 from condmsg.demo.story import Clock
-from condmsg.evaluation import Verdict
 
 #: Example 2's seconds pass this many times faster in the demo.
 SPEEDUP = 10

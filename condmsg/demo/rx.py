@@ -33,9 +33,9 @@ from typing import Any
 
 from ackd.message import Message
 from ackd.receiver import Receiver
-from condmsg.protocol import MessageKind, format_instant
-from condmsg.stopping import StopSignals
-from condmsg.timeutil import utcnow
+from condmsg.core.protocol import MessageKind, format_instant
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime.stopping import StopSignals
 
 
 @dataclass(slots=True)

@@ -21,10 +21,10 @@ import pika
 import pika.exceptions
 import sqlalchemy as sa
 
-from condmsg import protocol
-from condmsg.amqp import connect
-from condmsg.errors import CondmsgError
-from condmsg.topology import declare_destination
+from condmsg.core import protocol
+from condmsg.core.errors import CondmsgError
+from condmsg.runtime.amqp import connect
+from condmsg.runtime.topology import declare_destination
 
 T = TypeVar("T")
 

@@ -22,16 +22,16 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from condmsg import sender_tables
+from condmsg import tables
+from condmsg.core.evaluation import Verdict
+from condmsg.core.outcome import SphereOutcome
 from condmsg.demo import example1
 from condmsg.demo.agents import pause
 from condmsg.demo.stage import Stage, sleep_until
 from condmsg.demo.story import Clock
-from condmsg.evaluation import Verdict
-from condmsg.sphere_outcome import SphereOutcome
-from condmsg.sphere_participants import prepared_gids
-from condmsg.sphere_store import SPHERES
-from condmsg.spheres import Sphere
+from condmsg.spheres.participants import prepared_gids
+from condmsg.spheres.sphere import Sphere
+from condmsg.spheres.store import SPHERES
 
 ROOM = "4.12"
 #: The sphere's timeout, in days: long enough for the script, whose reads end at +1 day.
@@ -287,13 +287,13 @@ def _released(rooms: sa.Engine, sphere_id: str) -> int:
 
 
 def _state(stage: Stage, cm_id: str) -> str:
-    cms = sender_tables.cms
+    cms = tables.cms
     with stage.sender.engine.connect() as conn:
         return str(conn.execute(sa.select(cms.c.state).where(cms.c.cm_id == cm_id)).scalar_one())
 
 
 def _decided_at(stage: Stage, cm_id: str) -> Any:
-    cms = sender_tables.cms
+    cms = tables.cms
     with stage.sender.engine.connect() as conn:
         value = conn.execute(sa.select(cms.c.decided_at).where(cms.c.cm_id == cm_id)).scalar_one()
     return value

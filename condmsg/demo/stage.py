@@ -10,12 +10,12 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from condmsg import sender_tables
+from condmsg import tables
+from condmsg.core.outcome import Outcome
 from condmsg.demo.agents import OutcomeListener, RxProcess
 from condmsg.demo.setup import DemoError, Names, wait_for
 from condmsg.demo.story import Story
-from condmsg.outcome import Outcome
-from condmsg.sender import Sender
+from condmsg.sending.sender import Sender
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Stage:
     def sent_at(self, cm_id: str) -> datetime:
         with self.sender.engine.connect() as conn:
             value = conn.execute(
-                sa.select(sender_tables.cms.c.sent_at).where(sender_tables.cms.c.cm_id == cm_id)
+                sa.select(tables.cms.c.sent_at).where(tables.cms.c.cm_id == cm_id)
             ).scalar_one()
         sent_at: datetime = value if value.tzinfo else value.replace(tzinfo=UTC)  # SQLite: naive
         return sent_at
@@ -75,8 +75,8 @@ class Stage:
 
     def ack_statuses(self, cm_id: str, destination: str) -> list[str]:
         """How the evaluator filed the acks of ``destination`` for ``cm_id``."""
-        query = sa.select(sender_tables.acks.c.status).where(
-            sender_tables.acks.c.cm_id == cm_id, sender_tables.acks.c.destination == destination
+        query = sa.select(tables.acks.c.status).where(
+            tables.acks.c.cm_id == cm_id, tables.acks.c.destination == destination
         )
         with self.sender.engine.connect() as conn:
             return [str(s) for s in conn.execute(query).scalars()]

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from condmsg.outcome import Outcome
-from condmsg.protocol import parse_instant
-from condmsg.sphere_outcome import SphereOutcome
-from condmsg.timeutil import utcnow
+from condmsg.core.outcome import Outcome, SphereOutcome
+from condmsg.core.protocol import parse_instant
+from condmsg.core.timeutil import utcnow
 
 
 @dataclass(frozen=True, slots=True)

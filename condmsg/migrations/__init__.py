@@ -1,2 +1,2 @@
 """Alembic migrations of condmsg's stores; run them with ``condmsg db upgrade`` or
-:func:`condmsg.migrate.upgrade` (see ``docs/operations.md``)."""
+:func:`condmsg.runtime.migrate.upgrade` (see ``docs/operations.md``)."""

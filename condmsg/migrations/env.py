@@ -1,10 +1,11 @@
-"""Alembic's environment for condmsg: always handed a connection by :mod:`condmsg.migrate`."""
+"""Alembic's environment for condmsg: always handed a connection by
+:mod:`condmsg.runtime.migrate`."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from condmsg.migrate import VERSION_TABLE
+from condmsg.runtime.migrate import VERSION_TABLE
 
 
 def run() -> None:

@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from condmsg.conditions import Destination, Kind
+from condmsg.core.conditions import Destination, Kind
 from spark_audit.plans import Numbered, nodes_of, probe_index, probes_of
 
 TRUE, UNKNOWN, FALSE = 1, 0, -1
@@ -208,9 +208,10 @@ class Compiled:
 
 
 class _Builder:
-    def __init__(self, tag: str = "") -> None:
+    def __init__(self, tag: str = "", shared: Mapping[Kind, str] | None = None) -> None:
         self.stages: dict[int, dict[str, Sql]] = {}
         self.tag = tag
+        self.shared = shared or {}
 
     def _column(self, level: int, name: str, expr: Sql) -> Sql:
         self.stages.setdefault(level, {}).setdefault(name, f"{expr} AS {name}")
@@ -221,13 +222,14 @@ class _Builder:
             self._column(0, name, expr)
 
     def deadline(self, owner: int, kind: Kind) -> Sql:
-        tag = self.tag
+        tag = self.shared.get(kind, self.tag)
         return self._column(0, f"_d{kind.value[1]}{owner}{tag}", _deadline(owner, kind, tag))
 
     def leaf(self, facts: Facts, slot: int, kind: Kind, owner: int) -> Sql:
         self._inputs(facts.inputs(slot, None))
         deadline = self.deadline(owner, kind)
-        name = f"_{facts.variant}{kind.value[1]}{slot}_{owner}{self.tag}"
+        # A queue leaf reads only the facts and its deadline: named by the deadline's tag.
+        name = f"_{facts.variant}{kind.value[1]}{slot}_{owner}{self.shared.get(kind, self.tag)}"
         return self._column(1, name, _single(facts, slot, kind, deadline))
 
     def holds(
@@ -285,15 +287,22 @@ def verdict_name(value: Sql) -> Sql:
 
 
 def compiled_values(
-    skeletons: Mapping[int, Numbered], variants: tuple[Facts, ...] = (COUNTED,), tag: str = ""
+    skeletons: Mapping[int, Numbered],
+    variants: tuple[Facts, ...] = (COUNTED,),
+    tag: str = "",
+    shared: Mapping[Kind, str] | None = None,
 ) -> Compiled:
     """The verdict values of every compiled CM, per variant (see :class:`Compiled`).
 
     Expects ``skel_id``, ``sent_us``, ``at_us``, ``final``, the plan arrays and the fact
     columns of the variants on the row; with a ``tag`` (what-if variants, the same as the
     variants' :attr:`Facts.tag`), ``skel_id{tag}`` and the plan arrays ``node_*{tag}``.
+    ``shared`` maps a kind to the tag of a variant whose ``node_{kind}_ms`` arrays are
+    this one's on every row: its deadlines of that kind and the queue leaves judged at
+    them are that variant's columns, computed once for both (a sweep of one deadline
+    leaves the other kind's as recorded).
     """
-    builder = _Builder(tag)
+    builder = _Builder(tag, shared)
     values: dict[str, Sql] = {}
     for facts in variants:
         branches = [

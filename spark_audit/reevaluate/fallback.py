@@ -18,11 +18,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from condmsg.acks import Ack, AckKind
-from condmsg.condition_codec import condition_from_json
-from condmsg.conditions import Condition
-from condmsg.errors import CondmsgError
-from condmsg.evaluation import evaluate
+from condmsg.core.acks import Ack, AckKind
+from condmsg.core.condition_codec import condition_from_json
+from condmsg.core.conditions import Condition
+from condmsg.core.errors import CondmsgError
+from condmsg.core.evaluation import evaluate
 
 RESULT_SCHEMA = T.StructType(
     [

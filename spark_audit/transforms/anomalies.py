@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from condmsg.archive_layout import ACKS, AnomalyKind
+from condmsg.archive.layout import ACKS, AnomalyKind
 from spark_audit.transforms import enrich
 from spark_audit.transforms.conditions import same_text
 from spark_audit.transforms.enrich import COUNTED_CODE, acks_only, judging_acks

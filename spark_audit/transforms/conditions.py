@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from condmsg.condition_codec import condition_from_json
+from condmsg.core.condition_codec import condition_from_json
 from spark_audit.plans import Numbered, numbered, plan_of
 from spark_audit.schemas import local_frame
 

@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from condmsg.archive_layout import AckStatus
+from condmsg.archive.layout import AckStatus
 from spark_audit.readers import Window, decided_after, seen_in, sent_in
 from spark_audit.reevaluate import well_formed
 from spark_audit.schemas import local_frame

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from condmsg.store_values import CmState, SphereState
+from condmsg.core.store_values import CmState, SphereState
 
 SATISFIED, VIOLATED = SphereState.SATISFIED.value, SphereState.VIOLATED.value
 #: The columns of :func:`judge_spheres` (the ``sphere_discrepancies`` table's).
@@ -64,7 +64,7 @@ def sphere_verdict() -> Column:
     """The verdict of a sphere judged after its deadline, over the columns ``aborted_at,
     committed_at, deadline`` and :func:`member_counts`'.
 
-    These are the rules of ``condmsg.sphere_outcome.judge_sphere`` (which the evaluator
+    These are the rules of ``condmsg.core.sphere_evaluation.judge_sphere`` (which the evaluator
     decides with) at an instant past the deadline: satisfied iff not aborted, committed by
     the deadline, no member violated and every member satisfied by the deadline; else
     violated. ``tests/spark/test_spheres.py`` compares the two on hand-built cases.

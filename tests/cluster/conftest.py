@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -171,13 +170,3 @@ def nodes(cluster: Cluster) -> Iterator[Cluster]:
         if not cluster.running(node):
             cluster.start_node(node)
     cluster.delete_all_queues()
-
-
-def wait_until(predicate: object, timeout: float, what: str, interval: float = 0.05) -> None:
-    """Poll ``predicate`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}", pytrace=False)
-        time.sleep(interval)

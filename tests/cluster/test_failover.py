@@ -21,12 +21,13 @@ import pytest
 
 from ackd.receiver import Receiver
 from condmsg import Destination, Verdict
-from condmsg.amqp import connect, connected_address, describe_url
-from condmsg.sender import Sender
+from condmsg.runtime.amqp import connect, connected_address, describe_url
+from condmsg.sending.sender import Sender
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
+from tests.waiting import wait_for
 
-from .conftest import Cluster, wait_until
+from .conftest import Cluster
 
 pytestmark = [
     pytest.mark.rabbitmq,
@@ -130,13 +131,13 @@ def test_sender_relay_and_receiver_carry_on_after_their_node_goes(
     try:
         sent = [sender.send(f"m{i}".encode(), _condition(queue)) for i in range(150)]
         consumer = _consume_in_background(receiver, queue, seen, stop)
-        wait_until(lambda: len(seen) >= 30, 30, "the first deliveries")
+        wait_for(lambda: len(seen) >= 30, 30, "the first deliveries")
         assert receiver._broker._connection is not None
         assert connected_address(receiver._broker._connection).endswith(f":{nodes.port(1)}")
         lost_at = time.monotonic()
         nodes.stop_node(1)
         sent += [sender.send(f"n{i}".encode(), _condition(queue)) for i in range(150)]
-        wait_until(lambda: len(seen) == len(sent), 90, "every CM delivered after the loss")
+        wait_for(lambda: len(seen) == len(sent), 90, "every CM delivered after the loss")
         recovered_s = time.monotonic() - lost_at
         assert relay.stats().connected and relay.stats().reconnects >= 1
         stop.set()
@@ -173,12 +174,10 @@ def test_evaluator_decides_on_another_node(
     try:
         first = [sender.send(b"x", _condition(queue)) for _ in range(40)]
         consumer = _consume_in_background(receiver, queue, seen, stop)
-        wait_until(
-            lambda: all(sender.outcome(cm) is not None for cm in first), 60, "first outcomes"
-        )
+        wait_for(lambda: all(sender.outcome(cm) is not None for cm in first), 60, "first outcomes")
         nodes.stop_node(1)
         later = [sender.send(b"y", _condition(queue)) for _ in range(40)]
-        wait_until(
+        wait_for(
             lambda: all(sender.outcome(cm) is not None for cm in later),
             90,
             "outcomes of the CMs sent after the loss",

@@ -23,15 +23,16 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from ackd.receiver import Receiver
-from condmsg import Destination, DestinationSet, sender_tables
-from condmsg.evaluation import evaluate
-from condmsg.sender import Sender
+from condmsg import Destination, DestinationSet, tables
+from condmsg.core.evaluation import evaluate
+from condmsg.sending.sender import Sender
 from evaluator import store
 from evaluator.config import EvaluatorConfig
-from evaluator.sender_store import decision_store
 from evaluator.service import Evaluator
+from evaluator.store_setup import decision_store
+from tests.waiting import wait_for
 
-from .conftest import Cluster, wait_until
+from .conftest import Cluster
 
 pytestmark = [
     pytest.mark.rabbitmq,
@@ -124,15 +125,15 @@ def test_a_node_lost_mid_traffic(
             return int(
                 conn.execute(
                     sa.select(sa.func.count())
-                    .select_from(sender_tables.cms)
-                    .where(sender_tables.cms.c.state != "pending")
+                    .select_from(tables.cms)
+                    .where(tables.cms.c.state != "pending")
                 ).scalar_one()
             )
 
     sending = threading.Thread(target=send_all, daemon=True)
     try:
         sending.start()
-        wait_until(lambda: decided() >= 150, 90, "outcomes flowing before the loss")
+        wait_for(lambda: decided() >= 150, 90, "outcomes flowing before the loss")
         victim = nodes.leaders().most_common(1)[0][0]
         lost_at = datetime.now(UTC)
         lost_mono = time.monotonic()
@@ -140,11 +141,11 @@ def test_a_node_lost_mid_traffic(
         print(f"stopped node {victim} (leading the most queues) at {decided()} outcomes")
         sending.join(120)
         assert not sending.is_alive()
-        wait_until(lambda: time.monotonic() - lost_mono > 10 or decided() == CMS, 30, "")
+        wait_for(lambda: time.monotonic() - lost_mono > 10 or decided() == CMS, 30)
         nodes.start_node(victim)
-        wait_until(lambda: decided() == CMS, 150, f"all {CMS} outcomes")
+        wait_for(lambda: decided() == CMS, 150, f"all {CMS} outcomes")
         compensations_due = 2 * len(violated_ids)
-        wait_until(
+        wait_for(
             lambda: (
                 sum(n for (k, _c, _q), n in handed.items() if k == "compensation")
                 >= compensations_due
@@ -163,7 +164,7 @@ def test_a_node_lost_mid_traffic(
             receiver.engine.dispose()
 
     with Session(sender.engine) as session:
-        rows = list(session.execute(sa.select(sender_tables.cms)))
+        rows = list(session.execute(sa.select(tables.cms)))
         acks = decision_store(session).counted_acks(session, [r.cm_id for r in rows])
     sender.engine.dispose()
     assert len(rows) == CMS

@@ -10,29 +10,24 @@ from __future__ import annotations
 
 import json
 import logging
-import random
-import threading
-import time
 import uuid
-from collections import defaultdict
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pika
 import pytest
-import sqlalchemy as sa
 
 from ackd.receiver import Receiver
-from ackd.tables import rlog
 from condmsg import Destination
-from condmsg.amqp import connect
-from condmsg.errors import ConfigError
-from condmsg.protocol import MessageKind
-from condmsg.sender import Sender
-from condmsg.topology import declare_destination
-from tests.integration.condmsg_helpers import SECRET, wait_for
-from tests.integration.test_cancel_out import _compensation, _original
+from condmsg.core.errors import ConfigError
+from condmsg.core.protocol import MessageKind
+from condmsg.runtime.amqp import connect
+from condmsg.runtime.topology import declare_destination
+from condmsg.sending.sender import Sender
+from tests.integration.cancel_out_race import run_cancel_out_race, send_compensation
+from tests.integration.condmsg_helpers import SECRET, publish_original
+from tests.waiting import wait_for
 
 from .conftest import Cluster
 
@@ -95,8 +90,8 @@ def test_an_unread_original_and_its_compensation_reach_the_app_in_order(
         receiver._broker.ensure_queue(queue)
         assert _queue_type(quorum, queue) == "quorum"
         cm_id = str(uuid.uuid4())
-        _original(channel, queue, cm_id)
-        _compensation(channel, queue, cm_id)
+        publish_original(channel, queue, cm_id)
+        send_compensation(channel, queue, cm_id)
         first = wait_for(lambda: receiver.read(queue, timeout=0.5))
         second = wait_for(lambda: receiver.read(queue, timeout=0.5))
         assert first is not None and second is not None
@@ -116,8 +111,8 @@ def test_a_compensation_published_first_cancels_both(
     try:
         receiver._broker.ensure_queue(queue)
         cm_id = str(uuid.uuid4())
-        _compensation(channel, queue, cm_id)
-        _original(channel, queue, cm_id)
+        send_compensation(channel, queue, cm_id)
+        publish_original(channel, queue, cm_id)
         assert receiver.read(queue, timeout=1.0) is None
         assert receiver.read(queue, timeout=1.0) is None
         assert (receiver.stats.cancelled, receiver.stats.discards) == (1, 1)
@@ -128,97 +123,25 @@ def test_a_compensation_published_first_cancels_both(
 
 
 def test_cancel_out_race_on_quorum_queues(quorum: Cluster, pg_url: str, unique_name: str) -> None:
-    """120 trials, originals and compensations in random order and at random moments,
-    two transactional consumers competing (some roll back): each CM ends with the app
-    having seen the original then the compensation, or neither."""
-    trials = 120
+    """The classic-queue race of ``test_cancel_out``, every trial steered to one of its
+    endings, with two transactional consumers competing for a quorum queue."""
     queue = f"{unique_name}.q"
     consumers = [_receiver(quorum, pg_url, unique_name, f"c{i}") for i in (1, 2)]
-    consumers[0]._broker.ensure_queue(queue)
-    seen: dict[str, list[str]] = defaultdict(list)
-    lock = threading.Lock()
-    done = threading.Event()
-    errors: list[BaseException] = []
-    polling = {id(r): threading.Event() for r in consumers}
-
-    def consume(receiver: Receiver, seed: int) -> None:
-        rnd = random.Random(seed)
-        while not done.is_set():
-            try:
-                with receiver.transaction() as tx:
-                    message = tx.read(queue, timeout=0.2)
-                    polling[id(receiver)].set()
-                    if message is None:
-                        continue
-                    time.sleep(rnd.uniform(0, 0.004))  # the app works inside the transaction
-                    if rnd.random() < 0.1:
-                        raise _Rollback
-                    with lock:
-                        seen[str(message.cm_id)].append(str(getattr(message.kind, "value", "")))
-            except _Rollback:
-                continue
-            except BaseException as exc:
-                errors.append(exc)
-                return
-
-    threads = [
-        threading.Thread(target=consume, args=(r, i), daemon=True) for i, r in enumerate(consumers)
-    ]
-    for thread in threads:
-        thread.start()
+    connection = pika.BlockingConnection(pika.URLParameters(quorum.node_url(2)))
     try:
-        assert all(ready.wait(60) for ready in polling.values())
-        connection = pika.BlockingConnection(pika.URLParameters(quorum.node_url(2)))
+        consumers[0]._broker.ensure_queue(queue)
         channel = connection.channel()
         # With confirms, as the relay publishes: publishes without them, made after
         # another test had restarted a node, were seen to vanish on their way to the
         # quorum queue's leader, which a confirm would have reported.
         channel.confirm_delivery()
-        rnd = random.Random(11)
-        cm_ids = [str(uuid.uuid4()) for _ in range(trials)]
-        for cm_id in cm_ids:
-            if rnd.random() < 0.25:
-                _compensation(channel, queue, cm_id)
-                time.sleep(rnd.uniform(0, 0.004))
-                _original(channel, queue, cm_id)
-                continue
-            _original(channel, queue, cm_id)
-            if rnd.random() < 0.5:
-                time.sleep(rnd.uniform(0, 0.006))
-            _compensation(channel, queue, cm_id)
-        connection.close()
-
-        def settled() -> bool:
-            with consumers[0].engine.connect() as conn:
-                finished = conn.execute(
-                    sa.select(sa.func.count()).where(
-                        sa.or_(
-                            sa.and_(rlog.c.state == "consumed", rlog.c.compensated_at.is_not(None)),
-                            sa.and_(rlog.c.state == "cancelled", rlog.c.discarded_at.is_not(None)),
-                        )
-                    )
-                ).scalar_one()
-            return bool(finished == trials)
-
-        wait_for(settled, timeout=120, interval=0.2)
+        endings = run_cancel_out_race(consumers, queue, channel)
     finally:
-        done.set()
-        for thread in threads:
-            thread.join(10)
+        connection.close()
         for receiver in consumers:
             receiver.close()
             receiver.engine.dispose()
-    assert not errors, errors
-    endings: dict[str, int] = defaultdict(int)
-    for cm_id in cm_ids:
-        story = seen.get(cm_id, [])
-        assert story in ([], ["original", "compensation"]), (cm_id, story)
-        endings["both" if story else "neither"] += 1
-    assert endings["both"] > 0 and endings["neither"] > 0
-
-
-class _Rollback(Exception):
-    pass
+    assert endings == {"both": 10, "neither": 20}
 
 
 def test_a_queue_of_the_other_type_is_one_clear_error(
@@ -253,10 +176,10 @@ def test_a_queue_of_the_other_type_is_one_clear_error(
 def test_the_broker_version_and_the_mode_are_logged(
     quorum: Cluster, pg_url: str, unique_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="condmsg.sender")
+    caplog.set_level(logging.INFO, logger="condmsg.sending.sender")
     sender = _sender(quorum, pg_url, unique_name)
     sender.engine.dispose()
-    lines = [r.getMessage() for r in caplog.records if r.name == "condmsg.sender"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "condmsg.sending.sender"]
     assert any(
         "RabbitMQ 3.10" in line and "quorum destination queues without priorities" in line
         for line in lines

@@ -16,11 +16,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from condmsg import Destination, sender_tables
-from condmsg.acks import Ack, AckKind
-from condmsg.condition_codec import condition_to_json
-from condmsg.db import make_engine
-from condmsg.sender import create_tables
+from condmsg import Destination, tables
+from condmsg.core.acks import Ack, AckKind
+from condmsg.core.condition_codec import condition_to_json
+from condmsg.runtime.db import make_engine
+from condmsg.tables import create_tables
 from evaluator.store import CompensationRow, CopyRow, DecisionStore, to_utc
 from evaluator.store_psycopg import PsycopgDecisionStore
 from evaluator.store_sqlalchemy import SqlAlchemyDecisionStore
@@ -59,7 +59,7 @@ def add_cm(engine: sa.Engine, cm_id: str, **columns: Any) -> None:
         "evaluation_deadline": T0 + 10 * SEC,
     }
     with engine.begin() as conn:
-        conn.execute(sa.insert(sender_tables.cms), [row | columns])
+        conn.execute(sa.insert(tables.cms), [row | columns])
 
 
 def ack_row(ack_id: str, cm_id: str, **columns: Any) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def decision(cm_id: str, state: str = "satisfied", **columns: Any) -> dict[str, 
 
 def cm_rows(engine: sa.Engine) -> dict[str, Any]:
     with engine.connect() as conn:
-        return {row.cm_id: row for row in conn.execute(sa.select(sender_tables.cms))}
+        return {row.cm_id: row for row in conn.execute(sa.select(tables.cms))}
 
 
 def in_session(engine: sa.Engine, work: Any) -> Any:
@@ -143,7 +143,7 @@ def test_copies_of_groups_copies_by_cm_and_destination(
     ]
     with engine.begin() as conn:
         conn.execute(
-            sa.insert(sender_tables.copies),
+            sa.insert(tables.copies),
             [
                 {
                     "cm_id": cm_id,
@@ -294,7 +294,7 @@ def test_compensations_of_and_their_release(engine: sa.Engine, store: DecisionSt
     add_cm(engine, "b")
     with engine.begin() as conn:
         conn.execute(
-            sa.insert(sender_tables.compensations),
+            sa.insert(tables.compensations),
             [
                 {"cm_id": cm_id, "destination": q, "body": body, "content_type": content_type}
                 | {"system_generated": False}
@@ -316,7 +316,7 @@ def test_compensations_of_and_their_release(engine: sa.Engine, store: DecisionSt
     with engine.connect() as conn:
         released = {
             (r.cm_id, r.destination): r.released_at
-            for r in conn.execute(sa.select(sender_tables.compensations))
+            for r in conn.execute(sa.select(tables.compensations))
         }
     assert {k: to_utc(v) if v else None for k, v in released.items()} == {
         ("a", "q1"): T0 + SEC,
@@ -341,7 +341,7 @@ def test_insert_acks_is_idempotent_and_returns_only_new_ids(
     assert in_session(engine, lambda s: store.insert_acks(s, again)) == set()
     assert in_session(engine, lambda s: store.insert_acks(s, [])) == set()
     with engine.connect() as conn:
-        stored = {r.ack_id: r for r in conn.execute(sa.select(sender_tables.acks))}
+        stored = {r.ack_id: r for r in conn.execute(sa.select(tables.acks))}
     assert sorted(stored) == ["k1", "k2", "k3"]
     assert stored["k2"].receiver == "rx"  # the first one stored stays
     assert (stored["k3"].recipient, to_utc(stored["k3"].received_at)) == ("bob", T0 + 2 * SEC)
@@ -405,7 +405,5 @@ def test_record_anomalies_inserts_every_row(engine: sa.Engine, store: DecisionSt
     in_session(engine, lambda s: store.record_anomalies(s, [anomaly, anomaly | {"cm_id": None}]))
     in_session(engine, lambda s: store.record_anomalies(s, []))
     with engine.connect() as conn:
-        found = sorted(
-            (r.kind, r.cm_id or "") for r in conn.execute(sa.select(sender_tables.anomalies))
-        )
+        found = sorted((r.kind, r.cm_id or "") for r in conn.execute(sa.select(tables.anomalies)))
     assert found == [("duplicate", ""), ("duplicate", "a")]

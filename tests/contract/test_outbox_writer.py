@@ -1,7 +1,7 @@
-"""Contract of :class:`outbox.writer.OutboxWriter`, run against every adapter.
+"""Contract of :class:`outbox.enqueueing.OutboxWriter`, run against every adapter.
 
 Every row an adapter writes is read back with SQLAlchemy and compared, column by column
-(all but ``id`` and ``created_at``), with :func:`outbox.writer.row_values` of the same
+(all but ``id`` and ``created_at``), with :func:`outbox.enqueueing.row_values` of the same
 message: the one definition of an outbox row, so every adapter writes what the others do.
 """
 
@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox import OutboxMessage, OutboxTypeError, OutboxValueError
-from outbox import writer as adapters
-from outbox.writer import OutboxWriter, Row, TemplateBatch, row_values
+from outbox import enqueueing as adapters
+from outbox.enqueueing import OutboxWriter, Row, TemplateBatch, row_values
 
 pytestmark = pytest.mark.postgres
 

@@ -1,5 +1,6 @@
-"""The publishing seam: frames encoded by the outbox and pika's ``basic_publish`` put the
-same messages on the wire, against the real RabbitMQ.
+"""The publishing seam: frames encoded by the outbox (the fast path) and pika's
+``basic_publish`` (the plain path) put the same messages on the wire, against the real
+RabbitMQ; and which of them ``auto`` takes on which pika.
 
 Each implementation publishes the same rows through a real :class:`Publisher`; a real
 consumer must see byte-identical bodies and equal properties and headers, and the broker's
@@ -17,13 +18,16 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-from outbox import OutboxMessage, Relay, RelayConfig, StoredMessage
+from outbox import OutboxMessage, Relay, RelayConfig, StoredMessage, fast_paths
 from outbox.config import PUBLISHING_CHOICES
-from outbox.publisher import PUBLISHINGS, BatchResult, Publisher
-from outbox.publishing import COPY_HEADER, ROW_ID_HEADER, without_ours
-from tests.integration.outbox_helpers import Collector, declare_queues, delete_queues, wait_until
+from outbox.publish_confirms import BatchResult, Publisher, publishing_for
+from outbox.publish_frames import Connection, FramePublishing
+from outbox.publish_pika import COPY_HEADER, ROW_ID_HEADER, PikaPublishing, without_ours
+from tests.integration.outbox_helpers import Collector, declare_queues, delete_queues
+from tests.waiting import wait_for
 
-IMPLEMENTATIONS = sorted(PUBLISHINGS)
+#: The fast path and the plain one, forced by name (``auto`` picks one of them).
+IMPLEMENTATIONS = ["frames", "pika"]
 FRAME_MAX = 131072  # RabbitMQ's default, which the publisher's connection negotiates
 PROPERTY_NAMES = (
     "content_type",
@@ -74,7 +78,7 @@ def queues(amqp_url: str, unique_name: str) -> Iterator[tuple[str, str]]:
 
 def publish(amqp_url: str, name: str, *batches: list[StoredMessage]) -> list[BatchResult]:
     """Publish ``batches`` back to back on one publisher of the implementation ``name``."""
-    publisher = Publisher(amqp_url, publishing=PUBLISHINGS[name]()).start()
+    publisher = Publisher(amqp_url, publishing=publishing_for(name)).start()
     try:
         pending = [publisher.submit(rows) for rows in batches]
         assert all(batch.wait(30) for batch in pending)
@@ -100,7 +104,7 @@ def published_and_seen(
             if m.routing_key in queues
         }
         expected = len(keys & routed)
-        wait_until(lambda: len(collector.ids()) >= expected, 30, f"{expected} deliveries")
+        wait_for(lambda: len(collector.ids()) >= expected, 30, f"{expected} deliveries")
         seen = {
             queue: [(row_id, properties(props), body) for row_id, props, body in deliveries]
             for queue, deliveries in collector.deliveries.items()
@@ -250,13 +254,58 @@ def test_the_relay_publishes_with_the_configured_implementation(
         engine.dispose()
 
 
-def test_the_relay_config_names_an_implementation_the_publisher_has() -> None:
-    assert set(PUBLISHING_CHOICES) == set(PUBLISHINGS)
-    assert RelayConfig.from_env({}).publishing == "frames"
+def test_the_relay_config_names_a_publishing() -> None:
+    assert ("auto", *IMPLEMENTATIONS) == PUBLISHING_CHOICES
+    assert RelayConfig.from_env({}).publishing == "auto"
     env = {"CONDMSG_RELAY_PUBLISHING": "pika"}
     assert RelayConfig.from_env(env).publishing == "pika"
     assert RelayConfig.from_env(env, publishing="frames").publishing == "frames"
-    with pytest.raises(ValueError, match="CONDMSG_RELAY_PUBLISHING must be one of frames, pika"):
+    with pytest.raises(ValueError, match="CONDMSG_RELAY_PUBLISHING must be one of auto, frames"):
         RelayConfig.from_env({"CONDMSG_RELAY_PUBLISHING": "fast"})
     with pytest.raises(ValueError, match="publishing must be one of"):
         RelayConfig(amqp_url="amqp://x", publishing="fast")
+
+
+@pytest.fixture
+def untold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each choice is logged once per process: this test sees its own."""
+    monkeypatch.setattr(fast_paths, "_told", set())
+
+
+@pytest.mark.usefixtures("untold")
+@pytest.mark.parametrize(
+    ("version", "frames"), [("1.3.2", True), ("1.4.4", True), ("1.3.1", False), ("1.5.0", False)]
+)
+def test_auto_takes_the_frames_only_on_a_tested_pika(
+    version: str, frames: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("pika.__version__", version)
+    caplog.set_level("INFO", logger="outbox.fast_paths")
+    chosen = publishing_for("auto")
+    assert isinstance(chosen, FramePublishing if frames else PikaPublishing)
+    path = "fast path" if frames else "plain path"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"outbox relay publishing: {path} (pika {version})"
+        if frames
+        else f"outbox relay publishing: plain path (pika {version} is not a release it was "
+        "tested with (1.3.2 to before 1.5))"
+    ]
+    publishing_for("auto")
+    assert len(caplog.records) == 1  # once per process
+
+
+@pytest.mark.usefixtures("untold")
+def test_a_forced_path_wins_and_the_frames_need_their_hook(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("pika.__version__", "1.5.0")
+    assert isinstance(publishing_for("frames"), FramePublishing)  # trying a new release
+    assert "forced although pika 1.5.0 is not a release" in caplog.text
+    assert isinstance(publishing_for("pika"), PikaPublishing)
+    monkeypatch.setattr("pika.__version__", "1.4.4")
+    monkeypatch.delattr(Connection, "_adapter_emit_data")
+    assert isinstance(publishing_for("auto"), PikaPublishing)
+    with pytest.raises(ValueError, match=r"lacks Connection\._adapter_emit_data"):
+        publishing_for("frames")
+    with pytest.raises(ValueError, match=r"lacks Connection\._adapter_emit_data"):
+        Relay(sa.create_engine("sqlite://"), RelayConfig(amqp_url="amqp://x", publishing="frames"))

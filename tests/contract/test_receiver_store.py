@@ -16,11 +16,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from ackd import tables
 from ackd.emit import ack_message
-from ackd.inbound import Inbound
 from ackd.receiver_store import ReceiverStore, SqlAlchemyReceiverStore, StoreTraits
 from ackd.receiver_store_psycopg import PsycopgReceiverStore
-from condmsg.acks import AckKind
-from condmsg.protocol import AckMessage, MessageKind
+from ackd.validation import Inbound
+from condmsg.core.acks import AckKind
+from condmsg.core.protocol import AckMessage, MessageKind
 from outbox.enqueueing import row_values
 from outbox.message import OutboxMessage
 from outbox.table import create_tables as create_outbox_tables

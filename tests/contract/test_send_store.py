@@ -1,4 +1,4 @@
-"""Contract of :class:`condmsg.send_store.SendStore`, run against every adapter."""
+"""Contract of :class:`condmsg.sending.send_rows.SendStore`, run against every adapter."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from condmsg import send_store as adapters
-from condmsg import sender_tables
-from condmsg.send_store import SendRows, SendStore
+from condmsg import tables
+from condmsg.sending import send_rows as adapters
+from condmsg.sending.send_rows import SendRows, SendStore
 
 pytestmark = pytest.mark.postgres
 
@@ -27,7 +27,7 @@ SENT_AT = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 @pytest.fixture
 def engine(adapter_backend: tuple[str, bool]) -> Iterator[sa.Engine]:
     eng = sa.create_engine(adapter_backend[0])
-    sender_tables.metadata.create_all(eng)
+    tables.metadata.create_all(eng)
     yield eng
     eng.dispose()
 
@@ -89,9 +89,7 @@ def test_add_writes_every_row_as_given(engine: sa.Engine, store: SendStore) -> N
         got = stored(engine, table, columns)
         assert sorted(got, key=lambda row: [str(row[c]) for c in columns]) == want
     with engine.connect() as conn:  # columns a send leaves to the evaluator
-        unset = conn.execute(
-            sa.select(sender_tables.cms.c.decided_at, sender_tables.cms.c.reasons_json)
-        ).all()
+        unset = conn.execute(sa.select(tables.cms.c.decided_at, tables.cms.c.reasons_json)).all()
     assert set(unset) == {(None, None)}
 
 
@@ -117,8 +115,8 @@ def test_a_cm_id_stored_already_is_an_integrity_error(engine: sa.Engine, store: 
         store.add(s, send_rows("cm-a"))
     with Session(engine) as s, pytest.raises(sa.exc.IntegrityError), s.begin():
         store.add(s, send_rows("cm-b", "cm-a"))
-    assert [row["cm_id"] for row in stored(engine, sender_tables.cms, ["cm_id"])] == ["cm-a"]
-    assert len(stored(engine, sender_tables.copies, ["message_id"])) == 2
+    assert [row["cm_id"] for row in stored(engine, tables.cms, ["cm_id"])] == ["cm-a"]
+    assert len(stored(engine, tables.copies, ["message_id"])) == 2
 
 
 def test_nothing_is_written_until_the_caller_commits(engine: sa.Engine, store: SendStore) -> None:
@@ -127,5 +125,5 @@ def test_nothing_is_written_until_the_caller_commits(engine: sa.Engine, store: S
         store.add(s, send_rows("cm-a"))
         store.add(s, SendRows())
         s.rollback()
-    for table in (sender_tables.cms, sender_tables.copies, sender_tables.compensations):
+    for table in (tables.cms, tables.copies, tables.compensations):
         assert stored(engine, table, ["cm_id"]) == []

@@ -1,4 +1,4 @@
-"""Contract of :class:`condmsg.sphere_store.SphereStore` (one adapter, every database)."""
+"""Contract of :class:`condmsg.spheres.store.SphereStore` (one class, every database)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,22 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from condmsg import Verdict, sender_tables
-from condmsg.sphere_outcome import SphereOutcome
-from condmsg.sphere_store import SqlAlchemySphereStore
-from condmsg.store_values import ParticipantState
+from condmsg import Verdict, tables
+from condmsg.core.outcome import SphereOutcome
+from condmsg.core.store_values import ParticipantState
+from condmsg.spheres.store import SphereStore
 
 pytestmark = pytest.mark.postgres
 
 T0 = datetime(2026, 11, 25, 12, 0, 0, 123000, tzinfo=UTC)
 S = timedelta(seconds=1)
-store = SqlAlchemySphereStore()
+store = SphereStore()
 
 
 @pytest.fixture
 def engine(db_url: str) -> Iterator[sa.Engine]:
     eng = sa.create_engine(db_url)
-    sender_tables.metadata.create_all(eng)
+    tables.metadata.create_all(eng)
     yield eng
     eng.dispose()
 
@@ -37,7 +37,7 @@ def begin(engine: sa.Engine, sphere_id: str = "s1", deadline: datetime = T0 + 10
 def add_member(engine: sa.Engine, cm_id: str, sphere_id: str, state: str = "pending") -> None:
     with engine.begin() as conn:
         conn.execute(
-            sa.insert(sender_tables.cms),
+            sa.insert(tables.cms),
             [
                 {
                     "cm_id": cm_id,
@@ -141,7 +141,7 @@ def test_the_outcome_is_the_one_recorded_at_the_decision(engine: sa.Engine) -> N
             instance="e1",
         )
     with engine.begin() as conn:  # the pending member is decided afterwards
-        cms = sender_tables.cms
+        cms = tables.cms
         conn.execute(
             sa.update(cms)
             .where(cms.c.cm_id == "m2")
@@ -261,7 +261,7 @@ def test_due_spheres_are_claimed_by_their_next_check(engine: sa.Engine) -> None:
 
 def test_a_claimed_sphere_is_skipped_by_a_second_claimer(pg_url: str) -> None:
     engine = sa.create_engine(pg_url)
-    sender_tables.metadata.create_all(engine)
+    tables.metadata.create_all(engine)
     try:
         begin(engine, "a", deadline=T0 + S)
         begin(engine, "b", deadline=T0 + 2 * S)

@@ -8,32 +8,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pika
 import pytest
 
-T = TypeVar("T")
+from tests.waiting import wait_for
 
 SECRET = b"e2e-test-secret"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.05) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 @dataclass
@@ -130,9 +117,9 @@ def ack_consumers(amqp_url: str, sender: str) -> int:
 def publish_acks(amqp_url: str, sender: str, pairs: list[tuple[str, str]]) -> None:
     """Genuine READ acks straight to the ack queue (as receiver relays would), one for each
     ``(cm_id, destination)``."""
-    from condmsg import protocol
-    from condmsg.acks import AckKind
-    from condmsg.timeutil import utcnow
+    from condmsg.core import protocol
+    from condmsg.core.acks import AckKind
+    from condmsg.core.timeutil import utcnow
 
     connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
     try:

@@ -19,7 +19,7 @@ from typing import Any
 import pika
 
 from ackd.receiver import Receiver
-from condmsg.topology import declare_destination
+from condmsg.runtime.topology import declare_destination
 
 
 def main(config: dict[str, Any]) -> int:

@@ -33,14 +33,16 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from ackd.receiver import Receiver
-from condmsg import Destination, protocol, sender_tables
-from condmsg.acks import AckKind
-from condmsg.evaluation import evaluate
-from condmsg.timeutil import utcnow
+from condmsg import Destination, tables
+from condmsg.core import protocol
+from condmsg.core.acks import AckKind
+from condmsg.core.evaluation import evaluate
+from condmsg.core.timeutil import utcnow
 from evaluator import store
-from evaluator.sender_store import decision_store
+from evaluator.store_setup import decision_store
+from tests.waiting import wait_for
 
-from .conftest import SECRET, Procs, wait_for
+from .conftest import SECRET, Procs
 
 pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -247,7 +249,7 @@ def test_valid_cms_are_decided_on_their_evidence_while_poison_flows(
             expected[cm_id] = "violated"
             with sender.engine.connect() as conn:
                 sent_at = conn.execute(
-                    sa.select(sender_tables.cms.c.sent_at).where(sender_tables.cms.c.cm_id == cm_id)
+                    sa.select(tables.cms.c.sent_at).where(tables.cms.c.cm_id == cm_id)
                 ).scalar_one()
             for body in _poison_acks(cm_id, unread, sent_at):
                 channel.basic_publish("", protocol.ack_queue(procs.sender), body)
@@ -256,11 +258,7 @@ def test_valid_cms_are_decided_on_their_evidence_while_poison_flows(
 
         def states() -> dict[str, str]:
             with sender.engine.connect() as conn:
-                return dict(
-                    conn.execute(
-                        sa.select(sender_tables.cms.c.cm_id, sender_tables.cms.c.state)
-                    ).all()
-                )
+                return dict(conn.execute(sa.select(tables.cms.c.cm_id, tables.cms.c.state)).all())
 
         wait_for(lambda: "pending" not in states().values(), timeout=40)
         # Every CM decided on its evidence: the scripted verdict...
@@ -273,7 +271,7 @@ def test_valid_cms_are_decided_on_their_evidence_while_poison_flows(
         )
         # ... and the stored verdict is evaluate() over the acks that counted.
         with Session(sender.engine) as session:
-            rows = list(session.execute(sa.select(sender_tables.cms)))
+            rows = list(session.execute(sa.select(tables.cms)))
             counted = decision_store(session).counted_acks(session, [r.cm_id for r in rows])
         for row in rows:
             cm = store.CmRow.of(row)
@@ -288,7 +286,7 @@ def test_valid_cms_are_decided_on_their_evidence_while_poison_flows(
         def accounted() -> list[bytes]:
             dead.extend(_drain(channel, protocol.dead_letter_queue(procs.sender)))
             with sender.engine.connect() as conn:
-                anomalies = set(conn.execute(sa.select(sender_tables.anomalies.c.ack_id)).scalars())
+                anomalies = set(conn.execute(sa.select(tables.anomalies.c.ack_id)).scalars())
             bodies = [body for _, body in dead]
             return [b for b in poison_acks if b not in bodies and _ack_id_of(b) not in anomalies]
 

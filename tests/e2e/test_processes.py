@@ -17,13 +17,15 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from condmsg import Destination, DestinationSet, Verdict, protocol, sender_tables
-from condmsg.evaluation import evaluate
-from condmsg.outcome import Outcome
+from condmsg import Destination, Verdict, tables
+from condmsg.core import protocol
+from condmsg.core.evaluation import evaluate
+from condmsg.core.outcome import Outcome
 from evaluator import store
-from evaluator.sender_store import decision_store
+from evaluator.store_setup import decision_store
+from tests.waiting import wait_for
 
-from .conftest import Procs, ack_consumers, publish_acks, records, wait_for
+from .conftest import Procs, ack_consumers, publish_acks, records
 
 pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -37,20 +39,6 @@ def _names(procs: Procs) -> Callable[[str], str]:
     return q
 
 
-def _example1(q: Callable[[str], str]) -> Any:
-    return DestinationSet(
-        Destination(q("qr3"), process_within=3 * DAY),
-        DestinationSet(
-            Destination(q("qr1")),
-            Destination(q("qr2")),
-            Destination(q("qr4")),
-            process_within=7 * DAY,
-            min_process=2,
-        ),
-        pickup_within=2 * DAY,
-    )
-
-
 def _kinds(out: Path) -> list[str | None]:
     return [r["kind"] for r in records(out) if "kind" in r]
 
@@ -59,19 +47,19 @@ def _stats(out: Path) -> dict[str, int]:
     return next(r["stats"] for r in records(out) if "stats" in r)
 
 
-def test_example1_success_across_processes(procs: Procs, make_sender: Any) -> None:
+def test_example1_success_across_processes(procs: Procs, make_sender: Any, example1: Any) -> None:
     q = _names(procs)
     sender = make_sender(procs.pg_url, procs.sender)
     evaluator = procs.evaluator()
     modes = {"qr1": "commit", "qr2": "read", "qr3": "commit", "qr4": "commit"}
     outs = {name: procs.receiver(q(name), "alice", mode) for name, mode in modes.items()}
     procs.wait_ready(list(outs.values()), consumers=1)
-    cm_id = sender.send(b"meeting", _example1(q), notify_success=True)
+    cm_id = sender.send(b"meeting", example1(q, DAY), notify_success=True)
     outcome = sender.outcome(cm_id, timeout=30)
     assert outcome is not None and outcome.verdict is Verdict.SATISFIED, outcome
     # Decided on the last needed ack, before the evaluation deadline (7 "days").
     with sender.engine.connect() as conn:
-        sent_at = conn.execute(sa.select(sender_tables.cms.c.sent_at)).scalar_one()
+        sent_at = conn.execute(sa.select(tables.cms.c.sent_at)).scalar_one()
     assert outcome.decided_at < sent_at + 7 * DAY
     assert outcome.decided_at - outcome.effective_at == timedelta(milliseconds=100)
     for out in outs.values():
@@ -87,7 +75,7 @@ def test_example1_success_across_processes(procs: Procs, make_sender: Any) -> No
 
 
 def test_example1_fails_on_the_processing_constraint_across_processes(
-    procs: Procs, make_sender: Any
+    procs: Procs, make_sender: Any, example1: Any
 ) -> None:
     q = _names(procs)
     sender = make_sender(procs.pg_url, procs.sender)
@@ -102,7 +90,7 @@ def test_example1_fails_on_the_processing_constraint_across_processes(
         "qr2": procs.receiver(q("qr2"), "alice", "commit", go_file=go),
     }
     procs.wait_ready(list(outs.values()), consumers=1)
-    cm_id = sender.send(b"meeting", _example1(q), compensation=b"meeting cancelled")
+    cm_id = sender.send(b"meeting", example1(q, DAY), compensation=b"meeting cancelled")
     outcome = sender.outcome(cm_id, timeout=40)
     assert outcome is not None and outcome.verdict is Verdict.VIOLATED, outcome
     assert any("'" + q("qr3") + "'" in r and "never processed" in r for r in outcome.reasons)
@@ -199,9 +187,7 @@ def _drain_outcomes(amqp_url: str, sender: str, expected: int, timeout: float) -
 def _states(engine: Any) -> dict[str, int]:
     with engine.connect() as conn:
         rows = conn.execute(
-            sa.select(sender_tables.cms.c.state, sa.func.count()).group_by(
-                sender_tables.cms.c.state
-            )
+            sa.select(tables.cms.c.state, sa.func.count()).group_by(tables.cms.c.state)
         )
         return {state: int(n) for state, n in rows}
 
@@ -221,8 +207,8 @@ def test_two_evaluator_processes_decide_2000_cms_exactly_once(
     outcome_ids = [Outcome.from_json(b).cm_id for b in bodies]
     assert len(outcome_ids) == n and set(outcome_ids) == set(cm_ids)
     with sender.engine.connect() as conn:
-        query = sa.select(sender_tables.cms.c.decided_by, sa.func.count()).group_by(
-            sender_tables.cms.c.decided_by
+        query = sa.select(tables.cms.c.decided_by, sa.func.count()).group_by(
+            tables.cms.c.decided_by
         )
         by = {instance: int(count) for instance, count in conn.execute(query)}
     assert len(by) == 2 and all(by.values()), by  # both instances decided some
@@ -269,7 +255,7 @@ def test_evaluator_killed_mid_stream_and_restarted(
     assert len(bodies) == n and set(by_cm) == set(cm_ids)
     # Every stored verdict is evaluate() over the stored counted acks at effective_at.
     with Session(sender.engine) as session:
-        rows = list(session.execute(sa.select(sender_tables.cms)))
+        rows = list(session.execute(sa.select(tables.cms)))
         acks = decision_store(session).counted_acks(session, [r.cm_id for r in rows])
     for row in rows:
         cm = store.CmRow.of(row)

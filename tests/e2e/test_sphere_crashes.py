@@ -18,11 +18,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from condmsg import Destination, protocol, sender_tables
-from condmsg.sphere_outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
-from condmsg.sphere_participants import prepared_gids
+from condmsg import Destination, tables
+from condmsg.core import protocol
+from condmsg.core.outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
+from condmsg.spheres.participants import prepared_gids
+from tests.waiting import wait_for
 
-from .conftest import ROOT, SECRET, Procs, publish_acks, wait_for
+from .conftest import ROOT, SECRET, Procs, publish_acks
 
 pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -48,7 +50,7 @@ def _sphere_outcomes(amqp_url: str, sender: str) -> list[SphereOutcome]:
 
 def _spheres(engine: sa.Engine) -> dict[str, str]:
     with engine.connect() as conn:
-        s = sender_tables.spheres
+        s = tables.spheres
         return dict(conn.execute(sa.select(s.c.sphere_id, s.c.state)).all())
 
 
@@ -59,10 +61,7 @@ def _rows(engine: sa.Engine, sql: str) -> list[tuple[Any, ...]]:
 
 def _our_prepared(engine: sa.Engine) -> list[str]:
     with engine.connect() as conn:
-        ours = {
-            r
-            for (r,) in conn.execute(sa.select(sender_tables.sphere_participants.c.participant_id))
-        }
+        ours = {r for (r,) in conn.execute(sa.select(tables.sphere_participants.c.participant_id))}
     return [gid for gid in prepared_gids(engine) if gid in ours]
 
 
@@ -105,7 +104,10 @@ def test_the_evaluator_killed_mid_sphere(procs: Procs, world: tuple[Any, sa.Engi
             ds.commit()  # committed before the crash (prepared transactions held)
         spheres.append(ds)
     publish_acks(procs.amqp_url, procs.sender, [(first, q) for first, _ in members])
-    wait_for(lambda: len(_rows(engine, "SELECT 1 FROM condmsg_cm WHERE state = 'satisfied'")) >= 6)
+    wait_for(
+        lambda: len(_rows(engine, "SELECT 1 FROM condmsg_cm WHERE state = 'satisfied'")) >= 6,
+        timeout=30,
+    )
     victim.send_signal(signal.SIGKILL)
     assert victim.wait(30) == -signal.SIGKILL
     # While it is down: the second members are acked (but every fourth sphere's never is),
@@ -145,9 +147,9 @@ import json, sys, time
 from datetime import timedelta
 import sqlalchemy as sa
 from condmsg import Destination
-from condmsg.sender import Sender
-from condmsg.spheres import SphereCoordinator
-from condmsg.store_values import ParticipantState
+from condmsg.sending.sender import Sender
+from condmsg.spheres.resolution import SphereParticipants
+from condmsg.core.store_values import ParticipantState
 
 config = json.loads(sys.argv[1])
 sender = Sender(amqp_url=config["amqp_url"], db_url=config["db_url"], name=config["name"],
@@ -161,7 +163,7 @@ with ds.transaction(config["db_url"]) as session:
     session.execute(sa.text("INSERT INTO booking VALUES (:k)"), {"k": config["stage"]})
 ds.on_success("booked", key=config["stage"])
 ds.on_failure("released", key=config["stage"])
-mark = SphereCoordinator.mark
+mark = SphereParticipants.mark
 
 
 def stop_here() -> None:
@@ -177,7 +179,7 @@ def crash_before_the_log(self, sphere_id, participant_id, state, detail=None):
 
 
 if config["stage"] == "prepared":
-    SphereCoordinator.mark = crash_before_the_log
+    SphereParticipants.mark = crash_before_the_log
 ds.commit()
 stop_here()
 """
@@ -233,8 +235,8 @@ def test_the_sender_killed_after_prepare_transaction(
         states = dict(
             conn.execute(
                 sa.select(
-                    sender_tables.sphere_participants.c.participant_id,
-                    sender_tables.sphere_participants.c.state,
+                    tables.sphere_participants.c.participant_id,
+                    tables.sphere_participants.c.state,
                 )
             ).all()
         )

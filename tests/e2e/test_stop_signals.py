@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import ROOT, SECRET, wait_for
+from tests.e2e.conftest import ROOT, SECRET
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -135,8 +136,8 @@ def _has_schema(store: Path) -> bool:
 
 
 def _declare(amqp_url: str, queue: str) -> None:
-    from condmsg.amqp import connect
-    from condmsg.topology import declare_destination
+    from condmsg.runtime.amqp import connect
+    from condmsg.runtime.topology import declare_destination
 
     connection = connect(amqp_url)
     try:

@@ -26,7 +26,8 @@ import pytest
 
 from condmsg import __version__
 from condmsg.cli.extras import AUDIT_INSTALL
-from tests.e2e.conftest import ROOT, wait_for
+from tests.e2e.conftest import ROOT
+from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.rabbitmq,

@@ -24,7 +24,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from condmsg import protocol
+from condmsg.core import protocol
 
 #: The documented bounds of an ack (docs/protocol.md), as the codec defines them.
 ACK_BODY_MAX = protocol.MAX_ACK_BYTES

@@ -2,7 +2,7 @@
 
 Each codec raises only its typed error, for ANY input: ``decode_ack`` and
 ``decode_payload`` :class:`ProtocolError`, the condition codec :class:`ConditionError`,
-``ackd.inbound.parse`` :class:`InvalidMessage`. Any other exception (``RecursionError``,
+``ackd.validation.parse`` :class:`InvalidMessage`. Any other exception (``RecursionError``,
 ``OverflowError``, ``TypeError``...) escapes the callers' handling of bad input and can
 stop a service. Whatever a codec accepts satisfies the documented schema and round-trips.
 """
@@ -16,12 +16,12 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from ackd.inbound import InvalidMessage, parse
-from condmsg import protocol
-from condmsg.condition_codec import condition_from_json, condition_to_dict, condition_to_json
-from condmsg.conditions import Condition
-from condmsg.errors import ConditionError, ProtocolError
-from condmsg.payloads import decode_payload, encode_payload
+from ackd.validation import InvalidMessage, parse
+from condmsg.core import protocol
+from condmsg.core.condition_codec import condition_from_json, condition_to_dict, condition_to_json
+from condmsg.core.conditions import Condition
+from condmsg.core.errors import ConditionError, ProtocolError
+from condmsg.core.payloads import decode_payload, encode_payload
 from tests.unit.strategies import conditions
 
 from . import strategies as s

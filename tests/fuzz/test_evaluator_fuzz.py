@@ -30,9 +30,10 @@ import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from condmsg import Destination, protocol, sender_tables
-from condmsg.acks import AckKind
-from condmsg.timeutil import utcnow
+from condmsg import Destination, tables
+from condmsg.core import protocol
+from condmsg.core.acks import AckKind
+from condmsg.core.timeutil import utcnow
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from tests.integration.condmsg_helpers import SECRET
@@ -159,22 +160,20 @@ def snapshot(rig: Rig, batch: Batch, dead: list[tuple[bytes, str | None]]) -> Se
     with rig.sender.engine.connect() as conn:
         states = dict(
             conn.execute(
-                sa.select(sender_tables.cms.c.cm_id, sender_tables.cms.c.state).where(
-                    sender_tables.cms.c.cm_id.in_(cm_ids)
+                sa.select(tables.cms.c.cm_id, tables.cms.c.state).where(
+                    tables.cms.c.cm_id.in_(cm_ids)
                 )
             ).all()
         )
         statuses = dict(
             conn.execute(
-                sa.select(sender_tables.acks.c.ack_id, sender_tables.acks.c.status).where(
-                    sender_tables.acks.c.cm_id.in_(cm_ids)
+                sa.select(tables.acks.c.ack_id, tables.acks.c.status).where(
+                    tables.acks.c.cm_id.in_(cm_ids)
                 )
             ).all()
         )
         anomalies = dict(
-            conn.execute(
-                sa.select(sender_tables.anomalies.c.ack_id, sender_tables.anomalies.c.kind)
-            ).all()
+            conn.execute(sa.select(tables.anomalies.c.ack_id, tables.anomalies.c.kind)).all()
         )
     while True:
         method, props, body = rig.channel.basic_get(

@@ -27,7 +27,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ackd.receiver import Receiver
-from condmsg import Destination, protocol
+from condmsg import Destination
+from condmsg.core import protocol
 from tests.integration.condmsg_helpers import SECRET, get_all, publish_copy
 
 from . import strategies as s

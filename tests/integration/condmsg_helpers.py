@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pika
+import sqlalchemy as sa
 
-from condmsg import protocol
-from condmsg.acks import AckKind
-from condmsg.conditions import Condition
-from condmsg.copies import notice_message, plan_copies
-from condmsg.protocol import AckMessage
+from condmsg.core import protocol
+from condmsg.core.acks import AckKind
+from condmsg.core.conditions import Condition, Destination
+from condmsg.core.protocol import AckMessage
+from condmsg.sending.copies import notice_message, plan_copies
 from outbox.message import OutboxMessage
-
-T = TypeVar("T")
 
 SECRET = b"integration-test-secret"
 
@@ -61,18 +59,6 @@ def ack_body(
         "token": protocol.copy_token(SECRET, cm_id, destination, overrides.get("recipient")),
     }
     return protocol.AckMessage(**(fields | overrides)).to_json()
-
-
-def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 def get_all(channel: Any, queue: str, *, settle_s: float = 0.3) -> list[tuple[Any, bytes]]:
@@ -158,3 +144,57 @@ def publish_compensation(
             secret=SECRET,
         ),
     )
+
+
+def publish_original(
+    channel: Any,
+    queue: str,
+    cm_id: str,
+    body: bytes = b"original",
+    *,
+    content_type: str = "application/octet-stream",
+    part_bytes: int = 1 << 20,
+) -> None:
+    """The copy of a CM of sender ``s`` for ``queue`` alone (pickup within 30 s)."""
+    publish_copy(
+        channel,
+        cm_id=cm_id,
+        condition=Destination(queue, pickup_within=timedelta(seconds=30)),
+        sender="s",
+        sent_at=datetime.now(UTC),
+        body=body,
+        content_type=content_type,
+        part_bytes=part_bytes,
+    )
+
+
+def receiver_queue(receiver: Any, unique_name: str) -> str:
+    """The test's queue, declared as ``receiver`` declares its queues."""
+    queue = f"{unique_name}.q"
+    receiver._broker.ensure_queue(queue)
+    return queue
+
+
+def invalid_reasons(channel: Any, receiver: Any) -> list[str]:
+    """The reasons of everything on ``receiver``'s invalid queue now (taken off it)."""
+    return [
+        str(props.headers[protocol.H_REASON])
+        for props, _ in get_all(channel, receiver.invalid_queue)
+    ]
+
+
+#: The app's own table of the messages it handled, written in the receiver's transaction.
+app_metadata = sa.MetaData()
+handled_rows = sa.Table(
+    "app_handled",
+    app_metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("cm_id", sa.String(36), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+)
+
+
+def app_rows(engine: Any) -> list[tuple[str, str]]:
+    """(cm_id, kind) of every message the app recorded in :data:`handled_rows`."""
+    with engine.connect() as conn:
+        return [(r.cm_id, r.kind) for r in conn.execute(sa.select(handled_rows))]

@@ -22,14 +22,15 @@ import pika
 import sqlalchemy as sa
 
 from ackd.receiver import Receiver
-from condmsg import Destination, DestinationSet, protocol, sender_tables
-from condmsg.acks import AckKind
-from condmsg.sender import Sender
-from condmsg.settings import Settings
-from condmsg.timeutil import utcnow
+from condmsg import Destination, DestinationSet, tables
+from condmsg.core import protocol
+from condmsg.core.acks import AckKind
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime.settings import Settings
+from condmsg.sending.sender import Sender
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
-from tests.integration.condmsg_helpers import wait_for
+from tests.waiting import wait_for
 
 SECRET = b"console-test-secret"
 TOKEN = "console-test-token-0123456789"
@@ -83,7 +84,7 @@ def serve(db_url: str, amqp_url: str, token: str | None) -> Iterator[str]:
 
     import outbox
     from condmsg.console import ConsoleConfig, Store, create_app
-    from condmsg.db import make_engine
+    from condmsg.runtime.db import make_engine
 
     engine = make_engine(db_url)
     app = create_app(
@@ -199,14 +200,14 @@ def fill(db_url: str, amqp_url: str, name: str, world: ConsoleWorld) -> Evaluato
     channel.basic_publish("", ack_queue, b"<script>not an ack</script>")
     connection.close()
 
-    acks, anomalies = sender_tables.acks, sender_tables.anomalies
+    acks, anomalies = tables.acks, tables.anomalies
     outbox_rows = sa.text("SELECT id FROM condmsg_outbox WHERE state = 'failed' ORDER BY id")
     with sender.engine.connect() as conn:
 
         def settled() -> bool:
             late = conn.scalar(
                 sa.select(sa.func.count()).where(
-                    acks.c.status == sender_tables.AckStatus.CHANGES_VERDICT.value
+                    acks.c.status == tables.AckStatus.CHANGES_VERDICT.value
                 )
             )
             bad = conn.scalar(sa.select(sa.func.count()).where(anomalies.c.kind == "bad_token"))

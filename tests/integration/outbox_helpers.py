@@ -1,33 +1,16 @@
-"""Helpers for the outbox integration tests: a real consumer, a fault-injecting TCP proxy."""
+"""Helpers for the outbox integration tests: a real consumer, declared queues, messages."""
 
 from __future__ import annotations
 
 import contextlib
-import random
-import socket
-import struct
 import threading
-import time
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 import pika
 
 from outbox import ROW_ID_HEADER, OutboxMessage
-
-T = TypeVar("T")
-
-
-def wait_until(predicate: Callable[[], T], timeout: float = 15.0, what: str = "") -> T:
-    """Poll ``predicate`` until truthy; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what or predicate}")
-        time.sleep(0.01)
+from tests.waiting import wait_for
 
 
 def declare_queues(amqp_url: str, names: Iterable[str]) -> None:
@@ -92,7 +75,7 @@ class Collector:
 
     def wait_for(self, expected: Iterable[int], timeout: float = 30.0) -> None:
         want = set(expected)
-        wait_until(lambda: want <= set(self.ids()), timeout, f"{len(want)} ids delivered")
+        wait_for(lambda: want <= set(self.ids()), timeout, f"{len(want)} ids delivered")
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -100,107 +83,6 @@ class Collector:
         self._thread.join(5)
         with contextlib.suppress(Exception):
             self._conn.close()
-
-
-class TcpProxy:
-    """A TCP forwarder to RabbitMQ that a test can break: ``cut()`` kills every open
-    connection (a network failure mid-batch); ``down()`` refuses new ones (a broker that is
-    not running); ``up()`` accepts again."""
-
-    def __init__(self, target: tuple[str, int] = ("127.0.0.1", 5672)) -> None:
-        self.target = target
-        self.port = _port_outside_the_ephemeral_range()
-        self._listener: socket.socket | None = None
-        self._accepting: threading.Thread | None = None
-        self._conns: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        self.accepted = 0
-
-    def url(self, amqp_url: str) -> str:
-        return amqp_url.replace("127.0.0.1:5672", f"127.0.0.1:{self.port}")
-
-    def up(self) -> None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(16)
-        listener.settimeout(0.1)
-        self._listener = listener
-        self._accepting = threading.Thread(target=self._accept, args=(listener,), daemon=True)
-        self._accepting.start()
-
-    def down(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
-            # The port is free only once the thread waiting in accept() has let go of it.
-            if self._accepting is not None:
-                self._accepting.join(5)
-        self.cut()
-
-    def cut(self) -> None:
-        with self._lock:
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            with contextlib.suppress(OSError):
-                # Closed with a reset, as a network failure gives: no TIME_WAIT is left on
-                # the proxy's port, which would keep up() from listening on it again.
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                conn.shutdown(socket.SHUT_RDWR)  # wakes the pump blocked on it
-            conn.close()
-
-    def close(self) -> None:
-        self._closed = True
-        self.down()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while self._listener is listener:
-            try:
-                client, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            client.settimeout(None)
-            with self._lock:
-                self._conns += [client, upstream]
-                self.accepted += 1
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-
-def _port_outside_the_ephemeral_range() -> int:
-    """A free port below Linux's ephemeral range (32768 and up). A client that keeps
-    reconnecting to a port nobody listens on can be given that very port as its own and
-    connect to itself (TCP simultaneous open); the port is then taken, and the proxy
-    cannot listen on it again."""
-    for _ in range(200):
-        port = random.randrange(20000, 32000)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below 32000 for the proxy")
 
 
 #: The body every message of the fan-out tests shares.

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-from condmsg import migrate
+from condmsg.runtime import migrate
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 

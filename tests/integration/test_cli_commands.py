@@ -19,14 +19,17 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-from condmsg import migrate, protocol, sender_tables
-from condmsg.acks import AckKind
-from condmsg.condition_codec import condition_from_json
-from condmsg.conditions import Destination
-from condmsg.db import make_engine
+from condmsg import tables
+from condmsg.core import protocol
+from condmsg.core.acks import AckKind
+from condmsg.core.condition_codec import condition_from_json
+from condmsg.core.conditions import Destination
+from condmsg.runtime import migrate
+from condmsg.runtime.db import make_engine
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
-from tests.integration.condmsg_helpers import acks_in, wait_for
+from tests.integration.condmsg_helpers import acks_in
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -188,9 +191,7 @@ def test_send_records_a_cm_under_a_yaml_condition_with_the_payload_from_stdin(
     engine = sa.create_engine(pg_url)
     try:
         with engine.connect() as conn:
-            cm = conn.execute(
-                sa.select(sender_tables.cms).where(sender_tables.cms.c.cm_id == cm_id)
-            ).one()
+            cm = conn.execute(sa.select(tables.cms).where(tables.cms.c.cm_id == cm_id)).one()
     finally:
         engine.dispose()
     assert cm.sender == sender

@@ -18,15 +18,18 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-import outbox.publisher
-from condmsg import Destination, amqp, protocol, sender_tables
-from condmsg.timeutil import utcnow
-from condmsg.topology import declare_service_queue
+import outbox.publish_confirms
+from condmsg import Destination, tables
+from condmsg.core import protocol
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime import amqp
+from condmsg.runtime.topology import declare_service_queue
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from outbox import OutboxMessage, Relay, RelayConfig
+from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, ack_body, wait_for
+from .condmsg_helpers import SECRET, ack_body
 from .outbox_helpers import Collector, declare_queues, delete_queues
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -100,7 +103,7 @@ def test_the_evaluator_retries_a_connection_attempt_that_raised(
 
     def decided() -> bool:
         with sender.engine.connect() as conn:
-            state = conn.execute(sa.select(sender_tables.cms.c.state)).scalar_one()
+            state = conn.execute(sa.select(tables.cms.c.state)).scalar_one()
         return state == "satisfied"
 
     with service:
@@ -126,8 +129,8 @@ def test_the_relay_retries_a_connection_attempt_that_raised(
             session,
             [OutboxMessage(exchange="", routing_key=queue, body=b"%d" % i) for i in range(5)],
         )
-    flaky = Flaky(outbox.publisher.SelectConnection, "flaky-relay", error)
-    monkeypatch.setattr(outbox.publisher, "SelectConnection", flaky)
+    flaky = Flaky(outbox.publish_confirms.SelectConnection, "flaky-relay", error)
+    monkeypatch.setattr(outbox.publish_confirms, "SelectConnection", flaky)
     collector = Collector(amqp_url, [queue])
     relay = Relay(engine, RelayConfig(amqp_url=amqp_url, connection_name="flaky-relay"))
     try:

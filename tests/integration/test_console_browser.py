@@ -17,11 +17,11 @@ import pytest
 import sqlalchemy as sa
 
 from condmsg import Destination
-from condmsg.timeutil import iso, stored_instant
+from condmsg.core.timeutil import iso, stored_instant
 from tests.conftest import RUN
 from tests.integration import console_browser
-from tests.integration.condmsg_helpers import wait_for
 from tests.integration.console_world import TOKEN, ConsoleWorld, console_world, serve
+from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.rabbitmq,
@@ -67,10 +67,10 @@ def _text(driver: Any, selector: str) -> str:
 
 
 def _cm_row(world: ConsoleWorld, cm_id: str) -> Any:
-    from condmsg import sender_tables
+    from condmsg import tables
 
     with world.sender.engine.connect() as conn:
-        cms = sender_tables.cms
+        cms = tables.cms
         return conn.execute(sa.select(cms).where(cms.c.cm_id == cm_id)).one()
 
 

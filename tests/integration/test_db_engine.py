@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from condmsg import db
+from condmsg.runtime import db
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from .condmsg_helpers import wait_for
+from tests.waiting import wait_for
+
 from .test_ops_services import Service, _free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]

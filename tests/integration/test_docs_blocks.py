@@ -25,8 +25,8 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 import pika
 import pytest
 
-from condmsg import protocol
-from condmsg.amqp import connect
+from condmsg.core import protocol
+from condmsg.runtime.amqp import connect
 from tests.docs_blocks import Block, names_in, runnable_blocks
 
 pytestmark = [

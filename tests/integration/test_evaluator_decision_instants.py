@@ -17,19 +17,21 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination, DestinationSet, protocol, sender_tables
-from condmsg.acks import Ack, AckKind
-from condmsg.evaluation import evaluate
-from condmsg.outcome import Outcome
-from condmsg.timeutil import utcnow
-from condmsg.topology import declare_service_queue
+from condmsg import Destination, DestinationSet, tables
+from condmsg.core import protocol
+from condmsg.core.acks import Ack, AckKind
+from condmsg.core.evaluation import evaluate
+from condmsg.core.outcome import Outcome
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime.topology import declare_service_queue
 from evaluator import store as evaluator_store
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from outbox.table import outbox_table
+from tests.waiting import wait_for
 
 from . import test_evaluator_intake as intake_tests
-from .condmsg_helpers import SECRET, wait_for
+from .condmsg_helpers import SECRET
 from .test_evaluator_intake import GRACE, Store, ack
 
 pytestmark = [pytest.mark.postgres]
@@ -41,12 +43,10 @@ store = intake_tests.store
 def _check_invariants(engine: sa.Engine) -> int:
     """Assert the invariants for every decided CM of the store; returns how many."""
     with engine.connect() as conn:
-        cms = [r for r in conn.execute(sa.select(sender_tables.cms)) if r.state != "pending"]
+        cms = [r for r in conn.execute(sa.select(tables.cms)) if r.state != "pending"]
         acks = list(
             conn.execute(
-                sa.select(sender_tables.acks).where(
-                    sender_tables.acks.c.status == sender_tables.AckStatus.COUNTED.value
-                )
+                sa.select(tables.acks).where(tables.acks.c.status == tables.AckStatus.COUNTED.value)
             )
         )
     by_cm: dict[str, list[Any]] = {}
@@ -137,7 +137,7 @@ def test_the_effective_instant_is_never_before_the_cm_was_sent(store: Store) -> 
     s.clock.at = sent + GRACE / 4
     evaluator = s.evaluator()
     assert evaluator.process_bodies([ack(cm, q, sent + GRACE / 8)]) == 1
-    (row,) = s.rows(sender_tables.cms)
+    (row,) = s.rows(tables.cms)
     assert row.state == "satisfied"
     assert evaluator_store.to_utc(row.effective_at) == sent
     assert evaluator_store.to_utc(row.decided_at) == s.clock.at

@@ -16,12 +16,14 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination, DestinationSet, Verdict, protocol, sender_tables
-from condmsg.protocol import MessageKind
+from condmsg import Destination, Verdict, tables
+from condmsg.core import protocol
+from condmsg.core.protocol import MessageKind
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
+from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, get_all, wait_for
+from .condmsg_helpers import SECRET, get_all
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -59,29 +61,14 @@ def world(pg_url: str, unique_name: str, make_sender: Any, make_receiver: Any) -
         evaluator.engine.dispose()
 
 
-def _example1(w: World) -> Any:
-    q = w.queue
-    return DestinationSet(
-        Destination(q("qr3"), process_within=3 * DAY),
-        DestinationSet(
-            Destination(q("qr1")),
-            Destination(q("qr2")),
-            Destination(q("qr4")),
-            process_within=7 * DAY,
-            min_process=2,
-        ),
-        pickup_within=2 * DAY,
-    )
-
-
 def _commit_read(receiver: Any, queue: str) -> Any:
     with receiver.transaction() as tx:
         return tx.read(queue, timeout=5)
 
 
-def test_example1_success_notices_reach_every_destination(world: World) -> None:
+def test_example1_success_notices_reach_every_destination(world: World, example1: Any) -> None:
     w = world
-    cm_id = w.sender.send(b"meeting", _example1(w), notify_success=True)
+    cm_id = w.sender.send(b"meeting", example1(w.queue, DAY), notify_success=True)
     rx = w.make_receiver(w.pg_url, "alice")
     with rx.relay():
         assert _commit_read(rx, w.queue("qr3")) is not None
@@ -99,9 +86,11 @@ def test_example1_success_notices_reach_every_destination(world: World) -> None:
     assert [(o.cm_id, o.verdict) for o in pushed] == [(cm_id, Verdict.SATISFIED)]
 
 
-def test_example1_fails_when_qr3_misses_its_processing_deadline(world: World) -> None:
+def test_example1_fails_when_qr3_misses_its_processing_deadline(
+    world: World, example1: Any
+) -> None:
     w = world
-    cm_id = w.sender.send(b"meeting", _example1(w), compensation=b"meeting cancelled")
+    cm_id = w.sender.send(b"meeting", example1(w.queue, DAY), compensation=b"meeting cancelled")
     rx = w.make_receiver(w.pg_url, "alice")
     with rx.relay():
         for q in ("qr1", "qr4"):
@@ -122,11 +111,11 @@ def test_example1_fails_when_qr3_misses_its_processing_deadline(world: World) ->
 
 
 def test_example1_fails_at_the_evaluation_deadline_when_a_pickup_is_missing(
-    world: World,
+    world: World, example1: Any
 ) -> None:
     w = world
     sent = time.monotonic()
-    cm_id = w.sender.send(b"meeting", _example1(w))
+    cm_id = w.sender.send(b"meeting", example1(w.queue, DAY))
     rx = w.make_receiver(w.pg_url, "alice")
     with rx.relay():
         for q in ("qr3", "qr1", "qr2"):
@@ -142,7 +131,7 @@ def test_example1_fails_at_the_evaluation_deadline_when_a_pickup_is_missing(
     assert outcome.verdict is Verdict.VIOLATED
     assert outcome.reasons[0].startswith("evaluation timeout")
     with w.sender.engine.connect() as conn:
-        row = conn.execute(sa.select(sender_tables.cms)).one()
+        row = conn.execute(sa.select(tables.cms)).one()
     assert row.effective_at.timestamp() >= (row.sent_at + 7 * DAY).timestamp()
 
 
@@ -225,7 +214,7 @@ def test_bad_acks_are_anomalies_or_dead_letters_and_never_count(
 
     def anomalies() -> dict[str, int]:
         with w.sender.engine.connect() as conn:
-            rows = conn.execute(sa.select(sender_tables.anomalies.c.kind)).all()
+            rows = conn.execute(sa.select(tables.anomalies.c.kind)).all()
         counts: dict[str, int] = {}
         for (kind,) in rows:
             counts[kind] = counts.get(kind, 0) + 1

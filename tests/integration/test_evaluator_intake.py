@@ -20,17 +20,19 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination, DestinationSet, protocol, sender_tables
-from condmsg.acks import AckKind
-from condmsg.outcome import Outcome
-from condmsg.timeutil import utcnow
-from condmsg.topology import declare_service_queue
+from condmsg import Destination, DestinationSet, tables
+from condmsg.core import protocol
+from condmsg.core.acks import AckKind
+from condmsg.core.outcome import Outcome
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime.topology import declare_service_queue
 from evaluator.config import EvaluatorConfig
 from evaluator.consume import InOrder
 from evaluator.service import Evaluator
 from outbox.table import outbox_table
+from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, Clock, ack_body, wait_for
+from .condmsg_helpers import SECRET, Clock, ack_body
 
 pytestmark = [pytest.mark.postgres]
 
@@ -127,14 +129,14 @@ def test_one_batch_with_every_kind_of_ack(store: Store) -> None:
     ]
     evaluator = s.evaluator()
     assert evaluator.process_bodies(bodies) == 3
-    states = {r.cm_id: r for r in s.rows(sender_tables.cms)}
+    states = {r.cm_id: r for r in s.rows(tables.cms)}
     assert {c for c in cms if states[c].state == "satisfied"} == {cms[0], cms[1], cms[4]}
     assert all(states[c].decided_by == "ev-1" for c in (cms[0], cms[1], cms[4]))
     assert all(states[c].next_check_at is None for c in (cms[0], cms[1], cms[4]))
     assert {states[c].state for c in (cms[2], cms[3], cms[5])} == {"pending"}
-    kinds = Counter(r.kind for r in s.rows(sender_tables.anomalies))
+    kinds = Counter(r.kind for r in s.rows(tables.anomalies))
     assert kinds == {"duplicate": 1, "bad_token": 1, "wrong_destination": 1, "unknown_cm": 1}
-    stored = {r.cm_id: r for r in s.rows(sender_tables.acks)}
+    stored = {r.cm_id: r for r in s.rows(tables.acks)}
     assert set(stored) == {cms[0], cms[1], cms[4]}
     assert stored[cms[1]].receiver == "rx-2" and stored[cms[0]].receiver == "rx-1"
     assert stored[cms[4]].kind == "commit" and stored[cms[4]].committed_at is not None
@@ -173,11 +175,11 @@ def test_redelivered_and_late_acks(store: Store) -> None:
     assert evaluator.sweep() == 1  # b never read: violated at the deadline
     late = ack(cm, f"{q}.b", sent + timedelta(seconds=3))  # in time, but after the decision
     assert evaluator.process_bodies([late]) == 0
-    (row,) = s.rows(sender_tables.cms)
+    (row,) = s.rows(tables.cms)
     assert row.state == "violated"
-    statuses = sorted(r.status for r in s.rows(sender_tables.acks))
+    statuses = sorted(r.status for r in s.rows(tables.acks))
     assert statuses == ["changes_verdict", "counted"]
-    kinds = Counter(r.kind for r in s.rows(sender_tables.anomalies))
+    kinds = Counter(r.kind for r in s.rows(tables.anomalies))
     assert kinds == {"duplicate": 1, "late_changes_verdict": 1}
     assert [o.verdict.value for o in _outcomes(s)] == ["violated"]
 
@@ -216,13 +218,13 @@ def test_racing_instances_decide_each_cm_once(pg_url: str, make_store: Any) -> N
         thread.join(60)
     assert not errors, errors
     assert sum(decided) == len(cms)
-    rows = s.rows(sender_tables.cms)
+    rows = s.rows(tables.cms)
     assert {r.state for r in rows} == {"satisfied"}
     assert {r.decided_by for r in rows} <= {"ev-0", "ev-1", "ev-2"}
     outcomes = Counter(o.cm_id for o in _outcomes(s))
     assert outcomes == dict.fromkeys(cms, 1)
-    assert len(s.rows(sender_tables.acks)) == len(cms)
-    kinds = Counter(r.kind for r in s.rows(sender_tables.anomalies))
+    assert len(s.rows(tables.acks)) == len(cms)
+    kinds = Counter(r.kind for r in s.rows(tables.anomalies))
     assert kinds == {"duplicate": 2 * len(cms)}
 
 
@@ -283,9 +285,6 @@ def test_the_service_takes_in_a_stream_of_small_batches(
         remaining = channel.queue_declare(protocol.ack_queue(name), passive=True).method
         assert remaining.message_count == 0
     with sender.engine.connect() as conn:
-        assert (
-            conn.execute(sa.select(sa.func.count()).select_from(sender_tables.anomalies)).scalar()
-            == 0
-        )
-        states = Counter(r.state for r in conn.execute(sa.select(sender_tables.cms.c.state)))
+        assert conn.execute(sa.select(sa.func.count()).select_from(tables.anomalies)).scalar() == 0
+        states = Counter(r.state for r in conn.execute(sa.select(tables.cms.c.state)))
     assert states == {"satisfied": len(cms)}

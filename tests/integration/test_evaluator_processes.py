@@ -17,16 +17,18 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination, protocol, sender_tables
-from condmsg.outcome import Outcome
-from condmsg.timeutil import utcnow
-from condmsg.topology import declare_service_queue
+from condmsg import Destination, tables
+from condmsg.core import protocol
+from condmsg.core.outcome import Outcome
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime.topology import declare_service_queue
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from evaluator.workers import WORKER_COMMAND, WorkerConfig
 from outbox.table import outbox_table
+from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, ack_body, wait_for
+from .condmsg_helpers import SECRET, ack_body
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -111,13 +113,11 @@ class Run:
 
     def states(self) -> Counter[str]:
         with self.sender.engine.connect() as conn:
-            return Counter(r.state for r in conn.execute(sa.select(sender_tables.cms.c.state)))
+            return Counter(r.state for r in conn.execute(sa.select(tables.cms.c.state)))
 
     def deciders(self) -> Counter[str]:
         with self.sender.engine.connect() as conn:
-            return Counter(
-                r.decided_by for r in conn.execute(sa.select(sender_tables.cms.c.decided_by))
-            )
+            return Counter(r.decided_by for r in conn.execute(sa.select(tables.cms.c.decided_by)))
 
     def outcomes(self) -> Counter[str]:
         outbox = outbox_table()
@@ -224,4 +224,4 @@ def test_a_worker_pointed_at_a_database_without_the_store_exits(pg_url: str, amq
     assert "is missing" in done.stderr and "condmsg db upgrade --store sender" in done.stderr
     assert done.stdout == ""
     with sa.create_engine(pg_url).connect() as conn:
-        assert not sa.inspect(conn).has_table(sender_tables.cms.name)
+        assert not sa.inspect(conn).has_table(tables.cms.name)

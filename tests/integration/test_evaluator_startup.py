@@ -7,12 +7,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import selectors
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -23,13 +21,16 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination, protocol, sender_tables
-from condmsg.timeutil import utcnow
-from condmsg.topology import declare_service_queue
+from condmsg import Destination, tables
+from condmsg.core import protocol
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime.topology import declare_service_queue
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
+from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, ack_body, wait_for
+from .condmsg_helpers import SECRET, ack_body
+from .tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -40,64 +41,11 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-class Proxy:
-    """A TCP forwarder to ``target`` on ``port``, listening only once :meth:`open` is
-    called (until then the port refuses connections, like a database that is down)."""
-
-    def __init__(self, port: int, target: tuple[str, int]) -> None:
-        self.port = port
-        self.target = target
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._listener: socket.socket | None = None
-
-    def open(self) -> None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen()
-        listener.settimeout(0.1)
-        self._listener = listener
-        self._spawn(self._accept)
-
-    def close(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(5)
-        if self._listener is not None:
-            self._listener.close()
-
-    def _spawn(self, target: Any, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        assert self._listener is not None
-        while not self._stop.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            server = socket.create_connection(self.target)
-            self._spawn(self._pump, client, server)
-
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        with a, b, selectors.DefaultSelector() as selector:
-            selector.register(a, selectors.EVENT_READ, b)
-            selector.register(b, selectors.EVENT_READ, a)
-            while not self._stop.is_set():
-                for key, _ in selector.select(0.1):
-                    data = key.fileobj.recv(65536)  # type: ignore[union-attr]
-                    if not data:
-                        return
-                    key.data.sendall(data)
-
-
 @pytest.fixture
-def proxy(pg_engine_url: str) -> Iterator[Proxy]:
+def proxy(pg_engine_url: str) -> Iterator[TcpProxy]:
+    """A proxy to PostgreSQL, not listening yet: the database looks down until ``up()``."""
     target = urlsplit(pg_engine_url)
-    made = Proxy(_free_port(), (target.hostname or "127.0.0.1", target.port or 5432))
+    made = TcpProxy((target.hostname or "127.0.0.1", target.port or 5432))
     yield made
     made.close()
 
@@ -111,7 +59,7 @@ def _through(url: str, port: int, password: str | None = None) -> str:
 
 def test_an_evaluator_started_while_the_database_is_down_waits_for_it(
     pg_url: str,
-    proxy: Proxy,
+    proxy: TcpProxy,
     unique_name: str,
     make_sender: Any,
     amqp_url: str,
@@ -132,7 +80,7 @@ def test_an_evaluator_started_while_the_database_is_down_waits_for_it(
             sweep_interval_s=3600,
         )
     )
-    caplog.set_level(logging.WARNING, logger="evaluator.sender_store")
+    caplog.set_level(logging.WARNING, logger="evaluator.store_setup")
     with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
         channel = connection.channel()
         declare_service_queue(channel, protocol.ack_queue(name))
@@ -152,11 +100,11 @@ def test_an_evaluator_started_while_the_database_is_down_waits_for_it(
             assert service.running
             assert f"127.0.0.1:{proxy.port}" in seen[0] and "retrying in" in seen[0]
             assert "s3cret" not in " ".join(seen) and "***" in seen[0]
-            proxy.open()  # the database is back
+            proxy.up()  # the database is back
 
             def decided() -> bool:
                 with sender.engine.connect() as conn:
-                    state = conn.execute(sa.select(sender_tables.cms.c.state)).scalar_one()
+                    state = conn.execute(sa.select(tables.cms.c.state)).scalar_one()
                 return state == "satisfied"
 
             wait_for(decided, timeout=60)

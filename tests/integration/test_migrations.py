@@ -17,8 +17,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from ackd import tables as receiver_tables
-from condmsg import migrate, sender_tables
-from condmsg.sender import create_tables as create_sender_tables
+from condmsg import tables
+from condmsg.runtime import migrate
+from condmsg.tables import create_tables as create_sender_tables
 from outbox.table import create_tables as create_outbox_tables
 from outbox.table import metadata as outbox_metadata
 from outbox.table import outbox_table
@@ -28,7 +29,7 @@ outbox_table()  # the default outbox table, in the outbox package's metadata
 
 MODELS = {
     "outbox": outbox_metadata,
-    "sender": sender_tables.metadata,
+    "sender": tables.metadata,
     "receiver": receiver_tables.metadata,
 }
 
@@ -92,7 +93,7 @@ def test_spheres_decided_before_sender_0003_get_their_members_verdicts(db_url: s
     engine = sa.create_engine(db_url)
     migrate.upgrade(engine, "sender")
     t0 = datetime(2026, 3, 1, 12, tzinfo=UTC)
-    spheres, cms = sender_tables.spheres, sender_tables.cms
+    spheres, cms = tables.spheres, tables.cms
     with engine.begin() as conn:
         conn.execute(
             sa.insert(spheres),
@@ -226,7 +227,7 @@ def test_sender_and_receiver_refuse_a_missing_store_unless_asked_to_create_it(
     db_url: str, amqp_url: str
 ) -> None:
     from ackd import Receiver
-    from condmsg.sender import Sender
+    from condmsg.sending.sender import Sender
 
     with pytest.raises(migrate.SchemaError, match="create it with: condmsg db upgrade --store"):
         Sender(amqp_url=amqp_url, db_url=db_url, name="s", declare_queues=False)
@@ -245,7 +246,7 @@ def test_sender_and_receiver_refuse_a_missing_store_unless_asked_to_create_it(
 
 
 def test_a_column_dropped_by_hand_is_named(pg_url: str, amqp_url: str) -> None:
-    from condmsg.sender import Sender
+    from condmsg.sending.sender import Sender
 
     engine = sa.create_engine(pg_url)
     migrate.upgrade(engine, "sender")

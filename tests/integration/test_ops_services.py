@@ -22,15 +22,17 @@ import pika
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination, protocol
-from condmsg.timeutil import utcnow
-from condmsg.topology import declare_service_queue
+from condmsg import Destination
+from condmsg.core import protocol
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime.topology import declare_service_queue
 from evaluator.config import EvaluatorConfig
 from evaluator.gauges import ServiceGauges
 from evaluator.metrics import EvaluatorMetrics
 from evaluator.service import Evaluator
+from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, wait_for
+from .condmsg_helpers import SECRET
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -18,8 +18,10 @@ from sqlalchemy.orm import Session
 
 import outbox
 from outbox import OutboxMessage, Relay, RelayConfig
+from tests.waiting import wait_for
 
-from .outbox_helpers import Collector, TcpProxy, declare_queues, delete_queues, wait_until
+from .outbox_helpers import Collector, declare_queues, delete_queues
+from .tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -62,7 +64,7 @@ def test_broker_down_is_reported_and_retried(
     relay = Relay(engine, RelayConfig(amqp_url=proxy.url(amqp_url)))
     try:
         with relay:
-            error = wait_until(lambda: relay.stats().last_error, 10, "an error reported")
+            error = wait_for(lambda: relay.stats().last_error, 10, "an error reported")
             assert error == (
                 f"cannot reach RabbitMQ at amqp://127.0.0.1:{proxy.port}: connection refused; "
                 "is the broker running?"
@@ -92,9 +94,9 @@ def test_connection_broken_mid_batch_loses_nothing(
     )
     try:
         with relay:
-            wait_until(lambda: len(collector.ids()) >= 1000, 30, "first deliveries")
+            wait_for(lambda: len(collector.ids()) >= 1000, 30, "first deliveries")
             proxy.cut()  # both directions die mid-window
-            wait_until(lambda: relay.stats().reconnects >= 1, 30, "a reconnect")
+            wait_for(lambda: relay.stats().reconnects >= 1, 30, "a reconnect")
             collector.wait_for(ids, timeout=60)
             relay.drain(30)
         got = Counter(collector.ids())
@@ -145,14 +147,14 @@ def test_relay_process_killed_mid_backlog_loses_nothing(
         # Killed once it has settled some rows, judged by the outbox itself: the
         # collector's count lags the relay, which may have settled every row by then.
         store = outbox.OutboxStore(engine)
-        wait_until(lambda: store.status().pending <= len(ids) - 3000, 60, "first settled rows")
+        wait_for(lambda: store.status().pending <= len(ids) - 3000, 60, "first settled rows")
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
         assert outbox.OutboxStore(engine).status().pending > 0
         survivor = subprocess.Popen(cmd, env=env)
         try:
             collector.wait_for(ids, timeout=60)
-            wait_until(lambda: outbox.OutboxStore(engine).status().pending == 0, 30, "empty")
+            wait_for(lambda: outbox.OutboxStore(engine).status().pending == 0, 30, "empty")
         finally:
             survivor.send_signal(signal.SIGTERM)
             assert survivor.wait(30) == 0  # graceful exit on SIGTERM

@@ -17,16 +17,10 @@ from sqlalchemy.orm import Session
 import outbox
 from outbox import OutboxMessage, OutboxStore, Relay, RelayConfig
 from outbox.enqueueing import enqueue_fanouts
-from outbox.publisher import COPY_HEADER, ROW_ID_HEADER
+from outbox.publish_confirms import COPY_HEADER, ROW_ID_HEADER
+from tests.waiting import wait_for
 
-from .outbox_helpers import (
-    FANOUT_BODY,
-    Collector,
-    declare_queues,
-    delete_queues,
-    fanout,
-    wait_until,
-)
+from .outbox_helpers import FANOUT_BODY, Collector, declare_queues, delete_queues, fanout
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -226,7 +220,7 @@ def test_the_relay_publishes_each_copy_and_parks_only_the_unroutable_one(
         relay = Relay(engine, RelayConfig(amqp_url=amqp_url, batch_size=2))
         stats = relay.run_until_idle(timeout_s=30)
         assert (stats.published, stats.failed) == (6, 3)
-        wait_until(lambda: len(collector.ids()) == 6 if collector else False)
+        wait_for(lambda: len(collector.ids()) == 6 if collector else False, timeout=15)
         for queue, n in zip(queues[:2], (0, 1), strict=False):
             got = collector.deliveries[queue]
             assert len(got) == 3
@@ -250,7 +244,7 @@ def test_the_relay_publishes_each_copy_and_parks_only_the_unroutable_one(
         assert store.requeue_failed() == 3
         stats = relay.run_until_idle(timeout_s=30)
         assert stats.published == 9
-        wait_until(lambda: len(collector.ids()) == 3 if collector else False)
+        wait_for(lambda: len(collector.ids()) == 3 if collector else False, timeout=15)
         third = collector.deliveries[queues[2]]
         assert sorted(r for r, _, _ in third) == sorted(f.id for f in failed)
         assert {p.priority for _, p, _ in third} == {3}

@@ -13,14 +13,14 @@ from typing import Any
 import pika
 import pytest
 
-from condmsg import protocol
-from condmsg.errors import BrokerError
-from condmsg.evaluation import Verdict
-from condmsg.outcome import OUTCOME_TYPE, Outcome
-from condmsg.sender import Sender
+from condmsg.core import protocol
+from condmsg.core.errors import BrokerError
+from condmsg.core.evaluation import Verdict
+from condmsg.core.outcome import OUTCOME_TYPE, Outcome
+from condmsg.sending.sender import Sender
+from tests.waiting import wait_for
 
-from .condmsg_helpers import wait_for
-from .outbox_helpers import TcpProxy
+from .tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.rabbitmq]
 
@@ -63,7 +63,7 @@ def test_the_outcome_stream_resumes_after_the_broker_went_away(
     sender = Sender(
         name=name, amqp_url=broker_proxy.url(amqp_url), db_url=sqlite_url, create_schema=True
     )
-    caplog.set_level(logging.INFO, logger="condmsg.sender.outcomes")
+    caplog.set_level(logging.INFO, logger="condmsg.sending.outcomes")
     got: list[str] = []
     failures: list[BaseException] = []
 
@@ -92,7 +92,7 @@ def test_the_outcome_stream_resumes_after_the_broker_went_away(
     assert not failures, failures
     # "before" may come twice (handed over, not yet acked when the connection broke).
     assert got[0] == "before" and got[-1] == "after" and set(got) == {"before", "after"}
-    lines = [r.getMessage() for r in caplog.records if r.name == "condmsg.sender.outcomes"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "condmsg.sending.outcomes"]
     assert sum(" paused: " in line for line in lines) == 1, lines
     assert sum(" resumes: " in line for line in lines) == 1, lines
     sender.engine.dispose()

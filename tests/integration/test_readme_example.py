@@ -16,8 +16,8 @@ from pathlib import Path
 import pika
 import pytest
 
-from condmsg import protocol
-from condmsg.amqp import connect
+from condmsg.core import protocol
+from condmsg.runtime.amqp import connect
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 
@@ -65,7 +65,7 @@ def clean_queues(amqp_url: str) -> Iterator[None]:
 def test_the_readme_send_receive_example_runs_as_written(
     pg_url: str, amqp_url: str, tmp_path: Path, clean_queues: None
 ) -> None:
-    from condmsg.sender import Sender
+    from condmsg.sending.sender import Sender
 
     # The evaluator serves the sender's store, which the example creates: made first here so
     # that the evaluator consumes the ack queue before the example's ack arrives.

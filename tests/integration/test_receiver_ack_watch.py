@@ -12,8 +12,7 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
 from condmsg import Destination
-
-from .condmsg_helpers import wait_for
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 

@@ -11,10 +11,11 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from condmsg import Destination
-from condmsg.acks import AckKind
-from condmsg.protocol import MessageKind, verify_token
+from condmsg.core.acks import AckKind
+from condmsg.core.protocol import MessageKind, verify_token
+from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, acks_in, get_all, wait_for
+from .condmsg_helpers import SECRET, acks_in, get_all
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 

@@ -15,10 +15,14 @@ import pytest
 import sqlalchemy as sa
 
 from ackd import fastpath
+from ackd.receiver_store import SqlAlchemyReceiverStore
+from ackd.receiver_store_psycopg import PsycopgReceiverStore
 from ackd.tables import rlog
-from condmsg import Destination, protocol
-from condmsg.acks import AckKind
-from condmsg.protocol import AckMessage
+from condmsg import Destination
+from condmsg.core import protocol
+from condmsg.core.acks import AckKind
+from condmsg.core.protocol import AckMessage
+from outbox import fast_paths as fastpath_gates
 from outbox.enqueueing import row_values
 from outbox.message import OutboxMessage
 from outbox.table import outbox_table
@@ -222,3 +226,40 @@ def test_only_plain_constants_are_written_into_the_statement() -> None:
     assert "'pending'" in sql.prepared and "NULL" in sql.prepared
     assert "it's" not in sql.prepared  # needs escaping: a parameter
     assert list(values) == ["it's", b"x"]
+
+
+@pytest.mark.parametrize(
+    ("version", "forced", "fast"),
+    [
+        ("3.3.9", None, True),
+        ("3.2.4", None, False),  # older than the releases it was tested with
+        ("3.4.0", None, False),  # newer
+        ("3.3.9", "plain", False),
+        ("3.4.0", "fast", True),  # trying a new release
+    ],
+)
+def test_a_receiver_takes_the_fast_path_on_tested_psycopg_releases_only(
+    version: str,
+    forced: str | None,
+    fast: bool,
+    pg_url: str,
+    make_receiver: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(psycopg, "__version__", version)
+    if forced is not None:
+        monkeypatch.setenv(fastpath.ENV_FASTPATH, forced)
+    else:
+        monkeypatch.delenv(fastpath.ENV_FASTPATH, raising=False)
+    receiver = make_receiver(pg_url)
+    assert type(receiver.store) is (PsycopgReceiverStore if fast else SqlAlchemyReceiverStore)
+
+
+def test_the_fast_path_is_not_taken_without_the_psycopg_calls_it_makes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fastpath_gates, "_told", set())
+    monkeypatch.delattr(psycopg.errors, "error_from_result")
+    assert not fastpath.chosen({})
+    with pytest.raises(ValueError, match=r"lacks errors\.error_from_result"):
+        fastpath.chosen({fastpath.ENV_FASTPATH: "fast"})

@@ -16,10 +16,12 @@ from typing import Any
 import pika
 import pytest
 
-from condmsg import Destination, protocol
-from condmsg.protocol import control_token
+from condmsg import Destination
+from condmsg.core import protocol
+from condmsg.core.protocol import control_token
+from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, get_all, publish_copy, wait_for
+from .condmsg_helpers import SECRET, get_all, publish_copy
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 

@@ -28,10 +28,11 @@ from sqlalchemy.orm import Session
 from ackd import Message, StoreUnavailable
 from ackd.tables import RlogState, rlog
 from condmsg import Destination
-from condmsg.protocol import MessageKind
+from condmsg.core.protocol import MessageKind
+from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, publish_compensation, publish_copy, wait_for
-from .outbox_helpers import TcpProxy
+from .condmsg_helpers import SECRET, publish_compensation, publish_copy
+from .tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 

@@ -24,19 +24,20 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination, sender_tables
-from condmsg.archive_layout import MANIFEST, TABLES, TABLES_BY_NAME, arrow_schema
+from condmsg import Destination, tables
+from condmsg.archive.layout import MANIFEST, TABLES, TABLES_BY_NAME, arrow_schema
 from condmsg.cli import main
-from condmsg.errors import ConfigError
-from condmsg.settings import Settings, parse_duration
-from condmsg.timeutil import utcnow
+from condmsg.core.errors import ConfigError
+from condmsg.core.timeutil import utcnow
+from condmsg.runtime.settings import Settings, parse_duration
 from evaluator import archive as archive_module
 from evaluator.archive import PART, ArchiveError
 from evaluator.config import EvaluatorConfig
 from evaluator.retention import RetentionPolicy, retain
 from evaluator.service import Evaluator
+from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, Clock, ack_body, wait_for
+from .condmsg_helpers import SECRET, Clock, ack_body
 
 pytestmark = [pytest.mark.postgres]
 
@@ -54,11 +55,11 @@ KEYS = {
     "anomalies": ("id",),
 }
 STORE = {
-    "cms": sender_tables.cms,
-    "copies": sender_tables.copies,
-    "compensations": sender_tables.compensations,
+    "cms": tables.cms,
+    "copies": tables.copies,
+    "compensations": tables.compensations,
 }
-STORE |= {"acks": sender_tables.acks, "anomalies": sender_tables.anomalies}
+STORE |= {"acks": tables.acks, "anomalies": tables.anomalies}
 
 
 @dataclass
@@ -149,7 +150,7 @@ def _store(db_url: str, unique_name: str, make_sender: Any, extra_old: int) -> S
     for when in (OLD, RECENT):
         s.at(when, [s.ack(str(uuid.uuid4()), quick.name, when)])
         with s.engine.begin() as conn:
-            conn.execute(sa.insert(sender_tables.acks), [_orphan_ack(when)])
+            conn.execute(sa.insert(tables.acks), [_orphan_ack(when)])
     states = _snapshot(s.engine)["cms"]
     assert {states[(c,)]["state"] for c in satisfied} == {"satisfied"}
     assert states[(violated,)]["state"] == "violated"
@@ -422,8 +423,8 @@ def test_a_sphere_is_archived_with_all_its_members_or_not_at_all(
     participant's work is open. Its participant rows go into the manifest."""
     sender = make_sender(db_url, unique_name.replace(".", "-"), clock=lambda: OLD)
     condition = Destination(f"{unique_name}.q", pickup_within=timedelta(minutes=1))
-    spheres, cms = sender_tables.spheres, sender_tables.cms
-    participants = sender_tables.sphere_participants
+    spheres, cms = tables.spheres, tables.cms
+    participants = tables.sphere_participants
     members: dict[str, list[str]] = {}
     for name, count in (("waiting", 1), ("done", 2), ("late_member", 2), ("open_work", 1)):
         sphere = sender.begin_sphere(timeout=timedelta(days=30))

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination, sender_tables
-from condmsg.errors import SphereError
-from condmsg.sphere_participants import require_prepared_transactions
+from condmsg import Destination, tables
+from condmsg.core.errors import SphereError
+from condmsg.spheres.participants import require_prepared_transactions
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -43,7 +43,7 @@ def _outbox_rows(sender: Any) -> int:
 def test_a_sphere_needs_a_positive_timeout(sender: Any, timeout: Any) -> None:
     with pytest.raises(SphereError, match="timeout"):
         sender.begin_sphere(timeout=timeout)
-    assert _count(sender, sender_tables.spheres) == 0
+    assert _count(sender, tables.spheres) == 0
 
 
 def test_nothing_is_sent_through_a_sphere_that_has_ended(sender: Any, unique_name: str) -> None:
@@ -52,7 +52,7 @@ def test_nothing_is_sent_through_a_sphere_that_has_ended(sender: Any, unique_nam
     committed.commit()
     aborted = sender.begin_sphere(timeout=MINUTE)
     aborted.abort()
-    cms, outbox = _count(sender, sender_tables.cms), _outbox_rows(sender)
+    cms, outbox = _count(sender, tables.cms), _outbox_rows(sender)
     for ds, state in ((committed, "committed"), (aborted, "aborted")):
         with pytest.raises(SphereError, match=f"has ended \\({state}\\)"):
             ds.send(b"late", _condition(unique_name))
@@ -60,19 +60,17 @@ def test_nothing_is_sent_through_a_sphere_that_has_ended(sender: Any, unique_nam
         again = sender.sphere_by_id(ds.sphere_id)
         with pytest.raises(SphereError, match="has ended"):
             again.send(b"late", _condition(unique_name))
-    assert (_count(sender, sender_tables.cms), _outbox_rows(sender)) == (cms, outbox)
+    assert (_count(sender, tables.cms), _outbox_rows(sender)) == (cms, outbox)
 
 
 def test_a_sphere_past_its_deadline_takes_no_member(sender: Any, unique_name: str) -> None:
     ds = sender.begin_sphere(timeout=0.2)
     with sender.engine.begin() as conn:  # its deadline passes (the evaluator is not running)
-        conn.execute(
-            sa.update(sender_tables.spheres).values(deadline=sender_tables.spheres.c.begun_at)
-        )
+        conn.execute(sa.update(tables.spheres).values(deadline=tables.spheres.c.begun_at))
     reattached = sender.sphere_by_id(ds.sphere_id)
     with pytest.raises(SphereError, match=r"timed out at .*nothing was sent"):
         reattached.send(b"late", _condition(unique_name))
-    assert _count(sender, sender_tables.cms) == 0
+    assert _count(sender, tables.cms) == 0
 
 
 def test_commit_twice_or_after_abort_is_refused(sender: Any) -> None:
@@ -88,9 +86,7 @@ def test_commit_twice_or_after_abort_is_refused(sender: Any) -> None:
         other.commit()
     with sender.engine.connect() as conn:
         states = dict(
-            conn.execute(
-                sa.select(sender_tables.spheres.c.sphere_id, sender_tables.spheres.c.state)
-            ).all()
+            conn.execute(sa.select(tables.spheres.c.sphere_id, tables.spheres.c.state)).all()
         )
     assert states == {ds.sphere_id: "committed", other.sphere_id: "aborted"}
 
@@ -109,7 +105,7 @@ def test_an_exception_in_the_block_aborts_the_sphere(sender: Any) -> None:
     with pytest.raises(ZeroDivisionError), sender.sphere(timeout=MINUTE) as ds:
         1 / 0  # noqa: B018
     with sender.engine.connect() as conn:
-        row = conn.execute(sa.select(sender_tables.spheres)).one()
+        row = conn.execute(sa.select(tables.spheres)).one()
     assert (row.sphere_id, row.state) == (ds.sphere_id, "aborted")
     assert row.abort_reason == "the sphere's block raised ZeroDivisionError: division by zero"
 
@@ -136,8 +132,8 @@ def test_a_participant_raising_in_prepare_fails_the_sphere(sender: Any) -> None:
     ds.enlist(ledger)
     assert ds.commit() is None  # recorded, not raised: the evaluator decides it violated
     with sender.engine.connect() as conn:
-        sphere = conn.execute(sa.select(sender_tables.spheres)).one()
-        (participant,) = conn.execute(sa.select(sender_tables.sphere_participants)).all()
+        sphere = conn.execute(sa.select(tables.spheres)).one()
+        (participant,) = conn.execute(sa.select(tables.sphere_participants)).all()
     assert sphere.state == "aborted"
     assert sphere.abort_reason == (
         "participant ledger failed to prepare: RuntimeError: ledger is read-only"
@@ -208,7 +204,7 @@ def test_a_sphere_is_reattached_from_another_process(
     """A sphere begun in one process is sent through and committed from another."""
     name = unique_name.replace(".", "-")
     script = (
-        "from condmsg.sender import Sender\n"
+        "from condmsg.sending.sender import Sender\n"
         f"s = Sender(amqp_url={amqp_url!r}, db_url={db_url!r}, name={name!r}, secret=b'x', "
         "create_schema=True)\n"
         "print(s.begin_sphere(timeout=60).sphere_id)\n"
@@ -217,7 +213,7 @@ def test_a_sphere_is_reattached_from_another_process(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
     )
     sphere_id = done.stdout.strip()
-    from condmsg.sender import Sender
+    from condmsg.sending.sender import Sender
 
     sender = Sender(
         amqp_url=amqp_url, db_url=db_url, name=unique_name.replace(".", "-"), secret=b"x"
@@ -227,8 +223,8 @@ def test_a_sphere_is_reattached_from_another_process(
         member = ds.send(b"from the second process", _condition(unique_name))
         ds.commit()
         with sender.engine.connect() as conn:
-            row = conn.execute(sa.select(sender_tables.cms)).one()
-            sphere = conn.execute(sa.select(sender_tables.spheres)).one()
+            row = conn.execute(sa.select(tables.cms)).one()
+            sphere = conn.execute(sa.select(tables.spheres)).one()
         assert (row.cm_id, row.sphere_id) == (member, sphere_id)
         assert (sphere.state, sphere.members) == ("committed", 1)
     finally:

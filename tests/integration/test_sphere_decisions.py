@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from condmsg import Destination, Verdict, protocol
-from condmsg.acks import AckKind
+from condmsg import Destination, Verdict
 from condmsg.cli import main
-from condmsg.sphere_outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
-from condmsg.spheres import Sphere
-from condmsg.timeutil import utcnow
+from condmsg.core import protocol
+from condmsg.core.acks import AckKind
+from condmsg.core.outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
+from condmsg.core.timeutil import utcnow
+from condmsg.spheres.sphere import Sphere
 from evaluator.service import Evaluator
 from outbox.table import outbox_table
 
@@ -250,7 +251,7 @@ def test_a_transaction_whose_block_raised_votes_no_numbered_among_all_participan
         f"sphere aborted: participant {gid} voted no: its block raised ValueError",
     )
     participants = {
-        p.participant_id: p.state for p in w.sender.spheres.participants_of(ds.sphere_id)
+        p.participant_id: p.state for p in w.sender.spheres.participants.rows(ds.sphere_id)
     }
     assert participants == {"h1": "ran", gid: "rolled_back"}
 
@@ -265,5 +266,5 @@ def test_participants_are_numbered_in_one_count(world: World) -> None:
         add()
         w.clock.at += S  # participants are listed in the order of their enlisting instants
     ds.on_success("undo")
-    ids = [p.participant_id for p in w.sender.spheres.participants_of(ds.sphere_id)]
+    ids = [p.participant_id for p in w.sender.spheres.participants.rows(ds.sphere_id)]
     assert ids == ["inventory", "h2", "h3"]

@@ -19,16 +19,18 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from condmsg import Destination, Verdict, protocol, sender_tables
+from condmsg import Destination, Verdict, tables
 from condmsg.cli import main
-from condmsg.errors import SphereError
-from condmsg.protocol import MessageKind
-from condmsg.sphere_outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
-from condmsg.sphere_participants import prepared_gids
+from condmsg.core import protocol
+from condmsg.core.errors import SphereError
+from condmsg.core.outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
+from condmsg.core.protocol import MessageKind
+from condmsg.spheres.participants import prepared_gids
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
+from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, get_all, wait_for
+from .condmsg_helpers import SECRET, get_all
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -97,7 +99,7 @@ def _gids_of(pg_url: str) -> set[str]:
     engine = sa.create_engine(pg_url)
     try:
         with engine.connect() as conn:
-            rows = conn.execute(sa.select(sender_tables.sphere_participants.c.participant_id))
+            rows = conn.execute(sa.select(tables.sphere_participants.c.participant_id))
             return {r for (r,) in rows}
     finally:
         engine.dispose()
@@ -268,9 +270,7 @@ def test_commit_before_the_members_are_decided(world: World, make_receiver: Any)
     with w.sender.engine.connect() as conn:
         decided = {
             r.cm_id: r.decided_at
-            for r in conn.execute(
-                sa.select(sender_tables.cms).where(sender_tables.cms.c.cm_id.in_([a, b]))
-            )
+            for r in conn.execute(sa.select(tables.cms).where(tables.cms.c.cm_id.in_([a, b])))
         }
     assert outcome.decided_at >= max(
         d.replace(tzinfo=outcome.decided_at.tzinfo) for d in decided.values()
@@ -345,9 +345,7 @@ def test_an_ack_naming_a_sphere_is_dead_lettered_and_changes_nothing(
     ds.commit()
     assert ds.outcome(timeout=0.5) is None  # the member still waits for a genuine ack
     with w.sender.engine.connect() as conn:
-        assert (
-            conn.execute(sa.select(sa.func.count()).select_from(sender_tables.acks)).scalar() == 0
-        )
+        assert conn.execute(sa.select(sa.func.count()).select_from(tables.acks)).scalar() == 0
 
 
 def test_status_draws_a_sphere_with_its_members(world: World, capsys: Any) -> None:

@@ -6,9 +6,9 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from condmsg.condition_codec import condition_to_json
-from condmsg.conditions import Condition
-from condmsg.evaluation import evaluation_deadline
+from condmsg.core.condition_codec import condition_to_json
+from condmsg.core.conditions import Condition
+from condmsg.core.evaluation import evaluation_deadline
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 
-from condmsg import migrate
-from condmsg import sender_tables as st
-from condmsg.archive_layout import ALL_TABLES, LAYOUT_VERSION, arrow_schema
+from condmsg import tables as st
+from condmsg.archive.layout import ALL_TABLES, LAYOUT_VERSION, arrow_schema
 from condmsg.cli import main as condmsg_main
-from condmsg.conditions import Destination
+from condmsg.core.conditions import Destination
+from condmsg.runtime import migrate
 from tests.spark.builders import T0, ack_row, at, cm_row
 
 

@@ -12,10 +12,10 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from condmsg.acks import Ack, AckKind
-from condmsg.condition_codec import condition_from_json
-from condmsg.conditions import Condition
-from condmsg.evaluation import evaluate
+from condmsg.core.acks import Ack, AckKind
+from condmsg.core.condition_codec import condition_from_json
+from condmsg.core.conditions import Condition
+from condmsg.core.evaluation import evaluate
 from spark_audit.cli import EXIT_FAILED, main
 from spark_audit.generate import Injected, generate
 from spark_audit.generate_spec import GenerateSpec

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from condmsg import migrate
-from condmsg import sender_tables as st
+from condmsg import tables as st
 from condmsg.cli import main as condmsg_main
-from condmsg.conditions import Destination
+from condmsg.core.conditions import Destination
+from condmsg.runtime import migrate
 from spark_audit.cli import main as audit_main
 from spark_audit.readers import Window, read_parquet
 from spark_audit.settings import session_settings

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from condmsg import sender_tables as st
-from condmsg.archive_layout import ACKS, ALL_TABLES, ANOMALIES
-from condmsg.conditions import Destination, DestinationSet
-from condmsg.export import export_store
+from condmsg import tables as st
+from condmsg.archive.export import export_store
+from condmsg.archive.layout import ACKS, ALL_TABLES, ANOMALIES
+from condmsg.core.conditions import Destination, DestinationSet
 from spark_audit.cli import main as audit_main
 from spark_audit.jdbc import cm_id_predicates, jdbc_source, read_jdbc
 from spark_audit.readers import AuditInput, Window, apply_window, read_parquet

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from condmsg.conditions import Destination, DestinationSet
+from condmsg.core.conditions import Destination, DestinationSet
 from spark_audit.job import AuditOptions, run_audit
 from spark_audit.readers import AuditInput, Window
 from tests.spark.builders import ack_row, at, cm_row, frame

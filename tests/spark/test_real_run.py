@@ -14,7 +14,7 @@ import pytest
 from ackd.receiver import Receiver
 from condmsg import Destination, DestinationSet, Verdict
 from condmsg.cli import main as condmsg_main
-from condmsg.sender import Sender
+from condmsg.sending.sender import Sender
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from spark_audit.cli import main as audit_main

@@ -14,11 +14,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from condmsg.acks import Ack, AckKind
-from condmsg.condition_codec import condition_from_dict, condition_to_dict, condition_to_json
-from condmsg.conditions import Condition, Destination, DestinationSet
-from condmsg.errors import ConditionError
-from condmsg.evaluation import evaluate
+from condmsg.core.acks import Ack, AckKind
+from condmsg.core.condition_codec import condition_from_dict, condition_to_dict, condition_to_json
+from condmsg.core.conditions import Condition, Destination, DestinationSet
+from condmsg.core.errors import ConditionError
+from condmsg.core.evaluation import evaluate
 from spark_audit.plans import plan_of
 from spark_audit.reevaluate.recompute import recompute
 from tests.spark.builders import T0, ack_row, cm_row, frame

@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
-from condmsg import sender_tables as st
-from condmsg.conditions import Destination
-from condmsg.export import export_store
-from condmsg.sphere_outcome import MemberFacts, SphereFacts, judge_sphere
+from condmsg import tables as st
+from condmsg.archive.export import export_store
+from condmsg.core.conditions import Destination
+from condmsg.core.sphere_evaluation import MemberFacts, SphereFacts, judge_sphere
 from evaluator.retention import RetentionPolicy, retain
 from spark_audit.job import AuditOptions, run_audit
 from spark_audit.output import SPHERE_SCHEMAS

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from condmsg.conditions import Destination, DestinationSet
+from condmsg.core.conditions import Destination, DestinationSet
 from spark_audit.alongside import run_alongside
 from spark_audit.job import AuditOptions, run_audit
 from spark_audit.readers import AuditInput, Window, apply_window

@@ -16,9 +16,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from condmsg.condition_codec import condition_from_json
-from condmsg.errors import ConditionError
-from condmsg.evaluation import evaluate
+from condmsg.core.condition_codec import condition_from_json
+from condmsg.core.errors import ConditionError
+from condmsg.core.evaluation import evaluate
 from spark_audit.changes import ChangeSet, parse_changes
 from spark_audit.generate import generate
 from spark_audit.generate_spec import GenerateSpec

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from hypothesis import strategies as st
 
 from condmsg import Ack, AckKind, Condition, Destination, DestinationSet
-from condmsg.timeutil import RESOLUTION
+from condmsg.core.timeutil import RESOLUTION
 
 #: A fixed, unremarkable send instant for example-based tests.
 SENT_AT = datetime(2024, 3, 4, 9, 0, tzinfo=UTC)

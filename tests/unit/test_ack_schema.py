@@ -1,5 +1,5 @@
 """The JSON Schemas in ``condmsg/schema/`` are the specification; the hand-written validators
-(``condmsg.protocol.decode_ack``, ``ackd.inbound.parse``) must accept exactly what they
+(``condmsg.core.protocol.decode_ack``, ``ackd.validation.parse``) must accept exactly what they
 accept, plus the few rules each schema's description names because JSON Schema cannot
 state them (an order between two fields, the UTC range, unpaired surrogates, ``1`` vs
 ``1.0``). Checked on generated valid documents and on mutations of them.
@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ackd.inbound import InvalidMessage, parse
-from condmsg import protocol
-from condmsg.errors import ProtocolError
+from ackd.validation import InvalidMessage, parse
+from condmsg.core import protocol
+from condmsg.core.errors import ProtocolError
 
 EXAMPLES = int(os.environ.get("CONDMSG_FUZZ_EXAMPLES", "300"))
 _SETTINGS = settings(

@@ -1,4 +1,4 @@
-"""condmsg.archive_layout: pure, and in step with the sender store it describes."""
+"""condmsg.archive.layout: pure, and in step with the sender store it describes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from condmsg import archive_layout as layout
-from condmsg import sender_tables as st
+from condmsg import tables as st
+from condmsg.archive import layout
 
 STORE = {
     "cms": st.cms,
@@ -51,14 +51,14 @@ def test_labels_are_the_stores() -> None:
 
 def test_the_layout_and_the_exporter_import_neither_pyspark_nor_the_services() -> None:
     code = (
-        "import sys, condmsg, condmsg.archive_layout, condmsg.export, spark_audit; "
+        "import sys, condmsg, condmsg.archive.layout, condmsg.archive.export, spark_audit; "
         "print(sorted(m for m in ('pyspark', 'pika', 'apscheduler') if m in sys.modules))"
     )
     found = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert found.strip() == "[]"
-    code = "import sys, condmsg.archive_layout; print('sqlalchemy' in sys.modules)"
+    code = "import sys, condmsg.archive.layout; print('sqlalchemy' in sys.modules)"
     found = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout

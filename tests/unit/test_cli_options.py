@@ -87,7 +87,7 @@ def test_a_yaml_node_alone_reads_as_a_versioned_document() -> None:
     from datetime import timedelta
 
     from condmsg.cli.inputs import parse_condition
-    from condmsg.conditions import Destination, DestinationSet
+    from condmsg.core.conditions import Destination, DestinationSet
 
     yaml_doc = b"""
 type: set
@@ -120,7 +120,7 @@ members:
 )
 def test_a_bad_condition_document_is_one_line(document: bytes, said: str) -> None:
     from condmsg.cli.inputs import parse_condition
-    from condmsg.errors import ConditionError
+    from condmsg.core.errors import ConditionError
 
     with pytest.raises(ConditionError) as raised:
         parse_condition(document)

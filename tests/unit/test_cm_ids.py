@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from condmsg.sender import new_cm_id
+from condmsg.sending.sender import new_cm_id
 
 
 def test_cm_ids_are_canonical_random_uuids() -> None:

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 
 from ackd import tables as receiver_tables
-from ackd.inbound import InvalidMessage, parse
-from condmsg import protocol, sender_tables
-from condmsg.condition_codec import MAX_DOCUMENT_BYTES, condition_from_json
-from condmsg.conditions import MAX_DEPTH, MAX_NODES, Destination, DestinationSet
-from condmsg.errors import ConditionError, ProtocolError
-from condmsg.payloads import decode_payload
+from ackd.validation import InvalidMessage, parse
+from condmsg import tables
+from condmsg.core import protocol
+from condmsg.core.condition_codec import MAX_DOCUMENT_BYTES, condition_from_json
+from condmsg.core.conditions import MAX_DEPTH, MAX_NODES, Destination, DestinationSet
+from condmsg.core.errors import ConditionError, ProtocolError
+from condmsg.core.payloads import decode_payload
 
 DEEP = 100_000  # far past the interpreter's recursion limit
 
@@ -176,7 +177,7 @@ def test_format_instant_is_unchanged() -> None:
 
 
 def test_the_limits_are_the_store_columns() -> None:
-    acks = sender_tables.acks.c
+    acks = tables.acks.c
     assert acks.ack_id.type.length == protocol.MAX_ACK_ID_CHARS
     assert acks.cm_id.type.length == protocol.MAX_CM_ID_CHARS
     for column in (acks.destination, acks.recipient, acks.receiver):
@@ -186,7 +187,7 @@ def test_the_limits_are_the_store_columns() -> None:
     for column in (rlog.destination, rlog.recipient, rlog.receiver, rlog.sender):
         assert column.type.length == protocol.MAX_NAME_CHARS
     assert receiver_tables.sequence_parts.c.seq_id.type.length == protocol.MAX_SEQ_ID_CHARS
-    copies = sender_tables.copies.c
+    copies = tables.copies.c
     for column in (copies.destination, copies.recipient, copies.exchange, copies.routing_key):
         assert column.type.length == protocol.MAX_NAME_CHARS
 

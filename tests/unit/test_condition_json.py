@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from condmsg import Condition, ConditionError, Destination, DestinationSet
-from condmsg.condition_codec import (
+from condmsg.core.condition_codec import (
     condition_from_dict,
     condition_from_json,
     condition_to_dict,

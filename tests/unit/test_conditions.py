@@ -25,7 +25,7 @@ from condmsg import (
     evaluate,
     evaluation_deadline,
 )
-from condmsg.condition_codec import condition_to_json
+from condmsg.core.condition_codec import condition_to_json
 from tests.unit.strategies import SENT_AT
 from tests.unit.vectors import DAY, EXAMPLE_1, SEC
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from ackd.inbound import Inbound, InvalidMessage, check_token, parse
-from condmsg import protocol
-from condmsg.conditions import Destination
-from condmsg.copies import notice_message, plan_copies
+from ackd.validation import Inbound, InvalidMessage, check_token, parse
+from condmsg.core import protocol
+from condmsg.core.conditions import Destination
+from condmsg.sending.copies import notice_message, plan_copies
 
 SECRET = b"unit-test-secret"
 SENT_AT = datetime(2026, 11, 21, 22, 13, 41, 123456, tzinfo=UTC)

@@ -299,3 +299,14 @@ def test_dockerignore_lets_in_what_the_wheel_needs_and_keeps_out_the_secret() ->
     needed |= set(project["project"].get("license-files", []))
     assert needed <= allowed, needed - allowed
     assert not {".env", ".venv", ".git", "tests"} & allowed
+
+
+def test_compose_has_both_services_with_healthchecks() -> None:
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = compose["services"]
+    assert "management" in services["rabbitmq"]["image"]
+    assert services["postgres"]["image"].startswith("postgres:")
+    for name in ("rabbitmq", "postgres"):
+        assert services[name]["healthcheck"]["test"], name
+    assert "5672:5672" in services["rabbitmq"]["ports"]
+    assert "5432:5432" in services["postgres"]["ports"]

@@ -2,7 +2,7 @@
 
 Every vector gives the acks received so far, the instant ``now`` and the expected verdict;
 every PENDING vector also gives the exact ``next_check_at``. Processing deadlines are missed
-at ``D + 1 us`` (``condmsg.timeutil.RESOLUTION``); the verdict is final from the
+at ``D + 1 us`` (``condmsg.core.timeutil.RESOLUTION``); the verdict is final from the
 evaluation deadline ``E`` on.
 """
 

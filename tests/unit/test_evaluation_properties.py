@@ -25,13 +25,13 @@ from condmsg import (
     evaluate,
     evaluation_deadline,
 )
-from condmsg.condition_codec import (
+from condmsg.core.condition_codec import (
     condition_from_dict,
     condition_from_json,
     condition_to_dict,
     condition_to_json,
 )
-from condmsg.timeutil import RESOLUTION
+from condmsg.core.timeutil import RESOLUTION
 from tests.unit.strategies import (
     ack_histories,
     any_acks,

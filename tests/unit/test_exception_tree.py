@@ -16,7 +16,7 @@ import pytest
 
 import condmsg
 import outbox
-from condmsg.errors import CondmsgError
+from condmsg.core.errors import CondmsgError
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ("condmsg", "outbox", "ackd", "evaluator", "spark_audit")

@@ -15,14 +15,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from condmsg.errors import ConfigError
-from condmsg.evaluation import Verdict
-from condmsg.outcome import Outcome
+from condmsg.core.errors import ConfigError
+from condmsg.core.evaluation import Verdict
+from condmsg.core.outcome import Outcome
 from evaluator import workers
 from evaluator.config import EvaluatorConfig
 from evaluator.intake import Intake
 from evaluator.metrics import EvaluatorMetrics, batch_report
 from evaluator.workers import IntakeWorkers, WorkerConfig
+from tests.waiting import wait_for
 
 CONFIG = WorkerConfig(
     amqp_url="amqp://unused",
@@ -41,13 +42,6 @@ def _program(body: str) -> tuple[str, ...]:
     return (sys.executable, "-c", body)
 
 
-def _until(predicate: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
 def test_reports_reach_the_service_and_an_exited_worker_is_started_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -62,7 +56,7 @@ def test_reports_reach_the_service_and_an_exited_worker_is_started_again(
     pool = IntakeWorkers(1, CONFIG, reports.append, command=program)
     pool.start()
     try:
-        _until(lambda: len(reports) >= 2)
+        wait_for(lambda: len(reports) >= 2, timeout=20)
     finally:
         pool.stop()
     assert pool.started >= 2
@@ -78,7 +72,7 @@ def test_stop_closes_the_leash_and_kills_what_does_not_listen() -> None:
     for program, within in ((obedient, 5.0), (deaf, 8.0)):
         pool = IntakeWorkers(2, CONFIG, lambda _r: None, command=program)
         pool.start()
-        _until(lambda pool=pool: len(pool.pids()) == 2)  # type: ignore[misc]
+        wait_for(lambda pool=pool: len(pool.pids()) == 2, timeout=20)  # type: ignore[misc]
         began = time.monotonic()
         pool.stop(timeout_s=1.0)
         assert time.monotonic() - began < within

@@ -2,13 +2,15 @@
 
 Checked on the source (every ``import`` and ``from ... import``, at any depth), so a lazy
 import inside a function counts too; imports under ``if TYPE_CHECKING:`` do not, since they
-never run. ``condmsg``'s command line and demo are layers of their own: the application on
-top of the library, which starts the services and so may import them.
+never run. ``condmsg.core`` is the bottom layer, and ``condmsg``'s command line, demo and
+conformance harness are layers of their own: the application on top of the library, which
+starts the services and so may import them. docs/layout.md draws the layers.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -16,31 +18,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ("condmsg", "outbox", "ackd", "evaluator", "spark_audit")
-#: The application layers inside condmsg; the rest of condmsg is the library.
-APPLICATION = ("condmsg.cli", "condmsg.demo")
-EVERYTHING = {*OURS, *APPLICATION}
+#: The pure core: the condition model, evaluation, the wire protocol, outcomes and the
+#: error root. It imports nothing outside itself, neither of ours nor an I/O library.
+CORE = "condmsg.core"
+#: The application layers inside condmsg, which start the services and so may import them:
+#: the command line, the demo and the conformance harness. The rest of condmsg is the library.
+APPLICATION = ("condmsg.cli", "condmsg.demo", "condmsg.conformance")
+EVERYTHING = {*OURS, CORE, *APPLICATION}
 ALLOWED = {
-    "condmsg": {"outbox"},
+    CORE: set(),
+    "condmsg": {CORE, "outbox"},
     "condmsg.cli": EVERYTHING,
     "condmsg.demo": EVERYTHING,
-    "outbox": set(),
-    "ackd": {"condmsg", "outbox"},
-    "evaluator": {"condmsg", "outbox"},
-    "spark_audit": {"condmsg"},
+    "condmsg.conformance": EVERYTHING,
+    "outbox": {CORE},  # for the one error root
+    "ackd": {"condmsg", CORE, "outbox"},
+    "evaluator": {"condmsg", CORE, "outbox"},
+    "spark_audit": {"condmsg", CORE},
 }
-#: What spark_audit may use of condmsg: the model, the pure evaluation and their helpers.
-SPARK_AUDIT_CONDMSG = {
-    "condmsg",
-    "condmsg.acks",
-    "condmsg.archive_layout",
-    "condmsg.condition_codec",
-    "condmsg.conditions",
-    "condmsg.errors",
-    "condmsg.evaluation",
-    "condmsg.protocol",
-    "condmsg.store_values",
-    "condmsg.timeutil",
-}
+#: What spark_audit may use of condmsg beyond the core: the facade (which loads only the
+#: core) and the layout of the archives it reads.
+SPARK_AUDIT_CONDMSG = {"condmsg", "condmsg.archive", "condmsg.archive.layout"}
 
 
 def _module_name(path: Path) -> str:
@@ -54,9 +52,9 @@ MODULES = {
 
 
 def _layer(module: str) -> str:
-    for application in APPLICATION:
-        if module == application or module.startswith(f"{application}."):
-            return application
+    for layer in (CORE, *APPLICATION):
+        if module == layer or module.startswith(f"{layer}."):
+            return layer
     return module.split(".")[0]
 
 
@@ -112,7 +110,37 @@ def test_each_layer_imports_only_what_design_section_4_allows(layer: str) -> Non
             if target != layer and target not in ALLOWED[layer]:
                 wrong.append(f"{module} imports {name}")
             elif layer == "spark_audit" and target == "condmsg" and name not in SPARK_AUDIT_CONDMSG:
-                wrong.append(f"{module} imports {name} (not the model or pure evaluation)")
+                wrong.append(f"{module} imports {name} (not the core or the archive layout)")
+    assert wrong == []
+
+
+def _imported_roots(path: Path) -> set[str]:
+    """The top-level names of every module ``path`` imports that can run (relative imports
+    count as their own package's)."""
+    tree = ast.parse(path.read_text(), str(path))
+    roots = set()
+    for node in _import_nodes(tree.body):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name for alias in node.names)
+        elif node.level:
+            roots.add(_module_name(path))
+        elif node.module:
+            roots.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return roots
+
+
+def test_the_core_imports_nothing_outside_itself() -> None:
+    """Only the standard library and other core modules: no I/O library, no third-party
+    package, no other part of condmsg (not even its facade)."""
+    wrong = []
+    for module, path in sorted(MODULES.items()):
+        if _layer(module) != CORE:
+            continue
+        for name in sorted(_imported_roots(path)):
+            top = name.split(".")[0]
+            inside = name == CORE or name.startswith(f"{CORE}.")
+            if not inside and (top in OURS or top not in sys.stdlib_module_names):
+                wrong.append(f"{module} imports {name}")
     assert wrong == []
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from condmsg.ops_server import add_process_metrics
+from condmsg.runtime.ops_server import add_process_metrics
 from evaluator.metrics import EvaluatorMetrics
 from outbox.metrics import RelayMetrics
 

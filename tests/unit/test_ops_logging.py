@@ -14,10 +14,10 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from condmsg import __version__
-from condmsg.errors import ConfigError
-from condmsg.logging_setup import JsonFormatter, configure_logging, log_banner
-from condmsg.ops_server import OpsServer, add_process_metrics
-from condmsg.repeated_failures import RepeatedFailures
+from condmsg.core.errors import ConfigError
+from condmsg.runtime.logging_setup import JsonFormatter, configure_logging, log_banner
+from condmsg.runtime.ops_server import OpsServer, add_process_metrics
+from outbox.repeated_failures import RepeatedFailures
 
 
 @pytest.fixture

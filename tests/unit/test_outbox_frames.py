@@ -11,10 +11,10 @@ import pytest
 from pika import frame, spec
 from pika.data import decode_short_string, decode_table, decode_value
 
-from outbox import frames
-from outbox.frames import FramePublishing, encode, row_messages
+from outbox import publish_frames
 from outbox.message import OutboxMessage, StoredMessage
-from outbox.publishing import COPY_HEADER, ROW_ID_HEADER, PikaPublishing, pika_properties
+from outbox.publish_frames import FramePublishing, encode, row_messages
+from outbox.publish_pika import COPY_HEADER, ROW_ID_HEADER, PikaPublishing, pika_properties
 
 FRAME_MAX = 131072
 OURS = (ROW_ID_HEADER, COPY_HEADER)
@@ -88,19 +88,19 @@ def test_publish_frames_equal_pikas(size: int, options: dict[str, object]) -> No
 
 def test_floats_travel_as_doubles() -> None:
     # pika's own encoder refuses floats (and its decoder truncates doubles to ints).
-    assert frames.field_value(1.5) == b"d" + struct.pack(">d", 1.5)
-    table = frames.field_table({"f": 1.5, "i": 3, "l": [0.25]})
+    assert publish_frames.field_value(1.5) == b"d" + struct.pack(">d", 1.5)
+    table = publish_frames.field_table({"f": 1.5, "i": 3, "l": [0.25]})
     decoded, _ = decode_table(table, 0)
     assert decoded == {"f": 1, "i": 3, "l": [0]}
 
 
 def test_values_that_cannot_travel_are_refused() -> None:
-    with pytest.raises(frames.FrameEncodingError, match="255 bytes"):
-        frames.shortstr("x" * 256)
-    with pytest.raises(frames.FrameEncodingError, match="64 bits"):
-        frames.field_value(2**64)
-    with pytest.raises(frames.FrameEncodingError, match="set"):
-        frames.field_value({1, 2})
+    with pytest.raises(publish_frames.FrameEncodingError, match="255 bytes"):
+        publish_frames.shortstr("x" * 256)
+    with pytest.raises(publish_frames.FrameEncodingError, match="64 bits"):
+        publish_frames.field_value(2**64)
+    with pytest.raises(publish_frames.FrameEncodingError, match="set"):
+        publish_frames.field_value({1, 2})
 
 
 def fanout_row(own_headers: list[dict[str, object]]) -> StoredMessage:

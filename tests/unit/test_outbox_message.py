@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import pika.exceptions
 import pytest
@@ -10,8 +12,8 @@ import pytest
 from outbox import OutboxError, OutboxMessage, OutboxTypeError, OutboxValueError
 from outbox.backoff import Backoff, retry_delay_s
 from outbox.message import Fanout
-from outbox.publisher import describe_connect_error
-from outbox.publishing import ROW_ID_HEADER, pika_properties
+from outbox.publish_confirms import describe_connect_error
+from outbox.publish_pika import ROW_ID_HEADER, pika_properties
 from outbox.table import notify_channel
 from outbox.urls import broker_address, redact_url
 
@@ -123,6 +125,25 @@ def test_retry_delays_double_up_to_the_maximum() -> None:
     assert all(0.15 <= d <= 1.0 for d in got)
     backoff.reset()
     assert backoff.next_delay() <= 0.2
+    assert backoff.upcoming_s == 0.4  # the next one's ceiling, for a log line
+    assert retry_delay_s(10**6, initial_s=0.2, maximum_s=5.0) == 5.0  # no overflow
+
+
+def test_a_backoff_wait_ends_when_stopped() -> None:
+    stopped = threading.Event()
+    stopped.set()
+    started = time.monotonic()
+    assert not Backoff(30.0, 30.0, stop=stopped).wait()
+    assert not Backoff(30.0, 30.0).wait(also=stopped)
+    assert time.monotonic() - started < 5.0
+    slices: list[float] = []
+
+    def idle(seconds: float) -> None:  # a caller that services a connection meanwhile
+        slices.append(seconds)
+        time.sleep(seconds)
+
+    assert Backoff(0.05, 0.05).wait(idle=idle)
+    assert slices and all(s <= 0.1 for s in slices)
 
 
 def test_notify_channel_is_a_short_stable_identifier_per_schema_and_table() -> None:

@@ -13,9 +13,9 @@ from datetime import timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from condmsg.evaluation import evaluate
-from condmsg.outcome import Outcome
-from condmsg.sphere_store import MemberRow
+from condmsg.core.evaluation import evaluate
+from condmsg.core.outcome import Outcome
+from condmsg.spheres.store import MemberRow
 from evaluator.actions import instants_json, outcome_body, outcome_body_of_row
 from tests.unit.strategies import ack_histories, conditions, instants, sent_ats
 

@@ -12,8 +12,8 @@ import pytest
 from ackd.attempts import RetryPolicy
 from ackd.receiver import Receiver, ReceiverConfig
 from ackd.receiver_config import DEFAULT_POLL_INTERVAL_S
-from condmsg import protocol
-from condmsg.errors import ConfigError
+from condmsg.core import protocol
+from condmsg.core.errors import ConfigError
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from condmsg.errors import ConfigError
-from condmsg.settings import Settings
+from condmsg.core.errors import ConfigError
+from condmsg.runtime.settings import Settings
 from evaluator.config import EvaluatorConfig
 from outbox import RelayConfig
 

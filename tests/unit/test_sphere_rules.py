@@ -1,4 +1,4 @@
-"""The rules that decide a Dependency-Sphere (``condmsg.sphere_outcome.judge_sphere``) and
+"""The rules that decide a Dependency-Sphere (``condmsg.core.sphere_evaluation.judge_sphere``) and
 the sphere outcome document."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from condmsg.errors import ProtocolError
-from condmsg.evaluation import Verdict
-from condmsg.sphere_outcome import MemberFacts, SphereFacts, SphereOutcome, judge_sphere
+from condmsg.core.errors import ProtocolError
+from condmsg.core.evaluation import Verdict
+from condmsg.core.outcome import SphereOutcome
+from condmsg.core.sphere_evaluation import MemberFacts, SphereFacts, judge_sphere
 
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)

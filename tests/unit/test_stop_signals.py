@@ -1,4 +1,4 @@
-"""condmsg.stopping: a signal sets a flag, a thread turns it into an event, and the
+"""condmsg.runtime.stopping: a signal sets a flag, a thread turns it into an event, and the
 handlers replaced are given back."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import signal
 from types import FrameType
 
-from condmsg.stopping import StopSignals
+from condmsg.runtime.stopping import StopSignals
 
 
 def test_a_signal_sets_the_event_and_uninstall_gives_the_handlers_back() -> None:

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from condmsg.errors import ConditionError, ConfigError
+from condmsg.core.errors import ConditionError, ConfigError
 from spark_audit.changes import parse_changes, sweep_changes
 from spark_audit.templates import default_templates
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from condmsg import Ack, AckKind, Destination, DestinationSet
-from condmsg.timeutil import RESOLUTION
+from condmsg import Ack, AckKind
+from condmsg.core.timeutil import RESOLUTION
+from condmsg.demo import timelines
 from tests.unit.strategies import SENT_AT
 
 US = RESOLUTION
@@ -14,19 +15,8 @@ SEC = timedelta(seconds=1)
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
 
-#: Meeting notice: all four read within 2 days; qr3 processes within 3 days; at least two
-#: of qr1, qr2, qr4 process within 7 days (the default evaluation deadline).
-EXAMPLE_1 = DestinationSet(
-    Destination("qr3", process_within=3 * DAY),
-    DestinationSet(
-        Destination("qr1"),
-        Destination("qr2"),
-        Destination("qr4"),
-        process_within=7 * DAY,
-        min_process=2,
-    ),
-    pickup_within=2 * DAY,
-)
+#: The paper's Example 1, the meeting notice, on queues qr1..qr4 with real days.
+EXAMPLE_1 = timelines.example1()
 
 
 def t(offset: timedelta) -> datetime:

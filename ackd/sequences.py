@@ -1,0 +1,305 @@
+"""Message Sequences on the receiver's side: their parts kept in the receiver store,
+complete sequences delivered from it (judged like a whole message), incomplete ones moved
+to the invalid-message queue after the timeout.
+
+Each part of a large copy is stored (and its AMQP message acked) as it arrives, so
+competing consumers can share the parts (the store's ``store_part``,
+:mod:`ackd.receiver_store`). A sequence whose parts are all stored is *complete*;
+whichever consumer takes it first deletes the parts in the transaction that delivers the
+whole message, so a rolled-back delivery leaves them for a later read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from ackd.broker import Delivery
+from ackd.context import ReceiveContext
+from ackd.message import Message
+from ackd.rlog import RlogDecisions
+from ackd.tables import sequence_parts as parts
+from ackd.transaction import Incoming, ReceiverTransaction, TakenMessage
+from ackd.validation import (
+    Inbound,
+    InvalidMessage,
+    check_payload,
+    check_token,
+    invalid_reason,
+    parse,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Assembled:
+    """A complete sequence taken from the store: the whole body, and the first part's
+    headers and properties as stored (JSON; :func:`metadata_of` decodes them)."""
+
+    seq_id: str
+    body: bytes
+    headers_json: str
+    properties_json: str
+
+
+def _json_safe(headers: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: (v.decode("utf-8", "replace") if isinstance(v, bytes) else v) for k, v in headers.items()
+    }
+
+
+def part_row(
+    delivery: Delivery, *, seq_id: str, position: int, size: int, now: datetime
+) -> dict[str, Any]:
+    """The store row of one part. Encoding its headers can fail on what a sender put in
+    them (a table nested too deep for JSON): the receiver judges that before storing."""
+    props = delivery.properties
+    return {
+        "seq_id": seq_id,
+        "position": position,
+        "size": size,
+        "queue": delivery.queue,
+        "headers_json": json.dumps(_json_safe(delivery.headers), default=str),
+        "properties_json": json.dumps(
+            {
+                "content_type": props.content_type,
+                "message_id": props.message_id,
+                "correlation_id": props.correlation_id,
+                "reply_to": props.reply_to,
+            },
+            default=str,
+        ),
+        "body": delivery.body,
+        "received_at": now,
+    }
+
+
+def complete_ids(session: Session, queue: str, limit: int = 10) -> list[str]:
+    """Sequences of ``queue`` whose parts are all stored."""
+    query = (
+        sa.select(parts.c.seq_id)
+        .where(parts.c.queue == queue)
+        .group_by(parts.c.seq_id, parts.c.size)
+        .having(sa.func.count() == parts.c.size)
+        .limit(limit)
+    )
+    return [row.seq_id for row in session.execute(query)]
+
+
+def take(session: Session, seq_id: str) -> Assembled | None:
+    """Assemble and delete a complete sequence; None if another consumer took it first.
+
+    The DELETE ... RETURNING is the claim: on PostgreSQL a concurrent taker blocks on the
+    rows and, once the first commits, deletes nothing.
+    """
+    stmt = (
+        sa.delete(parts)
+        .where(parts.c.seq_id == seq_id)
+        .returning(
+            parts.c.position,
+            parts.c.size,
+            parts.c.body,
+            parts.c.headers_json,
+            parts.c.properties_json,
+        )
+    )
+    rows = sorted(session.execute(stmt).all(), key=lambda r: r.position)
+    if not rows or len(rows) != rows[0].size:
+        return None
+    first = rows[0]
+    return Assembled(
+        seq_id=seq_id,
+        body=b"".join(r.body for r in rows),
+        headers_json=first.headers_json,
+        properties_json=first.properties_json,
+    )
+
+
+def metadata_of(assembled: Assembled) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The headers and properties of an assembled sequence; raises :class:`InvalidMessage`
+    if the stored JSON is not an object."""
+    headers, properties = json.loads(assembled.headers_json), json.loads(assembled.properties_json)
+    if not isinstance(headers, dict) or not isinstance(properties, dict):
+        raise InvalidMessage(f"sequence {assembled.seq_id}: stored headers are not an object")
+    return headers, properties
+
+
+def take_expired(
+    session: Session, older_than: datetime
+) -> list[tuple[str, int, int, bytes, dict[str, Any]]]:
+    """Delete and return the parts of sequences with a part older than ``older_than`` that
+    are still incomplete: ``(seq_id, position, size, body, headers)``."""
+    stale = (
+        sa.select(parts.c.seq_id)
+        .group_by(parts.c.seq_id, parts.c.size)
+        .having(sa.func.min(parts.c.received_at) < older_than)
+        .having(sa.func.count() < parts.c.size)
+    )
+    ids = [row.seq_id for row in session.execute(stale)]
+    if not ids:
+        return []
+    stmt = (
+        sa.delete(parts)
+        .where(parts.c.seq_id.in_(ids))
+        .returning(
+            parts.c.seq_id, parts.c.position, parts.c.size, parts.c.body, parts.c.headers_json
+        )
+    )
+    return [
+        (r.seq_id, r.position, r.size, r.body, _stored_headers(r.headers_json))
+        for r in session.execute(stmt)
+    ]
+
+
+def _stored_headers(headers_json: str) -> dict[str, Any]:
+    """A part's headers for the invalid queue; none if they cannot be decoded (the part
+    still goes there, with its body, rather than stopping the expiry of the others)."""
+    try:
+        headers = json.loads(headers_json)
+    except (ValueError, RecursionError):
+        return {}
+    return headers if isinstance(headers, dict) else {}
+
+
+class SequenceReassembly:
+    """Stores the parts one receiver reads and delivers the sequences they complete."""
+
+    def __init__(self, context: ReceiveContext, decisions: RlogDecisions) -> None:
+        self._ctx = context
+        self._decisions = decisions
+        self._next_expiry_check = 0.0
+
+    def store_part(
+        self,
+        delivery: Delivery,
+        inbound: Inbound,
+        part: dict[str, Any],
+        tx: ReceiverTransaction | None,
+    ) -> None:
+        """Keep a part in the store. Inside a transaction it is stored (and acked) with the
+        transaction, so a rollback requeues it; otherwise at once."""
+        if tx is not None:
+            self._ctx.store.store_part(tx.session, part)
+            incoming = Incoming(
+                delivery.queue, b"", None, None, delivery.headers, delivery.redelivered, delivery
+            )
+            tx.taken_messages.append(
+                TakenMessage(incoming, inbound, part["received_at"], delivered=False)
+            )
+        else:
+            with Session(self._ctx.engine) as session, session.begin():
+                self._ctx.store.store_part(session, part)
+            self._ctx.broker.ack(delivery)
+        self._ctx.stats.parts += 1
+        self._ctx.pending.maybe_complete = True
+
+    def deliver_complete(self, queue: str, tx: ReceiverTransaction | None) -> Message | None:
+        """Deliver a complete sequence of ``queue`` from the store, if there is one."""
+        if tx is not None:
+            return self._deliver_first_complete(tx.session, queue, tx)
+        with Session(self._ctx.engine) as session, session.begin():
+            return self._deliver_first_complete(session, queue, None)
+
+    def _deliver_first_complete(
+        self, session: Session, queue: str, tx: ReceiverTransaction | None
+    ) -> Message | None:
+        ids = complete_ids(session, queue)
+        if not ids:
+            self._ctx.pending.maybe_complete = False
+            return None
+        for seq_id in ids:
+            if self._ctx.pending.is_held_back(seq_id):
+                continue
+            assembled = take(session, seq_id)
+            if assembled is None:
+                continue
+            read_at = self._ctx.clock()
+            judged = self._judge_sequence(assembled)
+            if judged is None:
+                continue
+            inbound, headers, properties = judged
+            if tx is not None:
+                reason = self._ctx.attempts.dead_letter_reason(
+                    session, seq_id, self._ctx.config.max_attempts
+                )
+                if reason is not None:
+                    self._ctx.broker.publish_invalid(assembled.body, headers, reason)
+                    self._ctx.stats.invalid += 1
+                    continue
+            incoming = Incoming(
+                queue=queue,
+                body=assembled.body,
+                content_type=properties.get("content_type"),
+                message_id=seq_id,
+                headers=headers,
+                redelivered=False,
+                delivery=None,
+            )
+            message = self._decisions.decide(session, incoming, inbound, read_at, tx)
+            if message is not None:
+                return message
+        return None
+
+    def _judge_sequence(
+        self, assembled: Assembled
+    ) -> tuple[Inbound, dict[str, Any], dict[str, Any]] | None:
+        """The condmsg facts of a taken sequence, or None after moving it to the invalid
+        queue (its parts' deletion commits with the caller's transaction)."""
+        headers: dict[str, Any] = {}
+        try:
+            headers, properties = metadata_of(assembled)
+            inbound = parse(headers, properties.get("reply_to"))
+            # Parts carry their copy's token: the whole is judged as the original it is.
+            check_token(inbound, self._ctx.config.secret, assembled.body)
+            check_payload(assembled.body, properties.get("content_type"))
+        except Exception as exc:  # a codec's bug costs this sequence, never the reader
+            reason = invalid_reason(exc)
+            log.warning(
+                "moving sequence %s to %s: %s",
+                assembled.seq_id,
+                self._ctx.config.invalid_queue,
+                reason,
+            )
+            self._ctx.broker.publish_invalid(assembled.body, headers, reason)
+            self._ctx.stats.invalid += 1
+            return None
+        return inbound, headers, properties
+
+    def expire_incomplete(self) -> None:
+        """Move the parts of sequences incomplete after ``sequence_timeout`` to the invalid
+        queue; looks at most every quarter of the timeout (and at most once a second)."""
+        now_mono = time.monotonic()
+        if now_mono < self._next_expiry_check:
+            return
+        timeout = self._ctx.config.sequence_timeout
+        self._next_expiry_check = now_mono + max(1.0, timeout.total_seconds() / 4)
+        cutoff = self._ctx.clock() - timeout
+        with Session(self._ctx.engine) as session, session.begin():
+            expired = take_expired(session, cutoff)
+            by_seq: dict[str, list[tuple[int, int]]] = {}
+            for seq_id, position, size, body, headers in expired:
+                by_seq.setdefault(seq_id, []).append((position, size))
+                reason = (
+                    f"incomplete sequence {seq_id}: part {position + 1} of {size}, "
+                    f"others missing after {timeout}"
+                )
+                # Published before the deleting transaction commits: a crash in between
+                # duplicates parts on the invalid queue, it never loses them.
+                self._ctx.broker.publish_invalid(body, headers, reason)
+            for seq_id, seen in by_seq.items():
+                log.warning(
+                    "sequence %s incomplete (%d of %d parts); moved to %s",
+                    seq_id,
+                    len(seen),
+                    seen[0][1],
+                    self._ctx.config.invalid_queue,
+                )
+                self._ctx.stats.invalid += 1

@@ -1,0 +1,1 @@
+"""The Parquet archive: its layout (which the Spark audit reads) and ``condmsg export``."""

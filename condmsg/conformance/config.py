@@ -1,0 +1,77 @@
+"""The settings of one conformance run, and the environment the receiver under test gets."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+#: The environment of the receiver under test (docs/conformance.md, *The contract*).
+ENV_AMQP_URL = "CONDMSG_AMQP_URL"
+ENV_DB_URL = "CONDMSG_DB_URL"
+ENV_PG_URL = "CONDMSG_PG_URL"
+ENV_SECRET = "CONDMSG_SECRET"
+ENV_QUEUE = "CONDMSG_QUEUE"
+ENV_RECIPIENT = "CONDMSG_RECIPIENT"
+ENV_INVALID_QUEUE = "CONDMSG_INVALID_QUEUE"
+ENV_MAX_ATTEMPTS = "CONDMSG_MAX_ATTEMPTS"
+ENV_RETRY_BACKOFF_MS = "CONDMSG_RETRY_BACKOFF_MS"
+ENV_SEQUENCE_TIMEOUT_MS = "CONDMSG_SEQUENCE_TIMEOUT_MS"
+
+#: The payloads the application of the receiver under test reacts to.
+FAIL_ALWAYS = b"conformance:fail"
+FAIL_ONCE = b"conformance:fail-once"
+CRASH_BEFORE_COMMIT = b"conformance:crash-before-commit"
+CRASH_AFTER_COMMIT = b"conformance:crash-after-commit"
+
+#: What the receiver under test is told, kept small so that a run takes about a minute.
+MAX_ATTEMPTS = 3
+RETRY_BACKOFF_MS = 100
+SEQUENCE_TIMEOUT_MS = 2000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConformanceConfig:
+    """One run: the receiver under test reads ``queue`` as ``recipient`` with its store at
+    ``store_url`` (a SQLAlchemy URL the harness reads and prepares); ``receiver_cmd`` is
+    the shell command that starts it. ``sender_db_url`` is the harness's own sender store
+    (default: a SQLite file in a temporary directory). ``scale`` multiplies every deadline
+    (seconds) for a slow machine. ``only`` names the scenarios to run (all when empty)."""
+
+    amqp_url: str = field(repr=False)
+    store_url: str = field(repr=False)
+    receiver_cmd: str
+    queue: str
+    recipient: str
+    secret: str = field(repr=False)
+    sender_db_url: str | None = field(default=None, repr=False)
+    invalid_queue: str | None = None
+    scale: float = 1.0
+    only: tuple[str, ...] = ()
+    log_path: str | None = None
+
+    @property
+    def invalid(self) -> str:
+        return self.invalid_queue or f"{self.queue}.invalid"
+
+    def receiver_env(self) -> dict[str, str]:
+        """The environment the receiver under test is started with (over the harness's)."""
+        return {
+            **os.environ,
+            ENV_AMQP_URL: self.amqp_url,
+            ENV_DB_URL: self.store_url,
+            ENV_PG_URL: libpq_url(self.store_url),
+            ENV_SECRET: self.secret,
+            ENV_QUEUE: self.queue,
+            ENV_RECIPIENT: self.recipient,
+            ENV_INVALID_QUEUE: self.invalid,
+            ENV_MAX_ATTEMPTS: str(MAX_ATTEMPTS),
+            ENV_RETRY_BACKOFF_MS: str(RETRY_BACKOFF_MS),
+            ENV_SEQUENCE_TIMEOUT_MS: str(SEQUENCE_TIMEOUT_MS),
+        }
+
+
+def libpq_url(url: str) -> str:
+    """``url`` without SQLAlchemy's ``+driver``: what libpq and other languages' clients
+    read (``postgresql+psycopg://u@h/db`` -> ``postgresql://u@h/db``)."""
+    return re.sub(r"^(postgres(?:ql)?)\+[a-z0-9_]+://", r"\1://", url)

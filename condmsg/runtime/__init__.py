@@ -1,0 +1,2 @@
+"""What every condmsg process runs on: settings, database and broker connections, queue
+topology, migrations, logging, the ops endpoint, stopping and pausing."""

@@ -1,0 +1,1 @@
+"""Dependency-Spheres: the sender-side sphere, its participants and its store."""

@@ -1,7 +1,8 @@
 """Accepting or rejecting one AMQP delivery: its condmsg headers, token and payload are
 checked (a message that fails goes to the invalid queue with the reason, and the app
 never sees it), then a part is stored, a plain message passes and a conditional one
-goes to the RLOG decision."""
+goes to the RLOG decision. What becomes of the delivery at the broker is decided on the
+way and carried out once, at the end (:meth:`ackd.broker.Broker.dispose`)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,19 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from ackd.broker import Delivery
+from ackd.broker import Delivery, Disposal, Fate
 from ackd.context import ReceiveContext
 from ackd.message import Message
 from ackd.rlog import RlogDecisions
-from ackd.sequences import SequenceReassembly, part_row
+from ackd.sequences import SequenceReassembly
 from ackd.transaction import Incoming, ReceiverTransaction, TakenMessage
-from ackd.validation import Inbound, invalid_reason, judge
+from ackd.validation import InvalidMessage, invalid_reason, judge
 
 log = logging.getLogger(__name__)
+
+#: A delivery whose fate is the app's transaction's, or that the RLOG decision settled.
+LEFT = Disposal(Fate.LEFT)
+ACK = Disposal(Fate.ACK)
 
 
 class Acceptance:
@@ -36,40 +41,41 @@ class Acceptance:
         dropped by the RLOG)."""
         read_at = self._ctx.clock()
         try:
-            inbound = judge(delivery, self._ctx.config.secret)
-            part = None
-            if inbound.seq_id is not None:
-                assert inbound.seq_pos is not None and inbound.seq_size
-                part = part_row(
-                    delivery,
-                    seq_id=inbound.seq_id,
-                    position=inbound.seq_pos,
-                    size=inbound.seq_size,
-                    now=read_at,
+            message, disposal = self._take(delivery, read_at, tx)
+            if disposal.fate is Fate.INVALID:
+                log.warning(
+                    "moving message %s from %r to %s: %s",
+                    delivery.properties.message_id,
+                    delivery.queue,
+                    self._ctx.config.invalid_queue,
+                    disposal.reason,
                 )
-        except Exception as exc:  # a codec's bug too costs this message, never the reader
-            self._move_to_invalid(delivery, invalid_reason(exc))
-            return None
-        try:
-            if part is not None:
-                self._sequences.store_part(delivery, inbound, part, tx)
-                return None
-            return self._deliver_whole(delivery, inbound, read_at, tx)
+            self._ctx.broker.dispose(delivery, disposal)
         except BaseException:
             # The store or the broker failed, not the message: it goes back to its queue
             # (uncounted), after a pause so that a caller retrying at once does not spin
             # on it while the store is down. Settling twice is harmless (see Broker).
             self._ctx.broker.requeue(delivery, after_s=self._ctx.config.retry.delay_s(1))
             raise
+        if disposal.fate is Fate.INVALID:
+            self._ctx.stats.invalid += 1
+        return message
 
-    def _deliver_whole(
-        self,
-        delivery: Delivery,
-        inbound: Inbound,
-        read_at: datetime,
-        tx: ReceiverTransaction | None,
-    ) -> Message | None:
-        """Deliver a judged whole message (or drop it by the RLOG's decision)."""
+    def _take(
+        self, delivery: Delivery, read_at: datetime, tx: ReceiverTransaction | None
+    ) -> tuple[Message | None, Disposal]:
+        """Judge ``delivery`` and hand it on: the message the app gets (or None), and
+        what becomes of the delivery at the broker."""
+        try:
+            inbound = judge(delivery, self._ctx.config.secret)
+        except Exception as exc:  # a codec's bug too costs this message, never the reader
+            return None, Disposal(Fate.INVALID, invalid_reason(exc))
+        if inbound.seq_id is not None:
+            try:
+                self._sequences.store_part(delivery, inbound, read_at, tx)
+            except InvalidMessage as exc:
+                return None, Disposal(Fate.INVALID, str(exc))
+            return None, ACK if tx is None else LEFT
         props = delivery.properties
         # Attempts are counted only when a rollback requeues, so a first delivery has none:
         # skip the lookup (a database round trip per message).
@@ -78,8 +84,7 @@ class Acceptance:
                 tx.session, props.message_id, self._ctx.config.max_attempts
             )
             if reason is not None:
-                self._move_to_invalid(delivery, reason)
-                return None
+                return None, Disposal(Fate.INVALID, reason)
         incoming = Incoming(
             queue=delivery.queue,
             body=delivery.body,
@@ -90,26 +95,12 @@ class Acceptance:
             delivery=delivery,
         )
         if inbound.kind is None:  # a plain message: no RLOG, no ack
-            if tx is None:
-                self._ctx.broker.ack(delivery)
-            else:
+            if tx is not None:
                 tx.taken_messages.append(TakenMessage(incoming, inbound, read_at, delivered=False))
             self._ctx.stats.delivered += 1
-            return incoming.message(inbound, read_at)
+            return incoming.message(inbound, read_at), ACK if tx is None else LEFT
         if tx is not None:
-            return self._decisions.decide(tx.session, incoming, inbound, read_at, tx)
+            return self._decisions.decide(tx.session, incoming, inbound, read_at, tx), LEFT
         with Session(self._ctx.engine) as session, session.begin():
             message = self._decisions.decide(session, incoming, inbound, read_at, None)
-        self._ctx.broker.ack(delivery, deferred=True)  # the RLOG row drops a redelivery
-        return message
-
-    def _move_to_invalid(self, delivery: Delivery, reason: str) -> None:
-        log.warning(
-            "moving message %s from %r to %s: %s",
-            delivery.properties.message_id,
-            delivery.queue,
-            self._ctx.config.invalid_queue,
-            reason,
-        )
-        self._ctx.broker.move_to_invalid(delivery, reason)
-        self._ctx.stats.invalid += 1
+        return message, Disposal(Fate.ACK_DEFERRED)  # the RLOG row drops a redelivery

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import pika
@@ -38,6 +39,26 @@ class Delivery:
     @property
     def headers(self) -> dict[str, Any]:
         return dict(self.properties.headers or {})
+
+
+class Fate(Enum):
+    """What becomes of a delivery at the broker once the receiver has taken it."""
+
+    ACK = "ack"  # taken for good: acknowledged now
+    ACK_DEFERRED = "ack-deferred"  # its RLOG row drops a redelivery: the ack may be batched
+    INVALID = "invalid"  # copied to the invalid-message queue with the reason, then acked
+    REQUEUE = "requeue"  # given back to its queue, at once or after a pause
+    LEFT = "left"  # nothing now: the app's transaction, or the RLOG decision, settles it
+
+
+@dataclass(frozen=True, slots=True)
+class Disposal:
+    """A delivery's :class:`Fate`, with the reason of an invalid one and the pause
+    (seconds) before a requeue."""
+
+    fate: Fate
+    reason: str = ""
+    after_s: float = 0.0
 
 
 def _delivery(queue: str, method: Any, properties: Any, body: bytes | None) -> Delivery:
@@ -276,6 +297,16 @@ class Broker:
             self._confirm.confirm_delivery()
             declare_service_queue(self._confirm, self.invalid_queue)
         return self._confirm
+
+    def dispose(self, delivery: Delivery, disposal: Disposal) -> None:
+        """Settle ``delivery`` as ``disposal`` says: the one broker call for its fate."""
+        fate = disposal.fate
+        if fate is Fate.ACK or fate is Fate.ACK_DEFERRED:
+            self.ack(delivery, deferred=fate is Fate.ACK_DEFERRED)
+        elif fate is Fate.INVALID:
+            self.move_to_invalid(delivery, disposal.reason)
+        elif fate is Fate.REQUEUE:
+            self.requeue(delivery, after_s=disposal.after_s)
 
     def move_to_invalid(self, delivery: Delivery, reason: str) -> None:
         """Republish to the invalid-message queue with the reason, then ack the original.

@@ -60,7 +60,8 @@ def part_row(
     delivery: Delivery, *, seq_id: str, position: int, size: int, now: datetime
 ) -> dict[str, Any]:
     """The store row of one part. Encoding its headers can fail on what a sender put in
-    them (a table nested too deep for JSON): the receiver judges that before storing."""
+    them (a table nested too deep for JSON): :meth:`SequenceReassembly.store_part` makes
+    that part invalid before storing anything."""
     props = delivery.properties
     return {
         "seq_id": seq_id,
@@ -181,23 +182,33 @@ class SequenceReassembly:
         self,
         delivery: Delivery,
         inbound: Inbound,
-        part: dict[str, Any],
+        received_at: datetime,
         tx: ReceiverTransaction | None,
     ) -> None:
-        """Keep a part in the store. Inside a transaction it is stored (and acked) with the
-        transaction, so a rollback requeues it; otherwise at once."""
+        """Keep a judged part in the store: inside a transaction with it (the transaction
+        settles its delivery, so a rollback requeues it), otherwise at once (the caller
+        then acks it). Raises :class:`InvalidMessage` before storing anything if its
+        headers cannot be kept (a table nested too deep for JSON)."""
+        assert inbound.seq_id is not None and inbound.seq_pos is not None and inbound.seq_size
+        try:
+            row = part_row(
+                delivery,
+                seq_id=inbound.seq_id,
+                position=inbound.seq_pos,
+                size=inbound.seq_size,
+                now=received_at,
+            )
+        except Exception as exc:  # what a sender put in the headers costs this part only
+            raise InvalidMessage(invalid_reason(exc)) from exc
         if tx is not None:
-            self._ctx.store.store_part(tx.session, part)
+            self._ctx.store.store_part(tx.session, row)
             incoming = Incoming(
                 delivery.queue, b"", None, None, delivery.headers, delivery.redelivered, delivery
             )
-            tx.taken_messages.append(
-                TakenMessage(incoming, inbound, part["received_at"], delivered=False)
-            )
+            tx.taken_messages.append(TakenMessage(incoming, inbound, received_at, delivered=False))
         else:
             with Session(self._ctx.engine) as session, session.begin():
-                self._ctx.store.store_part(session, part)
-            self._ctx.broker.ack(delivery)
+                self._ctx.store.store_part(session, row)
         self._ctx.stats.parts += 1
         self._ctx.pending.maybe_complete = True
 

@@ -250,9 +250,7 @@ class Figures:
 
 
 def condmsg_pass(cms: int, rate: float, seconds: float, batch: int) -> Figures:
-    from condmsg import Destination
-    from condmsg.sending.outgoing import Outgoing
-    from condmsg.sending.sender import Sender
+    from condmsg import Destination, Outgoing, Sender
 
     run_id = uuid.uuid4().hex[:8]
     name, queue = f"bench-pipe-{run_id}", f"bench.pipe.{run_id}"

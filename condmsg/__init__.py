@@ -10,7 +10,8 @@ It exports what this package owns; the receiver side is its own package
 Importing it loads the pure core (:mod:`condmsg.core`) and nothing else: the outbox imports
 the core's error root, and the Spark audit's Python workers and the property tests import the
 model, none of which may pull in pika or SQLAlchemy. The names it exports from the rest of
-condmsg, :class:`Sender` and :class:`Settings`, are loaded on first use (``docs/layout.md``).
+condmsg, :class:`Sender`, :class:`Outgoing` (one message of ``Sender.send_many``) and
+:class:`Settings`, are loaded on first use (``docs/layout.md``).
 """
 
 import importlib
@@ -37,16 +38,19 @@ from condmsg.core.evaluation import (
     evaluate,
     evaluation_deadline,
 )
+from condmsg.core.outcome import Outcome
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from condmsg.runtime.settings import Settings
+    from condmsg.sending.outgoing import Outgoing
     from condmsg.sending.sender import Sender
 
 #: The module that defines each name exported on first use.
 _DEFINED_IN = {
     "Sender": "condmsg.sending.sender",
+    "Outgoing": "condmsg.sending.outgoing",
     "Settings": "condmsg.runtime.settings",
 }
 
@@ -81,6 +85,8 @@ __all__ = [
     "evaluation_deadline",
     # sending
     "Sender",
+    "Outgoing",
+    "Outcome",
     # settings
     "Settings",
     # errors

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from condmsg.core.conditions import Condition, Destination, DestinationSet
+from condmsg.core.examples import example1, example2
 from condmsg.core.protocol import Requirement
 
 s = timedelta(seconds=1)
@@ -48,21 +49,10 @@ class Template:
 
 
 def default_templates() -> tuple[Template, ...]:
-    example1 = DestinationSet(
-        Destination("qr3", process_within=3 * s),
-        DestinationSet(
-            Destination("qr1"),
-            Destination("qr2"),
-            Destination("qr4"),
-            process_within=7 * s,
-            min_process=2,
-        ),
-        pickup_within=2 * s,
-    )
     return (
         Template(
             name="flight",
-            condition=_flight(),
+            condition=example2(),
             weight=0.25,
             p_ack=0.97,
             p_commit=0.2,
@@ -120,7 +110,7 @@ def default_templates() -> tuple[Template, ...]:
         ),
         Template(
             name="meeting",
-            condition=example1,
+            condition=example1(day=s),
             weight=0.03,
             p_ack=0.95,
             p_commit=0.9,
@@ -138,8 +128,3 @@ def default_templates() -> tuple[Template, ...]:
             recipients=("r1", "r2", "r3"),
         ),
     )
-
-
-def _flight() -> Condition:
-    """The paper's Example 2: pickup within 20 s, evaluation timeout 21 s."""
-    return Destination("qcentral", pickup_within=20 * s, evaluation_timeout=21 * s)

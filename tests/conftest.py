@@ -26,8 +26,8 @@ from urllib.parse import quote
 import hypothesis  # noqa: F401
 import pytest
 
+from condmsg.core import examples
 from condmsg.core.conditions import Condition
-from condmsg.demo import timelines
 
 AMQP_URL = os.environ.get("CONDMSG_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 #: This test run's mark in every queue name: set once by the controlling process, inherited
@@ -270,7 +270,7 @@ def adapter_backend(request: pytest.FixtureRequest) -> tuple[str, bool]:
 
 @pytest.fixture
 def example1() -> Callable[..., Condition]:
-    """The paper's Example 1 (``condmsg.demo.timelines.example1``, its one definition):
+    """The paper's Example 1 (``condmsg.core.examples.example1``, its one definition):
     call it with a function naming the test's queue of each attendee (``"qr1"`` -> a
     queue of this test) and the length of the test's day."""
-    return timelines.example1
+    return examples.example1

@@ -5,9 +5,6 @@ start again."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -17,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import pika
 from sqlalchemy.engine import Engine
@@ -26,6 +23,7 @@ from ackd.tables import metadata as receiver_metadata
 from condmsg import Condition, CondmsgError, Sender, Verdict
 from condmsg.conformance import app_table
 from condmsg.conformance.config import ConformanceConfig
+from condmsg.conformance.receiver_process import ReceiverProcess
 from condmsg.core import protocol
 from condmsg.runtime import migrate
 from condmsg.runtime.db import make_engine
@@ -70,47 +68,6 @@ class Invalid:
     def reason(self) -> str:
         value = self.headers.get(protocol.H_REASON, "")
         return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-class ReceiverProcess:
-    """The receiver under test, started with ``config.receiver_cmd`` in a shell of its own
-    process group (so that a kill reaches whatever the command started)."""
-
-    def __init__(self, config: ConformanceConfig, log: IO[bytes]) -> None:
-        self._config = config
-        self._log = log
-        self._proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self._proc = subprocess.Popen(
-            self._config.receiver_cmd,
-            shell=True,
-            env=self._config.receiver_env(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.starts += 1
-
-    def exited(self) -> int | None:
-        return None if self._proc is None else self._proc.poll()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout_s``."""
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
 
 
 class World:

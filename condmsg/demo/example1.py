@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from condmsg.core import examples
 from condmsg.core.conditions import Condition
 from condmsg.core.evaluation import Verdict
-from condmsg.demo import timelines
 from condmsg.demo.agents import pause
 from condmsg.demo.setup import Names, queue_depth, wait_for
 from condmsg.demo.stage import Stage, sleep_until
@@ -28,7 +28,7 @@ RECIPIENTS = {"qr1": "alice", "qr2": "bob", "qr3": "carol", "qr4": "dave"}
 
 def condition(names: Names, day_s: float) -> Condition:
     """Example 1 on the demo's queues, with a day lasting ``day_s`` seconds."""
-    return timelines.example1(names.queue, timedelta(seconds=day_s))
+    return examples.example1(names.queue, timedelta(seconds=day_s))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,45 +9,16 @@ time evolve, and that success or failure is declared as early as the facts allow
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from condmsg.core.acks import Ack, AckKind
-from condmsg.core.conditions import Condition, Destination, DestinationSet
+from condmsg.core.conditions import Condition
 from condmsg.core.evaluation import EvaluationResult, evaluate
+from condmsg.core.examples import DAY, example1, example2
 
-DAY = timedelta(days=1)
 SENT_AT = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
-
-
-def example1(queue: Callable[[str], str] = str, day: timedelta = DAY) -> Condition:
-    """The paper's Example 1, the meeting notice: all four attendees (qr1..qr4) read it
-    within 2 days; qr3 processes it within 3 days; at least two of qr1, qr2, qr4 process it
-    within 7 days (the meeting is at ``sent_at + 10 days``).
-
-    The one definition of Example 1: the demo runs it on the services with ``day`` scaled
-    to seconds, and the tests use it with ``queue`` naming each attendee's queue (``qr1``
-    -> the test's own queue name) so that runs never share a queue.
-    """
-    return DestinationSet(
-        Destination(queue("qr3"), process_within=3 * day),
-        DestinationSet(
-            Destination(queue("qr1")),
-            Destination(queue("qr2")),
-            Destination(queue("qr4")),
-            process_within=7 * day,
-            min_process=2,
-        ),
-        pickup_within=2 * day,
-    )
-
-
-def example2() -> Condition:
-    """Incoming flight: some controller picks it up from ``qcentral`` within 20 s."""
-    return Destination(
-        "qcentral", pickup_within=timedelta(seconds=20), evaluation_timeout=timedelta(seconds=21)
-    )
 
 
 @dataclass(frozen=True, slots=True)

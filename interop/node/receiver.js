@@ -46,7 +46,7 @@ function app(client, delivery, kind, cmId, destination, body) {
 const crashAfterCommit = (d, kind, body) => kind !== 'plain' && !d.fields.redelivered &&
   body.toString('latin1') === 'conformance:crash-after-commit';
 
-// --- strict reading of the headers (protocol.md, "A copy") -----------------------------
+// --- strict reading of the headers (protocol.md, "Messages to a receiver") -------------
 function text(h, name, max, required = true) {
   let v = h[name];
   if (v === undefined || v === null) {
@@ -111,7 +111,7 @@ function verify(m, body) {
   }
 }
 
-// --- the receiver log (protocol.md, "What the receiver does with each message") --------
+// --- the receiver log (protocol.md, "The receiver log", "Transactions and locks") ------
 async function decide(c, m, messageId, readAt) {
   const key = [m.cmId, m.destination];
   const locked = async (col) => (await c.query(
@@ -334,7 +334,10 @@ async function main() {
   await ch.prefetch(20);
   let chain = Promise.resolve(); // one message at a time, in arrival order
   const fatal = (e) => { console.error(e); process.exit(1); };
-  await ch.consume(QUEUE, (d) => { chain = chain.then(() => handle(d)).catch(fatal); });
+  await ch.consume(QUEUE, (d) => {
+    if (d === null) fatal(new Error('the broker cancelled the consumer (queue deleted?)'));
+    chain = chain.then(() => handle(d)).catch(fatal);
+  });
   const timer = setInterval(() => {
     chain = chain.then(() => expireSequences()).then(() => completeSequences()).catch(fatal);
   }, 500);

@@ -1,6 +1,7 @@
 """A Node consumer and a Python consumer compete for one queue with one shared receiver
 store: every original reaches one application exactly once, and every compensation
-cancels out or follows its original, whoever took which message."""
+cancels out or follows its original, whoever took which message (or which part of a
+Message Sequence)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import sqlalchemy as sa
 from pika.adapters.blocking_connection import BlockingChannel
 
 from ackd.tables import metadata as receiver_metadata
-from ackd.tables import rlog
+from ackd.tables import rlog, sequence_parts
 from condmsg import Destination
 from condmsg.conformance import ConformanceConfig, app_table
 from condmsg.core import protocol
@@ -37,6 +38,8 @@ from .conftest import PYTHON_RECEIVER, node_receiver
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
 CMS = 500
+#: Sequences of a few parts each, small enough to keep the run short.
+PART_BYTES = 1024
 SECRET = "competing-consumers-secret"
 
 
@@ -98,19 +101,22 @@ def test_node_and_python_consumers_share_one_queue_exactly_once(
             what="the Python and the Node consumer",
         )
         compensated: set[str] = set()
+        bodies: dict[str, bytes] = {}
         condition = Destination(queue, pickup_within=timedelta(minutes=5))
         for i in range(CMS):
             cm_id = str(uuid.uuid4())
+            # Every 10th a Message Sequence, whose parts either consumer may store.
+            body = bodies[cm_id] = f"cm {i} ".encode() * (300 if i % 10 == 0 else 1)
             (plan,) = plan_copies(
                 cm_id=cm_id,
                 condition=condition,
                 sender=sender,
                 sent_at=datetime.now(UTC),
                 secret=SECRET.encode(),
-                body=f"cm {i}".encode(),
+                body=body,
                 content_type="text/plain; charset=utf-8",
                 app_headers={},
-                part_bytes=1 << 20,
+                part_bytes=PART_BYTES,
             )
             for message in plan.messages * (2 if i % 5 == 0 else 1):  # some duplicates
                 _publish(channel, message)
@@ -127,6 +133,8 @@ def test_node_and_python_consumers_share_one_queue_exactly_once(
         got: dict[str, list[str]] = defaultdict(list)
         for row in app_table.rows(store):
             got[str(row.cm_id)].append(row.kind)
+            if row.kind == "original":
+                assert bytes(row.body) == bodies[str(row.cm_id)], row.cm_id
         delivered = {cm for cm, kinds in got.items() if "original" in kinds}
         for cm_id, kinds in got.items():
             expected = [["compensation", "original"]] if cm_id in compensated else [["original"]]
@@ -170,7 +178,7 @@ def _drain_commit_acks(channel: BlockingChannel, sender: str, into: list[str]) -
 
 def _all_judged(store: sa.engine.Engine, compensated: set[str]) -> bool:
     """Every compensated CM's pair is judged: compensated after consuming, or discarded
-    after cancelling; every other CM consumed."""
+    after cancelling; every other CM consumed; no part waits in the store."""
     with store.connect() as conn:
         rows = {
             r.cm_id: r
@@ -180,6 +188,9 @@ def _all_judged(store: sa.engine.Engine, compensated: set[str]) -> bool:
         }
     if len(rows) < CMS:
         return False
+    with store.connect() as conn:
+        if conn.execute(sa.select(sa.func.count()).select_from(sequence_parts)).scalar_one():
+            return False
     for cm_id, row in rows.items():
         if cm_id in compensated:
             if row.state == "consumed" and row.compensated_at is None:

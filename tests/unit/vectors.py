@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from condmsg import Ack, AckKind
+from condmsg.core.examples import example1
 from condmsg.core.timeutil import RESOLUTION
-from condmsg.demo import timelines
 from tests.unit.strategies import SENT_AT
 
 US = RESOLUTION
@@ -16,7 +16,7 @@ HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
 
 #: The paper's Example 1, the meeting notice, on queues qr1..qr4 with real days.
-EXAMPLE_1 = timelines.example1()
+EXAMPLE_1 = example1()
 
 
 def t(offset: timedelta) -> datetime:

@@ -1,0 +1,158 @@
+"""Scenarios of ``condmsg conformance`` on what a receiver must judge: forged and unsigned
+tokens and undecodable payloads (refused), Message Sequences (complete, with a bad part,
+incomplete), and an application that fails (a poison message, a retry)."""
+
+from __future__ import annotations
+
+import uuid
+
+from condmsg import Destination, Verdict
+from condmsg.conformance.config import (
+    FAIL_ALWAYS,
+    FAIL_ONCE,
+    MAX_ATTEMPTS,
+    RETRY_BACKOFF_MS,
+    SEQUENCE_TIMEOUT_MS,
+)
+from condmsg.conformance.expect import (
+    DELIVERY_S,
+    FORGED_SECRET,
+    consumed_original,
+    direct_original,
+    expect_kinds,
+    expect_only,
+    expect_refused,
+    expect_verdict,
+    notice,
+    seconds,
+    with_header,
+    without,
+)
+from condmsg.conformance.world import PART_BYTES, NotMet, World, wait_for
+from condmsg.core import protocol
+from condmsg.core.protocol import MessageKind
+from outbox.message import OutboxMessage
+
+# -- tokens ------------------------------------------------------------------------------
+
+
+def forged_copy(w: World) -> str:
+    cm_id = str(uuid.uuid4())
+    condition = Destination(w.config.queue, pickup_within=seconds(w, 60))
+    genuine = w.copies(cm_id, condition, b"forged")
+    forged = protocol.copy_token(FORGED_SECRET, cm_id, w.config.queue, None)
+    for message in genuine:
+        w.publish(with_header(message, protocol.H_TOKEN, forged))
+    return expect_refused(w, cm_id, "the forged copy")
+
+
+def unsigned_copy(w: World) -> str:
+    cm_id, messages = direct_original(w, b"unsigned")
+    for message in messages:
+        w.publish(without(message, protocol.H_TOKEN))
+    return expect_refused(w, cm_id, "the unsigned copy")
+
+
+def forged_compensation(w: World) -> str:
+    cm_id = consumed_original(w, b"then a forged compensation")
+    w.publish(notice(w, MessageKind.COMPENSATION, cm_id, b"undo", secret=FORGED_SECRET))
+    return expect_refused(w, cm_id, "the forged compensation", ["original"])
+
+
+def unsigned_compensation(w: World) -> str:
+    cm_id = consumed_original(w, b"then an unsigned compensation")
+    w.publish(without(notice(w, MessageKind.COMPENSATION, cm_id, b"undo"), protocol.H_TOKEN))
+    return expect_refused(w, cm_id, "the unsigned compensation", ["original"])
+
+
+def kind_swapped_token(w: World) -> str:
+    """A success notice's genuine token on a compensation with the same body."""
+    cm_id = consumed_original(w, b"then a notice dressed as a compensation")
+    body = b"same body"
+    success = notice(w, MessageKind.SUCCESS, cm_id, body)
+    compensation = notice(w, MessageKind.COMPENSATION, cm_id, body)
+    assert success.headers is not None
+    token = str(success.headers[protocol.H_TOKEN])
+    w.publish(with_header(compensation, protocol.H_TOKEN, token))
+    return expect_refused(w, cm_id, "the compensation carrying a notice's token", ["original"])
+
+
+def undecodable_payload(w: World) -> str:
+    cm_id = str(uuid.uuid4())
+    condition = Destination(w.config.queue, pickup_within=seconds(w, 60))
+    for message in w.copies(cm_id, condition, b'{"not": json', "application/json"):
+        w.publish(message)
+    return expect_refused(w, cm_id, "the copy whose JSON payload does not decode")
+
+
+# -- sequences ---------------------------------------------------------------------------
+
+
+def sequence_complete(w: World) -> str:
+    body = bytes(range(256)) * (PART_BYTES * 5 // 256) + b"tail"
+    cm_id = w.send(body, Destination(w.config.queue, process_within=seconds(w, 20)))
+    expect_kinds(w, cm_id, ["original"], "the reassembled sequence to reach the app")
+    got = w.received(cm_id=cm_id)[0].body
+    if got != body:
+        raise NotMet(f"the app got {len(got)} bytes, {len(body)} were sent")
+    expect_verdict(w, cm_id, Verdict.SATISFIED, "one COMMIT ack for the whole copy")
+    return f"{len(body)} bytes in {-(-len(body) // PART_BYTES)} parts, delivered once"
+
+
+def _sequence(w: World) -> tuple[str, list[OutboxMessage]]:
+    cm_id, parts = direct_original(w, b"p" * (PART_BYTES * 3))
+    if len(parts) < 3:
+        raise AssertionError("a sequence scenario needs at least three parts")
+    return cm_id, parts
+
+
+def sequence_bad_part(w: World) -> str:
+    cm_id, parts = _sequence(w)
+    forged = protocol.copy_token(FORGED_SECRET, cm_id, w.config.queue, None)
+    parts[1] = with_header(parts[1], protocol.H_TOKEN, forged)
+    for part in parts:
+        w.publish(part)
+    wait_for(lambda: w.invalid_of(cm_id), w.scaled(DELIVERY_S), "the bad part in the invalid queue")
+    wait_for(
+        lambda: len(w.invalid_of(cm_id)) >= len(parts),
+        w.scaled(DELIVERY_S) + SEQUENCE_TIMEOUT_MS / 1000,
+        "the other parts in the invalid queue once the sequence timed out",
+    )
+    expect_only(w, cm_id, [])
+    return "the bad part refused, the incomplete rest timed out; the app got nothing"
+
+
+def sequence_timed_out(w: World) -> str:
+    cm_id, parts = _sequence(w)
+    for part in parts[:-1]:
+        w.publish(part)
+    wait_for(
+        lambda: len(w.invalid_of(cm_id)) == len(parts) - 1,
+        w.scaled(DELIVERY_S) + SEQUENCE_TIMEOUT_MS / 1000,
+        f"the {len(parts) - 1} parts sent in the invalid queue after the sequence timeout",
+    )
+    expect_only(w, cm_id, [])
+    return f"{len(parts) - 1} parts moved to the invalid queue, the app got nothing"
+
+
+# -- failures in the application ---------------------------------------------------------
+
+
+def poison_message(w: World) -> str:
+    cm_id = w.send(FAIL_ALWAYS, Destination(w.config.queue, pickup_within=seconds(w, 60)))
+    bound = MAX_ATTEMPTS * (2**MAX_ATTEMPTS) * RETRY_BACKOFF_MS / 1000
+    found = wait_for(
+        lambda: w.invalid_of(cm_id),
+        w.scaled(DELIVERY_S) + bound,
+        f"the message failing every attempt in the invalid queue after {MAX_ATTEMPTS} attempts",
+    )
+    expect_only(w, cm_id, [])
+    return f"moved after its attempts: {found[0].reason[:50]}"
+
+
+def poison_retry(w: World) -> str:
+    cm_id = w.send(FAIL_ONCE, Destination(w.config.queue, process_within=seconds(w, 20)))
+    expect_kinds(w, cm_id, ["original"], "the message failing once to reach the app")
+    expect_only(w, cm_id, ["original"])
+    expect_verdict(w, cm_id, Verdict.SATISFIED, "the retry commits")
+    return "rolled back once, delivered on the retry"

@@ -68,7 +68,7 @@ demo: $(STAMP) prepared-transactions services
 	$(BIN)/python -m condmsg.demo
 
 bench: $(STAMP) services
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench --record
 
 # What spark-submit's --py-files needs to run the audit on a cluster (docs/audit.md).
 audit-dist: $(STAMP)

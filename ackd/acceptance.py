@@ -21,9 +21,9 @@ from ackd.validation import InvalidMessage, invalid_reason, judge
 
 log = logging.getLogger(__name__)
 
-#: A delivery whose fate is the app's transaction's, or that the RLOG decision settled.
-LEFT = Disposal(Fate.LEFT)
+#: A delivery taken for good at once, and one that the app's transaction settles.
 ACK = Disposal(Fate.ACK)
+LEFT = Disposal(Fate.LEFT)
 
 
 class Acceptance:
@@ -52,9 +52,10 @@ class Acceptance:
                 )
             self._ctx.broker.dispose(delivery, disposal)
         except BaseException:
-            # The store or the broker failed, not the message: it goes back to its queue
-            # (uncounted), after a pause so that a caller retrying at once does not spin
-            # on it while the store is down. Settling twice is harmless (see Broker).
+            # The store or the broker failed (storing, deciding, or copying the message to
+            # the invalid queue), not the message: it goes back to its queue (uncounted),
+            # after a pause so that a caller retrying at once does not spin on it while the
+            # store is down. Settling twice is harmless (see Broker).
             self._ctx.broker.requeue(delivery, after_s=self._ctx.config.retry.delay_s(1))
             raise
         if disposal.fate is Fate.INVALID:
@@ -94,13 +95,12 @@ class Acceptance:
             redelivered=delivery.redelivered,
             delivery=delivery,
         )
-        if inbound.kind is None:  # a plain message: no RLOG, no ack
+        if inbound.kind is None:  # a plain message: no RLOG row, no condmsg ack
             if tx is not None:
                 tx.taken_messages.append(TakenMessage(incoming, inbound, read_at, delivered=False))
             self._ctx.stats.delivered += 1
             return incoming.message(inbound, read_at), ACK if tx is None else LEFT
         if tx is not None:
-            return self._decisions.decide(tx.session, incoming, inbound, read_at, tx), LEFT
+            return self._decisions.decide(tx.session, incoming, inbound, read_at, tx)
         with Session(self._ctx.engine) as session, session.begin():
-            message = self._decisions.decide(session, incoming, inbound, read_at, None)
-        return message, Disposal(Fate.ACK_DEFERRED)  # the RLOG row drops a redelivery
+            return self._decisions.decide(session, incoming, inbound, read_at, None)

@@ -48,7 +48,7 @@ class Fate(Enum):
     ACK_DEFERRED = "ack-deferred"  # its RLOG row drops a redelivery: the ack may be batched
     INVALID = "invalid"  # copied to the invalid-message queue with the reason, then acked
     REQUEUE = "requeue"  # given back to its queue, at once or after a pause
-    LEFT = "left"  # nothing now: the app's transaction, or the RLOG decision, settles it
+    LEFT = "left"  # nothing now: the app's transaction settles it when it ends
 
 
 @dataclass(frozen=True, slots=True)

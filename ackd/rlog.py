@@ -35,6 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from ackd.broker import Disposal, Fate
 from ackd.context import ReceiveContext
 from ackd.emit import enqueue_ack
 from ackd.message import Message
@@ -223,24 +224,28 @@ class RlogDecisions:
         inbound: Inbound,
         read_at: datetime,
         tx: ReceiverTransaction | None,
-    ) -> Message | None:
-        """The RLOG decision, in ``session``; for a non-transactional read also the ack."""
+    ) -> tuple[Message | None, Disposal]:
+        """The RLOG decision, in ``session`` (for a non-transactional read with its READ
+        ack): the message the app gets, or None, and what becomes of the delivery at the
+        broker once ``session`` has committed (a reassembled sequence has none to settle)."""
         if tx is None:
             decision = self.rlog_decision(session, incoming, inbound, read_at, False)
+            disposal = Disposal(Fate.ACK_DEFERRED)  # the RLOG row drops a redelivery
         else:
-            found = self._decide_in_transaction(tx, incoming, inbound, read_at)
+            found, disposal = self._decide_in_transaction(tx, incoming, inbound, read_at)
             if found is None:
-                return None
+                return None, disposal
             decision = found
         self._count_decision(decision, inbound)
         if decision is not Decision.DELIVER:
-            return None
-        return incoming.message(inbound, read_at)
+            return None, disposal
+        return incoming.message(inbound, read_at), disposal
 
     def _decide_in_transaction(
         self, tx: ReceiverTransaction, incoming: Incoming, inbound: Inbound, read_at: datetime
-    ) -> Decision | None:
-        """The RLOG decision of a transactional read; None if the message was requeued.
+    ) -> tuple[Decision | None, Disposal]:
+        """The RLOG decision of a transactional read (None if the message is put back),
+        and what becomes of its delivery.
 
         A delivered message's RLOG row commits with the app's transaction. A message that is
         not delivered (duplicate, discard, cancel-out) must not keep its row locked until
@@ -281,8 +286,7 @@ class RlogDecisions:
                 raise
             # PostgreSQL broke a lock cycle by failing this statement: requeue and go on.
             log.info("deadlock on cm %s; requeued, the transaction goes on", inbound.cm_id)
-            self._put_back(incoming)
-            return None
+            return None, self._put_back(incoming)
         if decision is Decision.DELIVER or rlog_row in tx.locked_rlog_rows:
             nested.commit()
             return self._keep_in_transaction(tx, incoming, inbound, read_at, decision)
@@ -296,18 +300,20 @@ class RlogDecisions:
         inbound: Inbound,
         read_at: datetime,
         decision: Decision,
-    ) -> Decision:
-        """Note a decision taken inside the app's transaction (settled at its end)."""
+    ) -> tuple[Decision, Disposal]:
+        """Note a decision taken inside the app's transaction, which settles the delivery
+        at its end."""
         delivered = decision is Decision.DELIVER
         if delivered:
             tx.locked_rlog_rows.add((inbound.cm_id, inbound.destination))
         tx.taken_messages.append(TakenMessage(incoming, inbound, read_at, delivered=delivered))
-        return decision
+        return decision, Disposal(Fate.LEFT)
 
     def _decide_in_own_transaction(
         self, incoming: Incoming, inbound: Inbound, read_at: datetime
-    ) -> Decision | None:
-        """Record a non-delivering decision in its own transaction, then ack the message.
+    ) -> tuple[Decision | None, Disposal]:
+        """Record a non-delivering decision in its own transaction; the delivery is then
+        acked (its RLOG row drops a redelivery).
 
         If the facts changed meanwhile and the message would now be delivered, it is
         requeued instead (a transactional read must deliver within the app's transaction).
@@ -320,24 +326,20 @@ class RlogDecisions:
                 decision = self.rlog_decision(own, incoming, inbound, read_at, True)
                 if decision is Decision.DELIVER:
                     own.rollback()
-                    self._put_back(incoming)
-                    return None
+                    return None, self._put_back(incoming)
         except sa.exc.OperationalError as exc:
             if getattr(exc.orig, "sqlstate", None) not in (DEADLOCK_DETECTED, LOCK_NOT_AVAILABLE):
                 raise
-            self._put_back(incoming)
-            return None
-        if incoming.delivery is not None:
-            self._ctx.broker.ack(incoming.delivery, deferred=True)
-        return decision
+            return None, self._put_back(incoming)
+        return decision, Disposal(Fate.ACK_DEFERRED)
 
-    def _put_back(self, incoming: Incoming) -> None:
-        """Leave a message undecided for a later read: requeue a delivery; a reassembled
-        sequence stays in the store (its parts' deletion is rolled back)."""
+    def _put_back(self, incoming: Incoming) -> Disposal:
+        """Leave a message undecided for a later read: a delivery is requeued; a
+        reassembled sequence stays in the store (its parts' deletion is rolled back)."""
         if incoming.delivery is not None:
-            self._ctx.broker.requeue(incoming.delivery)
-        else:
-            self._ctx.pending.maybe_complete = True
+            return Disposal(Fate.REQUEUE)
+        self._ctx.pending.maybe_complete = True
+        return Disposal(Fate.LEFT)
 
     def rlog_decision(
         self,

@@ -254,7 +254,9 @@ class SequenceReassembly:
                 redelivered=False,
                 delivery=None,
             )
-            message = self._decisions.decide(session, incoming, inbound, read_at, tx)
+            # A reassembled sequence has no delivery to settle: its parts' deletion
+            # commits with the decision.
+            message, _ = self._decisions.decide(session, incoming, inbound, read_at, tx)
             if message is not None:
                 return message
         return None

@@ -1,23 +1,89 @@
 """``make bench`` / ``python -m bench``: run every benchmark in ``bench/``, one after another.
 
 Each benchmark measures its own raw baseline in the same run and ends with one JSON line;
-this runner prints their output as it comes and, at the end, every JSON line again.
+this runner prints their output as it comes and, at the end, one table of every figure with
+its baseline, ratio and target (the ``"table"`` rows of each JSON line), then every JSON
+line again. ``--record`` appends the table, dated and with the commit and the machine's
+load, to ``bench/RESULTS.md``, so that a figure that slips is seen beside its history.
 Benchmarks run one at a time: on two cores, two at once would measure each other.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+COLUMNS = ("benchmark", "figure", "value", "baseline", "ratio", "target", "ok")
+
+
+def rows_of(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table rows of one benchmark's JSON line: its own ``"table"``, else one row for
+    each figure that has a ``..._target`` beside it."""
+    name = document["benchmark"]
+    if "table" in document:
+        return [{"benchmark": name, **r} for r in document["table"]]
+    rows = []
+    for key, target in document.items():
+        subject = key.replace("_target", "")
+        if "_target" in key and subject in document and isinstance(target, int | float):
+            value = document[subject]
+            rows.append({"benchmark": name, "figure": subject, "value": value, "target": target})
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def table(rows: list[dict[str, Any]]) -> list[list[str]]:
+    return [[_cell(r.get(c)) for c in COLUMNS] for r in rows]
+
+
+def print_table(cells: list[list[str]]) -> None:
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(COLUMNS)]
+    for line in (list(COLUMNS), *cells):
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)))
+
+
+def record(cells: list[list[str]], results: Path) -> None:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
+    ).stdout.strip()
+    load = os.getloadavg()[0]
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "",
+        f"## {when}: `make bench` (commit {commit or 'unknown'}, load {load:.1f})",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+        *("| " + " | ".join(row) + " |" for row in cells),
+    ]
+    with results.open("a") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def main(argv: list[str]) -> int:
-    here = Path(__file__).parent
-    names = sorted(p.stem for p in here.glob("*.py") if not p.stem.startswith("_"))
-    if argv:
-        names = [n for n in names if n in argv]
+    parser = argparse.ArgumentParser(description="Run the benchmarks (all, or those named).")
+    parser.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
+    parser.add_argument("--record", action="store_true", help="append the table to RESULTS.md")
+    args = parser.parse_args(argv)
+    names = sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_"))
+    if args.names:
+        names = [n for n in names if n in args.names]
     summaries: list[str] = []
     failed = []
     for name in names:
@@ -32,9 +98,14 @@ def main(argv: list[str]) -> int:
             continue
         json.loads(lines[-1])  # each benchmark must end with one valid JSON line
         summaries.append(lines[-1])
+    cells = table([r for line in summaries for r in rows_of(json.loads(line))])
+    print("\n=== every figure")
+    print_table(cells)
     print("\n=== summary")
     for line in summaries:
         print(line)
+    if args.record and cells:
+        record(cells, HERE / "RESULTS.md")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -62,9 +62,60 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def emit_result(benchmark: str, figures: dict[str, Any]) -> None:
-    """Print the one final JSON line: ``{"benchmark": name, ...figures}``."""
-    print(json.dumps({"benchmark": benchmark, **figures}, sort_keys=True), flush=True)
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One line of ``make bench``'s table: a figure, the baseline measured beside it in the
+    same run, their ratio and the target the figure is held to (``">= 0.5"`` of the ratio,
+    ``"< 25 ms"`` of the value). ``ok`` is None where no target applies."""
+
+    figure: str
+    value: float
+    unit: str = ""
+    baseline: float | None = None
+    ratio: float | None = None
+    target: str = ""
+    ok: bool | None = None
+
+
+def row(
+    figure: str,
+    value: float,
+    unit: str = "",
+    *,
+    baseline: float | None = None,
+    higher: float | None = None,
+    lower: float | None = None,
+    ratio_at_least: float | None = None,
+) -> Row:
+    """A table row; the ratio is ``value / baseline``. The target is one of: the value at
+    least ``higher``, below ``lower``, or the ratio at least ``ratio_at_least``."""
+    ratio = value / baseline if baseline else None
+    if ratio_at_least is not None:
+        target, ok = f"ratio >= {ratio_at_least:g}", ratio is not None and ratio >= ratio_at_least
+    elif higher is not None:
+        target, ok = f">= {higher:g} {unit}".strip(), value >= higher
+    elif lower is not None:
+        target, ok = f"< {lower:g} {unit}".strip(), value < lower
+    else:
+        target, ok = "", None
+    return Row(
+        figure,
+        round(value, 3),
+        unit,
+        baseline,
+        None if ratio is None else round(ratio, 3),
+        target,
+        ok,
+    )
+
+
+def emit_result(benchmark: str, figures: dict[str, Any], table: Sequence[Row] = ()) -> None:
+    """Print the one final JSON line: ``{"benchmark": name, ...figures}``, with ``table``
+    (the rows ``make bench`` prints and records) under the key ``"table"``."""
+    document = {"benchmark": benchmark, **figures}
+    if table:
+        document["table"] = [{k: getattr(r, k) for k in Row.__slots__} for r in table]
+    print(json.dumps(document, sort_keys=True), flush=True)
 
 
 @contextmanager

@@ -30,7 +30,7 @@ import pika
 import sqlalchemy as sa
 
 from ackd.receiver import Receiver
-from bench._common import emit_result, fresh_pg_schema, log, timed, wait_until
+from bench._common import emit_result, fresh_pg_schema, log, row, timed, wait_until
 from condmsg import Destination, tables
 from condmsg.sending.sender import Sender
 from evaluator.config import EvaluatorConfig
@@ -182,7 +182,18 @@ def main() -> None:
         "ratio": round(ratio, 3),
         "samples": {k: [round(x, 1) for x in v] for k, v in samples.items()},
     }
-    emit_result("cluster", figures)
+    emit_result(
+        "cluster",
+        figures,
+        [
+            row(
+                "send→outcome, 3 nodes, quorum queues",
+                med["cluster_quorum"],
+                "CMs/s",
+                baseline=med["single_classic"],
+            )
+        ],
+    )
 
 
 if __name__ == "__main__":

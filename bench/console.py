@@ -22,7 +22,15 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from bench._common import emit_result, fresh_pg_schema, log, percentile, psycopg_conninfo, timed
+from bench._common import (
+    emit_result,
+    fresh_pg_schema,
+    log,
+    percentile,
+    psycopg_conninfo,
+    row,
+    timed,
+)
 from condmsg import tables
 from condmsg.console import queries
 
@@ -141,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{p99 / raw99:.2f}; target p99 < {TARGET_P99_MS:.0f} ms: "
         f"{'met' if p99 < TARGET_P99_MS else 'MISSED'}"
     )
-    emit_result("console", figures)
+    emit_result(
+        "console",
+        figures,
+        [row("console CM list page p99", p99, "ms", baseline=raw99, lower=TARGET_P99_MS)],
+    )
     return 0
 
 

@@ -384,6 +384,50 @@ def sweep_time(db_url: str, sender_name: str, queue: str, pending: int, rounds: 
     return statistics.median(times[1:])  # the first round warms caches up
 
 
+def sweep_load(db_url: str, sender_name: str, sweep_interval_s: float, period_s: float) -> Any:
+    """The idle service's database load over ``period_s`` seconds, in the store of
+    :func:`sweep_time` (its pending CMs due in 100 days): the statements and commits the
+    service sends per second, counted on its engine. Nothing is due and the relay and the
+    gauges are off, so what is counted is what the deadline sweeps cost with nothing to do.
+    """
+    engine = sa.create_engine(db_url, pool_size=4)
+    counts = {"statements": 0, "commits": 0}
+
+    def statement(*_: Any) -> None:
+        counts["statements"] += 1
+
+    def commit(*_: Any) -> None:
+        counts["commits"] += 1
+
+    sa.event.listen(engine, "before_cursor_execute", statement)
+    sa.event.listen(engine, "commit", commit)
+    service = Evaluator(
+        EvaluatorConfig(
+            freeze_gc=True,
+            amqp_url=AMQP_URL,
+            sender=sender_name,
+            secret=SECRET,
+            relay=False,
+            sweep_interval_s=sweep_interval_s,
+            gauge_interval_s=3600,  # its first refresh runs at start, before the count
+            summary_interval_s=0,
+        ),
+        engine=engine,
+    ).start()
+    try:
+        # Counted from the second interval on: the start-up's own statements are not the
+        # sweep's.
+        time.sleep(max(2.0, 2 * sweep_interval_s))
+        before = dict(counts)
+        with timed() as sw:
+            time.sleep(period_s)
+        after = dict(counts)
+    finally:
+        service.stop()
+        engine.dispose()
+    return {k: (after[k] - before[k]) / sw.seconds for k in counts}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--intake", type=int, default=30_000, help="acks for (a)")
@@ -393,6 +437,9 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=10_000, help="pending CMs, (d)")
     parser.add_argument("--large", type=int, default=1_000_000, help="pending CMs, (d)")
     parser.add_argument("--rounds", type=int, default=3, help="timed sweeps per size")
+    parser.add_argument(
+        "--load-period", type=float, default=10.0, help="seconds the idle load is counted, (d)"
+    )
     args = parser.parse_args()
     tag = uuid.uuid4().hex[:8]
     sender_name, queue = f"bench-eval-{tag}", f"bench.eval.{tag}.q"
@@ -418,6 +465,9 @@ def main() -> None:
         for size in (args.small, args.large):
             with fresh_pg_schema(PG_URL, "bench_eval") as db_url:
                 sweeps[size] = sweep_time(db_url, sender_name, queue, size, args.rounds)
+                if size == args.large:
+                    log(f"(d) idle load at {size:,} pending over {args.load_period:g} s ...")
+                    load = sweep_load(db_url, sender_name, args.sweep_interval, args.load_period)
     finally:
         with pika.BlockingConnection(pika.URLParameters(AMQP_URL)) as connection:
             channel = connection.channel()
@@ -447,6 +497,10 @@ def main() -> None:
     print(
         f"timeout lateness: p50 {percentile(late, 50):.1f} ms, p99 {percentile(late, 99):.1f} ms"
         f" (target p99 < {TARGET_LATENESS_P99_MS:g} ms)"
+    )
+    print(
+        f"sweep load at {args.large:,} pending, idle: {load['statements']:.1f} statements/s, "
+        f"{load['commits']:.1f} commits/s (sweep interval {args.sweep_interval:g} s)"
     )
     print(
         f"sweep of {SWEEP_BATCH} due: {sweeps[args.small] * 1000:.1f} ms at {args.small:,} "
@@ -486,6 +540,8 @@ def main() -> None:
             "sweep_ratio": round(sweep_ratio, 3),
             "sweep_ratio_target": TARGET_SWEEP_RATIO,
             "sweep_ok": sweep_ratio < TARGET_SWEEP_RATIO,
+            "sweep_idle_statements_per_s": round(load["statements"], 2),
+            "sweep_idle_commits_per_s": round(load["commits"], 2),
         },
     )
 

@@ -35,12 +35,11 @@ from typing import Any
 import pika
 import sqlalchemy as sa
 
-from bench._common import emit_result, fresh_pg_schema, log, percentile, wait_until
+from bench._common import emit_result, fresh_pg_schema, log, percentile, row, wait_until
 from bench.evaluator import SECRET, OutcomeWatcher, _ack_bodies, _publish
-from condmsg import Destination, tables
+from condmsg import Destination, Outgoing, Sender, tables
 from condmsg.core import protocol
 from condmsg.runtime.settings import DEFAULT_ACK_GRACE
-from condmsg.sending.sender import Outgoing, Sender
 from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 
@@ -263,6 +262,21 @@ def main() -> None:
             "sweep_interval_s": args.sweep_interval,
             "ack_grace_ms": DEFAULT_ACK_GRACE.total_seconds() * 1000,
         },
+        [
+            row(
+                "sphere: last member decided → notification p99",
+                percentile(a, 99),
+                "ms",
+                baseline=percentile(single, 99),
+                lower=TARGET_SPHERE_P99_MS,
+            ),
+            row(
+                "sphere: commit after members → notification p99",
+                percentile(b["from_commit"], 99),
+                "ms",
+                lower=TARGET_SPHERE_P99_MS,
+            ),
+        ],
     )
 
 

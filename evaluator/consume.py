@@ -26,13 +26,21 @@ from evaluator.config import EvaluatorConfig
 
 log = logging.getLogger(__name__)
 
-#: How long the consumer waits for a delivery before storing a partial batch.
+#: How long the consumer waits for a delivery before storing a partial batch that no
+#: storing thread was free to take when it was cut (see :func:`consume_acks`).
 BATCH_WAIT_S = 0.02
 
 
 def consume_acks(config: EvaluatorConfig, batches: AckBatches, stop: threading.Event) -> None:
     """Consume the sender's ack queue until ``stop`` is set; raises when the connection
-    fails (what was not stored is then redelivered)."""
+    fails (what was not stored is then redelivered).
+
+    A batch is handed over when it is full, or as soon as pika holds no further delivery
+    and a storing thread is free: waiting for more would only delay the decisions a
+    lone ack settles. While every thread is busy the batch keeps filling, so under load
+    batches grow towards ``batch_size`` by themselves (and a partial one goes after
+    :data:`BATCH_WAIT_S` without deliveries).
+    """
     connection = connect(config.amqp_url, name=f"condmsg-evaluator-{config.sender}")
     storing: StoringThreads | None = None
     try:
@@ -47,7 +55,11 @@ def consume_acks(config: EvaluatorConfig, batches: AckBatches, stop: threading.E
         for method, _props, body in channel.consume(ack_queue, inactivity_timeout=BATCH_WAIT_S):
             if method is not None:
                 batch.append((int(method.delivery_tag or 0), body or b""))
-            if batch and (method is None or len(batch) >= config.batch_size):
+            if batch and (
+                method is None
+                or len(batch) >= config.batch_size
+                or (channel.get_waiting_message_count() == 0 and storing.idle)
+            ):
                 storing.put(batch[-1][0], [body for _, body in batch])
                 batch = []
             if stop.is_set():
@@ -89,6 +101,8 @@ class StoringThreads:
         self._connection = connection
         self._channel = channel
         self._queue: queue.Queue[tuple[int, list[bytes]] | None] = queue.Queue(maxsize=1)
+        self._lock = threading.Lock()
+        self._unfinished = 0  # batches handed over and not yet stored
         self._aborted = threading.Event()
         self._order = InOrder()
         self._threads = [
@@ -100,9 +114,17 @@ class StoringThreads:
         for thread in self._threads:
             thread.start()
 
+    @property
+    def idle(self) -> bool:
+        """Whether a thread would take a batch handed over now."""
+        with self._lock:
+            return self._unfinished < len(self._threads)
+
     def put(self, last_tag: int, bodies: list[bytes]) -> None:
         """Hand a batch over (waits while another one is still waiting for a thread)."""
         seq = self._order.open(last_tag)
+        with self._lock:
+            self._unfinished += 1
         self._queue.put((seq, bodies))
 
     def finish(self) -> None:
@@ -123,22 +145,26 @@ class StoringThreads:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            if self._aborted.is_set():
-                continue
-            seq, bodies = item
-            stored = self._batches.store(bodies)
-            if not stored:
-                # Held, not handed back at once: redelivered at once, it would fail again
-                # at once while the database or the broker is away.
-                self._batches.retries.wait(self._aborted)
             try:
-                self._connection.add_callback_threadsafe(
-                    functools.partial(self._finished, seq, stored)
-                )
-            except (pika.exceptions.AMQPError, RuntimeError) as exc:
-                # The connection is gone: the batch is redelivered (its acks then count as
-                # duplicates if it was stored).
-                log.warning("could not acknowledge a batch (%s)", exc)
+                self._store(*item)
+            finally:
+                with self._lock:
+                    self._unfinished -= 1
+
+    def _store(self, seq: int, bodies: list[bytes]) -> None:
+        if self._aborted.is_set():
+            return
+        stored = self._batches.store(bodies)
+        if not stored:
+            # Held, not handed back at once: redelivered at once, it would fail again
+            # at once while the database or the broker is away.
+            self._batches.retries.wait(self._aborted)
+        try:
+            self._connection.add_callback_threadsafe(functools.partial(self._finished, seq, stored))
+        except (pika.exceptions.AMQPError, RuntimeError) as exc:
+            # The connection is gone: the batch is redelivered (its acks then count as
+            # duplicates if it was stored).
+            log.warning("could not acknowledge a batch (%s)", exc)
 
     def _finished(self, seq: int, stored: bool) -> None:
         """In the consuming thread: settle every batch whose predecessors are settled."""

@@ -1,10 +1,11 @@
 """The evaluator's scheduled jobs: deadline sweeps, gauge refreshes and retention passes.
 
-An APScheduler interval job sweeps due CMs (timeouts) with its own sessions; another
-refreshes the store and ack-queue gauges (:mod:`evaluator.gauges`); with a retention
-policy, a third archives and deletes old decided CMs (:mod:`evaluator.retention`). A job
-that fails is counted and retried at its next run; a sweep failing the same way every
-second is logged once, not once per run.
+Deadline sweeps decide due CMs (timeouts) with their own sessions, in a thread that runs
+each one when the earliest pending CM is due (:mod:`evaluator.sweep_timer`). APScheduler
+interval jobs refresh the store and ack-queue gauges (:mod:`evaluator.gauges`) and, with
+a retention policy, archive and delete old decided CMs (:mod:`evaluator.retention`). A
+job that fails is counted and retried at its next run; a sweep failing the same way
+every second is logged once, not once per run.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from evaluator.retention import Archived, retain
 from evaluator.spheres import settle_spheres
 from evaluator.store_setup import SenderStore
 from evaluator.summary import DecisionSummary
+from evaluator.sweep_timer import SweepTimer
 from outbox.repeated_failures import RepeatedFailures
 
 log = logging.getLogger(__name__)
@@ -77,15 +79,16 @@ class ScheduledJobs:
             log, "deadline sweep", on_failure=metrics.sweep_failures.inc
         )
         self._scheduler = BackgroundScheduler(timezone="UTC")
-        if config.sweeps:
-            self._scheduler.add_job(
+        self._timer = (
+            SweepTimer(
                 self._sweep_job,
-                "interval",
-                seconds=config.sweep_interval_s,
-                id="sweep",
-                max_instances=1,  # a slow sweep is never run twice at once
-                coalesce=True,  # missed runs collapse into one
+                interval_s=config.sweep_interval_s,
+                clock=clock,
+                name=f"evaluator-sweep-{config.sender}",
             )
+            if config.sweeps
+            else None
+        )
 
     def start(self) -> None:
         """Schedule retention and the gauges (from now) and start the scheduler, if there
@@ -113,9 +116,13 @@ class ScheduledJobs:
             )
         if self._scheduler.get_jobs():  # an intake worker has none
             self._scheduler.start()
+        if self._timer is not None:
+            self._timer.start()
 
     def stop(self) -> None:
         """Wait for a running job to finish, then stop the scheduler."""
+        if self._timer is not None:
+            self._timer.stop()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
         if self._gauges is not None:
@@ -123,48 +130,67 @@ class ScheduledJobs:
 
     @property
     def running(self) -> bool:
-        """Whether the scheduler runs (started, not stopped)."""
-        return bool(self._scheduler.running)
+        """Whether the scheduler and the sweeps run (started, not stopped)."""
+        sweeping = self._timer is None or self._timer.running
+        return bool(self._scheduler.running) and sweeping
 
     # -- deadline sweeps ------------------------------------------------------------------
 
-    def _sweep_job(self) -> None:
+    def _sweep_job(self) -> datetime | None:
+        """One sweep of CMs and spheres; the earliest next check of a pending CM (None
+        when the sweep failed: the next one comes after the interval)."""
         try:
-            self.sweep()
+            _, due = self._sweep_cms()
             self.sweep_spheres()
         except Exception as exc:
             self._sweep_failures.failed(exc)
-        else:
-            self._sweep_failures.succeeded()
+            return None
+        self._sweep_failures.succeeded()
+        return due
 
     def sweep(self) -> int:
         """Decide or reschedule every CM whose next check is due; returns decisions made."""
+        return self._sweep_cms()[0]
+
+    def _sweep_cms(self) -> tuple[int, datetime | None]:
+        """:meth:`sweep`; also returns the earliest next check left among the pending CMs
+        (later than the last claim: a due CM another instance holds is not waited for)."""
         self._store.prepare()
+        store = self._store.decisions
+        # Nothing due, the common case, costs what a claim that finds nothing costs: one
+        # read of the index's first entry, which also tells when to come back.
+        with Session(self._store.engine) as session, session.begin():
+            due = store.next_check(session)
+        if due is None or due > self._clock():
+            return 0, due
         batch = self._config.sweep_batch
         decided = 0
         while True:
             with Session(self._store.engine) as session, session.begin():
-                ids = self._store.decisions.claim_due(session, self._clock(), batch)
-                if not ids:
-                    break
-                # The decision instant once the rows are claimed (locked): an intake
-                # batch that committed acks for them meanwhile stamped them earlier.
-                now = self._clock()
-                try:
-                    with session.begin_nested():
-                        done = self._judge_due(session, ids, now)
-                except Exception as exc:
-                    if is_transient(exc):
-                        raise
-                    done = self._judge_due_apart(session, ids, now, exc)
-            # A member decided here may decide its sphere in the same transaction.
-            self._metrics.observe_decisions(done.outcomes, done.spheres)
-            decided += len(done.outcomes)
+                claimed_at = self._clock()
+                ids = store.claim_due(session, claimed_at, batch)
+                if ids:
+                    # The decision instant once the rows are claimed (locked): an intake
+                    # batch that committed acks for them meanwhile stamped them earlier.
+                    now = self._clock()
+                    try:
+                        with session.begin_nested():
+                            done = self._judge_due(session, ids, now)
+                    except Exception as exc:
+                        if is_transient(exc):
+                            raise
+                        done = self._judge_due_apart(session, ids, now, exc)
+                if len(ids) < batch:
+                    due = store.next_check(session, after=claimed_at)
+            if ids:
+                # A member decided here may decide its sphere in the same transaction.
+                self._metrics.observe_decisions(done.outcomes, done.spheres)
+                decided += len(done.outcomes)
             if len(ids) < batch:
                 break
         if decided:
             self._on_decided()
-        return decided
+        return decided, due
 
     def sweep_spheres(self) -> int:
         """Decide or reschedule every Dependency-Sphere whose next check is due (a commit

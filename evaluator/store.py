@@ -155,6 +155,11 @@ class CmStore(Protocol):
         due CMs nobody else holds."""
         ...
 
+    def next_check(self, session: Session, after: datetime | None = None) -> datetime | None:
+        """The earliest next check of the pending CMs (later than ``after``, if given), as
+        an aware UTC instant; None if there is none."""
+        ...
+
     def compensations_of(
         self, session: Session, cm_ids: Iterable[str]
     ) -> dict[str, list[CompensationRow]]:

@@ -142,6 +142,17 @@ class SqlAlchemyDecisionStore:
         )
         return list(session.scalars(query))
 
+    def next_check(self, session: Session, after: datetime | None = None) -> datetime | None:
+        # The first entry of the partial index on next_check_at (pending CMs only): the
+        # same index read as a claim that finds nothing due.
+        query = sa.select(sa.func.min(tables.cms.c.next_check_at)).where(
+            tables.cms.c.state == _PENDING
+        )
+        if after is not None:
+            query = query.where(tables.cms.c.next_check_at > after)
+        at = session.scalar(query)
+        return to_utc(at) if at is not None else None
+
     def compensations_of(
         self, session: Session, cm_ids: Iterable[str]
     ) -> dict[str, list[CompensationRow]]:

@@ -122,6 +122,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--driver-memory", help="spark.driver.memory (local mode), e.g. 4g")
     parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress lines, no Spark console progress bar, Spark's log at ERROR",
+    )
+    _what_if_arguments(parser)
+
+
+def _what_if_arguments(parser: argparse.ArgumentParser) -> None:
+    """The what-if replay's options: they replace the audit (docs/audit.md)."""
+    parser.add_argument(
         "--what-if",
         nargs="+",
         metavar="CHANGE",
@@ -133,11 +143,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FIELD=V1,V2,...",
         help="with or without --what-if: the failure rate for each value of one field, e.g. "
         "pickup=15m,1h,4h,48h (one pass; a chart in OUT/what_if.html)",
-    )
-    parser.add_argument(
-        "--quiet",
-        action="store_true",
-        help="no progress lines, no Spark console progress bar, Spark's log at ERROR",
     )
 
 

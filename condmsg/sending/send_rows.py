@@ -11,12 +11,14 @@ when it is built; ``tests/contract/test_send_store.py`` holds both to the same r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
@@ -55,6 +57,11 @@ class SendStore(Protocol):
     def cm(self, bind: Session | Connection, cm_id: str) -> sa.Row[Any] | None:
         """The CM row of ``cm_id`` (every column of the table), or None if there is none."""
 
+    def batch(self, session: Session) -> contextlib.AbstractContextManager[None]:
+        """A block whose writes (:meth:`add`'s and the outbox's) may reach the database
+        together, by the block's end at the latest; their errors are raised by then, as
+        :meth:`add` raises them. Only statements that return nothing may run inside."""
+
 
 class SqlAlchemySendStore:
     """:class:`SendStore` on SQLAlchemy Core: an executemany per table, on any database."""
@@ -67,6 +74,9 @@ class SqlAlchemySendStore:
     def cm(self, bind: Session | Connection, cm_id: str) -> sa.Row[Any] | None:
         return bind.execute(sa.select(tables.cms).where(tables.cms.c.cm_id == cm_id)).first()
 
+    def batch(self, session: Session) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
 
 class PsycopgSendStore(SqlAlchemySendStore):
     """:class:`SendStore` for PostgreSQL through psycopg 3: one statement per table."""
@@ -78,6 +88,21 @@ class PsycopgSendStore(SqlAlchemySendStore):
                 raw = raw or backends.psycopg_connection(session)
                 columns = tuple(values[0])
                 pg.execute(raw, _unnest_insert(table, columns), _arrays(table, columns, values))
+
+    @contextlib.contextmanager
+    def batch(self, session: Session) -> Iterator[None]:
+        # psycopg's pipeline mode: the statements of the block (and the transaction's
+        # BEGIN, if it has not begun yet) go out without waiting for each other's results,
+        # and the block's end waits once for all of them. A send's four INSERTs then cost
+        # the caller's transaction one round trip instead of four. Statements inside must
+        # not need their results at once (SQLAlchemy reads a result's description and row
+        # count as soon as it executes): the sphere's row is counted before the block.
+        raw = backends.psycopg_connection(session)
+        try:
+            with raw.pipeline():
+                yield
+        except psycopg.Error as exc:
+            raise pg.wrapped("(the INSERTs of a send)", {}, exc) from exc
 
 
 def _arrays(

@@ -235,8 +235,9 @@ class Sender(OwnsOutbox):
         with self._transaction(session) as s:
             if sphere is not None:
                 self.spheres.join(s, sphere, len(cm_ids))
-            self.store.add(s, rows)
-            enqueue_fanouts(s, outbox)
+            with self.store.batch(s):
+                self.store.add(s, rows)
+                enqueue_fanouts(s, outbox)
         return cm_ids
 
     def _record(

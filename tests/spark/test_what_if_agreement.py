@@ -157,3 +157,10 @@ def test_sweep_failure_rates_fall_as_the_deadline_grows(spark: Any, store: Path)
     rates = [point["failure_rate"] for point in result.points]
     assert rates == sorted(rates, reverse=True) and rates[0] > rates[-1]
     assert "<svg" in result.chart() and "pickup" in result.chart()
+    # A grid value judges as the what-if of that one change (the sweep shares the
+    # unchanged processing deadlines among its variants and skips the CMs' ids).
+    single = what_if(spark, str(store), ["pickup=2s"], explain=0)
+    single.cms.unpersist()
+    assert result.points[1]["judged"] == single.totals["judged"]
+    assert result.points[1]["violated"] == single.totals["violated_after"]
+    assert result.baseline["violated"] == single.totals["violated_before"]

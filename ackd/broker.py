@@ -320,7 +320,7 @@ class Broker:
         headers["condmsg-original-queue"] = delivery.queue
         try:
             self._publish_invalid_copy(delivery, headers)
-        except pika.exceptions.AMQPError:
+        except BrokerError:
             raise
         except Exception as exc:
             dropped = f"{reason} (its headers could not be encoded: {type(exc).__name__})"
@@ -331,20 +331,28 @@ class Broker:
         self.ack(delivery)
 
     def _publish_invalid_copy(self, delivery: Delivery, headers: dict[str, Any]) -> None:
+        """Raises :class:`BrokerError` if the broker fails (the message did not): the
+        caller gives the delivery back to its queue."""
         props = delivery.properties
-        self._confirm_channel().basic_publish(
-            "",
-            self.invalid_queue,
-            delivery.body,
-            pika.BasicProperties(
-                content_type=props.content_type,
-                message_id=props.message_id,
-                correlation_id=props.correlation_id,
-                reply_to=props.reply_to,
-                headers=headers,
-                delivery_mode=pika.DeliveryMode.Persistent,
-            ),
-        )
+        try:
+            self._confirm_channel().basic_publish(
+                "",
+                self.invalid_queue,
+                delivery.body,
+                pika.BasicProperties(
+                    content_type=props.content_type,
+                    message_id=props.message_id,
+                    correlation_id=props.correlation_id,
+                    reply_to=props.reply_to,
+                    headers=headers,
+                    delivery_mode=pika.DeliveryMode.Persistent,
+                ),
+            )
+        except pika.exceptions.AMQPError as exc:
+            raise BrokerError(
+                f"copying message {props.message_id} from {delivery.queue!r} to the "
+                f"invalid-message queue {self.invalid_queue!r} failed: {exc!r}"
+            ) from exc
 
     def publish_invalid(self, body: bytes, headers: dict[str, Any], reason: str) -> None:
         """Put a message the receiver holds only in its store on the invalid-message queue."""

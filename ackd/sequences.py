@@ -95,11 +95,25 @@ def complete_ids(session: Session, queue: str, limit: int = 10) -> list[str]:
     return [row.seq_id for row in session.execute(query)]
 
 
-def take(session: Session, seq_id: str) -> Assembled | None:
+@dataclass(frozen=True, slots=True)
+class Discordant:
+    """A sequence taken from the store whose parts do not make one whole (they disagree on
+    its size, or some were gone): each part goes to the invalid-message queue with
+    ``reason`` and its position, never dropped. ``parts``: ``(position, size, body,
+    headers)``."""
+
+    seq_id: str
+    reason: str
+    parts: list[tuple[int, int, bytes, dict[str, Any]]]
+
+
+def take(session: Session, seq_id: str) -> Assembled | Discordant | None:
     """Assemble and delete a complete sequence; None if another consumer took it first.
 
     The DELETE ... RETURNING is the claim: on PostgreSQL a concurrent taker blocks on the
-    rows and, once the first commits, deletes nothing.
+    rows and, once the first commits, deletes nothing. Parts that turn out not to make one
+    whole come back as :class:`Discordant`, for the invalid-message queue: deleted with
+    nothing to show for them, they would be lost.
     """
     stmt = (
         sa.delete(parts)
@@ -113,15 +127,33 @@ def take(session: Session, seq_id: str) -> Assembled | None:
         )
     )
     rows = sorted(session.execute(stmt).all(), key=lambda r: r.position)
-    if not rows or len(rows) != rows[0].size:
+    if not rows:
         return None
     first = rows[0]
+    if len(rows) != first.size or any(r.size != first.size for r in rows):
+        return Discordant(
+            seq_id,
+            _discord(seq_id, [(r.position, r.size) for r in rows]),
+            [(r.position, r.size, r.body, _stored_headers(r.headers_json)) for r in rows],
+        )
     return Assembled(
         seq_id=seq_id,
         body=b"".join(r.body for r in rows),
         headers_json=first.headers_json,
         properties_json=first.properties_json,
     )
+
+
+def _discord(seq_id: str, positions: list[tuple[int, int]]) -> str:
+    """Why taken parts ``(position, size)`` do not make one whole (positions from 1)."""
+    sizes = sorted({size for _, size in positions})
+    if len(sizes) == 1:
+        return f"incomplete sequence {seq_id}: {len(positions)} of {sizes[0]} parts when taken"
+    claims = []
+    for size in sizes:
+        at = [str(p + 1) for p, s in positions if s == size]
+        claims.append(f"{'parts' if len(at) > 1 else 'part'} {', '.join(at)}: {size}")
+    return f"inconsistent sequence {seq_id}: its parts disagree on its size ({'; '.join(claims)})"
 
 
 def metadata_of(assembled: Assembled) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -232,6 +264,9 @@ class SequenceReassembly:
             assembled = take(session, seq_id)
             if assembled is None:
                 continue
+            if isinstance(assembled, Discordant):
+                self._move_discordant(assembled)
+                continue
             read_at = self._ctx.clock()
             judged = self._judge_sequence(assembled)
             if judged is None:
@@ -260,6 +295,22 @@ class SequenceReassembly:
             if message is not None:
                 return message
         return None
+
+    def _move_discordant(self, discordant: Discordant) -> None:
+        """Publish each part of ``discordant`` to the invalid queue; their deletion commits
+        with the caller's transaction, after the publishes (a crash in between duplicates
+        parts on the invalid queue, it never loses them)."""
+        log.warning(
+            "moving the %d parts of sequence %s to %s: %s",
+            len(discordant.parts),
+            discordant.seq_id,
+            self._ctx.config.invalid_queue,
+            discordant.reason,
+        )
+        for position, size, body, headers in discordant.parts:
+            reason = f"{discordant.reason}; this is part {position + 1} of {size}"
+            self._ctx.broker.publish_invalid(body, headers, reason)
+        self._ctx.stats.invalid += 1
 
     def _judge_sequence(
         self, assembled: Assembled

@@ -51,7 +51,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from bench._common import emit_result, log
+from bench._common import Row, emit_result, log
 from condmsg.archive.layout import ACKS, ANOMALIES
 from spark_audit.generate import Injected, generate
 from spark_audit.generate_spec import GenerateSpec
@@ -414,6 +414,59 @@ def fixed_cost(
     }
 
 
+def _at_most(figure: str, value: float, baseline: float | None, target: float) -> Row:
+    """A table row whose target is its ratio to ``baseline`` at most ``target`` (with no
+    baseline, the value itself, in seconds)."""
+    ratio = value / baseline if baseline else None
+    held = ratio if baseline else value
+    return Row(
+        figure,
+        round(value, 3),
+        "s",
+        None if baseline is None else round(baseline, 3),
+        None if ratio is None else round(ratio, 3),
+        f"ratio <= {target:g}" if baseline else f"<= {target:g} s",
+        held is not None and held <= target,
+    )
+
+
+def table(figures: dict[str, Any]) -> list[Row]:
+    """``make bench``'s rows: per size the audit against the scan and the floor, the
+    what-if and the sweep against the audit; the fixed cost; the scaling."""
+    rows = []
+    for run in figures["runs"]:
+        size = f"{run['acks']:,} acks"
+        if "scan_groupby_s" in run:
+            rows.append(
+                _at_most(
+                    f"audit, {size}", run["audit_s"], run["scan_groupby_s"], TARGET_AUDIT_VS_SCAN
+                )
+            )
+            rows.append(
+                _at_most(
+                    f"audit vs floor, {size}", run["audit_s"], run["floor_s"], TARGET_AUDIT_VS_FLOOR
+                )
+            )
+        for name, label in (("what_if", "one what-if"), ("sweep10", "10-point sweep")):
+            target = run[f"{name}_vs_audit_target"]
+            rows.append(_at_most(f"{label}, {size}", run[f"{name}_s"], run["audit_s"], target))
+    if figures.get("fixed_cost"):
+        fixed = figures["fixed_cost"]
+        rows.append(_at_most("warm audit, 20,000 acks", fixed["audit_s"], None, fixed["target_s"]))
+    if "scaling" in figures:
+        scaling = figures["scaling"]
+        rows.append(
+            Row(
+                "audit time, 10x the acks",
+                scaling["audit_time_ratio"],
+                "x",
+                target=f"<= {scaling['target']:g}",
+                ok=scaling["ok"],
+            )
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000000,10000000", help="acks per run, comma-separated")
@@ -492,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             f"audit time {large['target_acks']}/{small['target_acks']}: {scaling:.2f} "
             f"(target <= {TARGET_10X_SCALING})"
         )
-    emit_result("audit_scale", figures)
+    emit_result("audit_scale", figures, table(figures))
     spark.stop()
     return 0
 

@@ -167,8 +167,9 @@ class Actions:
                             secret=self._secret,
                         )
                     )
-        if failed:
-            store.release_compensations(session, failed, self._now)
+        released = [cm_id for cm_id in failed if compensations.get(cm_id)]
+        if released:  # a CM without compensations has no row to mark
+            store.release_compensations(session, released, self._now)
         for sender, (bodies, message_ids, correlation_ids) in self._notifications.items():
             enqueue_batch(session, _outcome_template(sender), bodies, message_ids, correlation_ids)
         enqueue_all(session, messages)

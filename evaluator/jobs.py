@@ -79,6 +79,8 @@ class ScheduledJobs:
             log, "deadline sweep", on_failure=metrics.sweep_failures.inc
         )
         self._scheduler = BackgroundScheduler(timezone="UTC")
+        # The earliest next check the last sweep of the timer saw (None: none, or unknown).
+        self._due: datetime | None = None
         self._timer = (
             SweepTimer(
                 self._sweep_job,
@@ -139,30 +141,34 @@ class ScheduledJobs:
     def _sweep_job(self) -> datetime | None:
         """One sweep of CMs and spheres; the earliest next check of a pending CM (None
         when the sweep failed: the next one comes after the interval)."""
+        # Woken because a CM is due: claim it at once, without first asking whether any is.
+        expected = self._due is not None and self._due <= self._clock()
         try:
-            _, due = self._sweep_cms()
+            _, self._due = self._sweep_cms(look_first=not expected)
             self.sweep_spheres()
         except Exception as exc:
+            self._due = None
             self._sweep_failures.failed(exc)
             return None
         self._sweep_failures.succeeded()
-        return due
+        return self._due
 
     def sweep(self) -> int:
         """Decide or reschedule every CM whose next check is due; returns decisions made."""
         return self._sweep_cms()[0]
 
-    def _sweep_cms(self) -> tuple[int, datetime | None]:
+    def _sweep_cms(self, *, look_first: bool = True) -> tuple[int, datetime | None]:
         """:meth:`sweep`; also returns the earliest next check left among the pending CMs
         (later than the last claim: a due CM another instance holds is not waited for)."""
         self._store.prepare()
         store = self._store.decisions
-        # Nothing due, the common case, costs what a claim that finds nothing costs: one
-        # read of the index's first entry, which also tells when to come back.
-        with Session(self._store.engine) as session, session.begin():
-            due = store.next_check(session)
-        if due is None or due > self._clock():
-            return 0, due
+        if look_first:
+            # Nothing due, the common case, costs what a claim that finds nothing costs:
+            # one read of the index's first entry, which also tells when to come back.
+            with Session(self._store.engine) as session, session.begin():
+                due = store.next_check(session)
+            if due is None or due > self._clock():
+                return 0, due
         batch = self._config.sweep_batch
         decided = 0
         while True:

@@ -13,20 +13,22 @@ later than it falls due), and how soon a CM another instance holds is looked at 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 
-#: The least time between the end of a sweep and the start of the next (seconds): CMs
-#: falling due within it are decided by one sweep, not one each, which bounds the
-#: transactions a stream of deadlines costs to one per this period.
+#: The least time between the starts of two sweeps (seconds): CMs falling due within it
+#: are decided by one sweep, not one each, which bounds what a stream of deadlines costs
+#: to one sweep per this period.
 MIN_GAP_S = 0.02
 
 
 class SweepTimer:
     """Calls ``sweep`` in a thread of its own, first one ``interval_s`` after
     :meth:`start`, then again at the instant it returns (an aware datetime on ``clock``'s
-    time line; None: nothing is scheduled), but no later than ``interval_s`` and no sooner
-    than :data:`MIN_GAP_S` after it returned. ``sweep`` handles its own failures."""
+    time line; None: nothing is scheduled), but no later than ``interval_s`` after it
+    returned and no sooner than :data:`MIN_GAP_S` after it started. ``sweep`` handles its
+    own failures."""
 
     def __init__(
         self,
@@ -55,14 +57,17 @@ class SweepTimer:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def delay_s(self, due: datetime | None) -> float:
-        """Seconds from the end of a sweep to the next, given the earliest next check."""
+    def delay_s(self, due: datetime | None, took_s: float = 0.0) -> float:
+        """Seconds from the end of a sweep that took ``took_s`` to the next, given the
+        earliest next check ``due``."""
         if due is None:
             return self._interval_s
         until_due = (due - self._clock()).total_seconds()
-        return min(self._interval_s, max(MIN_GAP_S, until_due))
+        return min(self._interval_s, max(MIN_GAP_S - took_s, until_due, 0.0))
 
     def _run(self) -> None:
         delay = self._interval_s
         while not self._stop.wait(delay):
-            delay = self.delay_s(self._sweep())
+            started = time.monotonic()
+            due = self._sweep()
+            delay = self.delay_s(due, time.monotonic() - started)

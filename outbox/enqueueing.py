@@ -385,13 +385,20 @@ class PsycopgOutboxWriter(SqlAlchemyOutboxWriter):
         batch = [m for m, _ in rows]
         columns = {c: [getattr(m, c) for m in batch] for c in _PG_ARRAYS if c != "headers"}
         columns["headers"] = [m.headers_text() for m in batch]
-        shared = frozenset(c for c in _SHAREABLE if _same(columns[c]))
+        columns["copies"] = [None if c is None else _json(c) for _, c in rows]
+        fanout = any(c is not None for c in columns["copies"])
+        if not fanout:
+            del columns["copies"]
+        # A row alone shares every value with itself: one plain VALUES row, no arrays to
+        # build, send and unnest (what a single send writes).
+        shared = (
+            frozenset(columns)
+            if len(rows) == 1
+            else frozenset(c for c in _SHAREABLE if _same(columns[c]))
+        )
         params: dict[str, Any] = {"created_at": datetime.now(UTC)}
         for c, values in columns.items():
             params[c] = values[0] if c in shared else values
-        fanout = any(c is not None for _, c in rows)
-        if fanout:
-            params["copies"] = [None if c is None else _json(c) for _, c in rows]
         raw = backends.psycopg_connection(session)
         pg.execute(raw, _pg_insert(table_name, shared, fanout), params)
 
@@ -452,13 +459,18 @@ def _same(values: list[Any]) -> bool:
 @functools.cache
 def _pg_insert(table_name: str, shared: frozenset[str], fanout: bool = False) -> str:
     """The batch insert, with the ``shared`` columns bound as one value each (and the
-    ``copies`` column when a row of the batch fans out)."""
+    ``copies`` column when a row of the batch fans out); with every column shared, the
+    insert of that one row."""
+    types = _PG_ARRAYS | {"copies": "json"} if fanout else _PG_ARRAYS
     constants = {"created_at": "%(created_at)s", "state": f"'{PENDING}'", "attempts": "0"}
-    constants |= {c: f"CAST(%({c})s AS {type_})" for c, type_ in _PG_ARRAYS.items() if c in shared}
-    arrays = {c: type_ for c, type_ in _PG_ARRAYS.items() if c not in shared}
-    if fanout:
-        arrays["copies"] = "json"
-    return pg.unnest_insert(outbox_table(table_name).name, arrays, constants=constants)
+    constants |= {c: f"CAST(%({c})s AS {type_})" for c, type_ in types.items() if c in shared}
+    arrays = {c: type_ for c, type_ in types.items() if c not in shared}
+    table = outbox_table(table_name).name
+    if not arrays:
+        return (
+            f"INSERT INTO {table} ({', '.join(constants)}) VALUES ({', '.join(constants.values())})"
+        )
+    return pg.unnest_insert(table, arrays, constants=constants)
 
 
 #: One adapter of each kind serves every database (they hold no state).

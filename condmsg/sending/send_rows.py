@@ -4,9 +4,12 @@ through, and its adapters.
 A send writes three kinds of rows in one transaction: the CM, one copy per destination and
 one compensation per destination. :class:`SqlAlchemySendStore` inserts them with SQLAlchemy
 Core on any database; :class:`PsycopgSendStore` sends each table's rows to PostgreSQL as
-one ``unnest`` statement with binary array parameters (see :mod:`outbox.pg`), so a batch
-of CMs costs one round trip per table however many it holds. The sender picks one adapter
-when it is built; ``tests/contract/test_send_store.py`` holds both to the same rows.
+one ``unnest`` statement with binary array parameters (see :mod:`outbox.pg`), or one plain
+row of values when a table gets one row, so a batch of CMs costs one statement per table
+however many it holds. Its statements (and the outbox's) go out in psycopg's pipeline mode:
+a send waits for the database once, not once per statement. The sender picks one adapter
+when it is built; ``tests/contract/test_send_store.py`` holds both to the same rows and
+the same transactions.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from typing import Any, Protocol
 
 import psycopg
 import sqlalchemy as sa
+from psycopg.pq import TransactionStatus
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from condmsg import tables
@@ -48,9 +52,10 @@ class SendRows:
 
 
 class SendStore(Protocol):
-    """Writes and reads a sender's CM rows in the caller's transaction; never commits."""
+    """Writes and reads a sender's CM rows in the caller's transaction; never commits
+    (but for :meth:`transaction`, a transaction of its own)."""
 
-    def add(self, session: Session, rows: SendRows) -> None:
+    def add(self, session: Session | Connection, rows: SendRows) -> None:
         """Insert ``rows``. A CM id or copy message id already stored raises
         :class:`sqlalchemy.exc.IntegrityError` (the caller's transaction is then failed)."""
 
@@ -58,15 +63,23 @@ class SendStore(Protocol):
         """The CM row of ``cm_id`` (every column of the table), or None if there is none."""
 
     def batch(self, session: Session) -> contextlib.AbstractContextManager[None]:
-        """A block whose writes (:meth:`add`'s and the outbox's) may reach the database
-        together, by the block's end at the latest; their errors are raised by then, as
-        :meth:`add` raises them. Only statements that return nothing may run inside."""
+        """A block of the caller's transaction whose writes (:meth:`add`'s and the
+        outbox's) may reach the database together, by the block's end at the latest; their
+        errors are raised by then, as :meth:`add` raises them. Only statements that return
+        nothing may run inside."""
+
+    def transaction(
+        self, engine: Engine
+    ) -> contextlib.AbstractContextManager[Session | Connection]:
+        """A transaction of its own on ``engine`` for writes that return nothing
+        (:meth:`add`'s and the outbox's), committed when the block ends and rolled back if
+        it raises; their errors are raised by the block's end, as :meth:`add` raises them."""
 
 
 class SqlAlchemySendStore:
     """:class:`SendStore` on SQLAlchemy Core: an executemany per table, on any database."""
 
-    def add(self, session: Session, rows: SendRows) -> None:
+    def add(self, session: Session | Connection, rows: SendRows) -> None:
         for table, values in rows.by_table():
             if values:
                 session.execute(sa.insert(table), values)
@@ -77,32 +90,75 @@ class SqlAlchemySendStore:
     def batch(self, session: Session) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
+    @contextlib.contextmanager
+    def transaction(self, engine: Engine) -> Iterator[Session | Connection]:
+        with Session(engine) as session, session.begin():
+            yield session
+
 
 class PsycopgSendStore(SqlAlchemySendStore):
     """:class:`SendStore` for PostgreSQL through psycopg 3: one statement per table."""
 
-    def add(self, session: Session, rows: SendRows) -> None:
+    def add(self, session: Session | Connection, rows: SendRows) -> None:
         raw = None
         for table, values in rows.by_table():
             if values:
                 raw = raw or backends.psycopg_connection(session)
                 columns = tuple(values[0])
-                pg.execute(raw, _unnest_insert(table, columns), _arrays(table, columns, values))
+                if len(values) == 1:
+                    # One row (a single send's CM, or its one copy): plain values, no
+                    # arrays to build, send and unnest.
+                    row = _arrays(table, columns, values)
+                    params = {c: value for c, (value,) in row.items()}
+                    pg.execute(raw, _values_insert(table, columns), params)
+                else:
+                    pg.execute(raw, _unnest_insert(table, columns), _arrays(table, columns, values))
 
     @contextlib.contextmanager
     def batch(self, session: Session) -> Iterator[None]:
-        # psycopg's pipeline mode: the statements of the block (and the transaction's
-        # BEGIN, if it has not begun yet) go out without waiting for each other's results,
-        # and the block's end waits once for all of them. A send's four INSERTs then cost
-        # the caller's transaction one round trip instead of four. Statements inside must
-        # not need their results at once (SQLAlchemy reads a result's description and row
-        # count as soon as it executes): the sphere's row is counted before the block.
+        # psycopg's pipeline mode: the statements of the block go out without waiting for
+        # each other's results, and the block's end waits once for all of them, so a
+        # send's four INSERTs add one round trip to the caller's transaction, not four.
+        # Statements inside must not need their results at once (SQLAlchemy reads a
+        # result's description and row count as soon as it executes): the sender counts
+        # a sphere's members before the block.
         raw = backends.psycopg_connection(session)
         try:
             with raw.pipeline():
                 yield
         except psycopg.Error as exc:
-            raise pg.wrapped("(the INSERTs of a send)", {}, exc) from exc
+            raise pg.wrapped(_BATCH, {}, exc) from exc
+
+    @contextlib.contextmanager
+    def transaction(self, engine: Engine) -> Iterator[Session | Connection]:
+        # The whole transaction in one round trip: BEGIN, the block's statements and
+        # COMMIT queued in one pipeline and sent with one Sync. psycopg sends a BEGIN of
+        # its own, and waits for it, before a pipeline's first statement; with autocommit
+        # on for the block it sends none, and the explicit BEGIN ... COMMIT make the
+        # statements one transaction. If the block raises, no COMMIT is queued; if a
+        # statement fails, PostgreSQL skips the rest up to the Sync, COMMIT included: the
+        # transaction is then still open (failed), and rolled back here before the
+        # connection goes back to the pool. The transaction runs at the server's default
+        # isolation level, which is all that inserts need.
+        with engine.connect() as conn:
+            raw = backends.psycopg_connection(conn)
+            raw.autocommit = True
+            try:
+                with raw.pipeline():
+                    raw.execute(b"BEGIN")
+                    yield conn
+                    raw.execute(b"COMMIT")
+            except psycopg.Error as exc:
+                raise pg.wrapped(_BATCH, {}, exc) from exc
+            finally:
+                if not raw.closed:
+                    if raw.info.transaction_status != TransactionStatus.IDLE:
+                        raw.rollback()
+                    raw.autocommit = False
+
+
+#: What a pipelined batch's errors name as their statement (they may come from any of them).
+_BATCH = "(the INSERTs of a send, pipelined)"
 
 
 def _arrays(
@@ -118,6 +174,15 @@ def _arrays(
 
 @functools.lru_cache(maxsize=64)
 def _unnest_insert(table: sa.Table, columns: tuple[str, ...]) -> str:
+    return pg.unnest_insert(table.name, _pg_types(table, columns))
+
+
+@functools.lru_cache(maxsize=64)
+def _values_insert(table: sa.Table, columns: tuple[str, ...]) -> str:
+    values = ", ".join(f"CAST(%({c})s AS {t})" for c, t in _pg_types(table, columns).items())
+    return f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({values})"
+
+
+def _pg_types(table: sa.Table, columns: tuple[str, ...]) -> dict[str, str]:
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
-    types = {c: str(table.c[c].type.compile(dialect=dialect)) for c in columns}
-    return pg.unnest_insert(table.name, types)
+    return {c: str(table.c[c].type.compile(dialect=dialect)) for c in columns}

@@ -13,7 +13,11 @@ from typing import Any
 import pika
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
+from ackd import sequences
+from ackd import tables as ackd_tables
+from ackd.broker import Delivery
 from condmsg import Destination, tables
 from condmsg.core import protocol
 from tests.waiting import wait_for
@@ -107,3 +111,96 @@ def test_an_incomplete_sequence_goes_to_the_invalid_queue_after_the_timeout(
     )
     assert len(moved) == 2
     assert all("incomplete sequence" in props.headers[protocol.H_REASON] for props, _ in moved)
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["read", "transaction"])
+def test_a_sequence_whose_parts_disagree_on_its_size_goes_to_the_invalid_queue_part_by_part(
+    pg_url: str, unique_name: str, make_receiver: Any, channel: Any, transactional: bool
+) -> None:
+    """Parts 1 and 2 say the sequence has 2 parts, part 3 says 3: once parts 1 and 2 are
+    stored the store holds a 'complete' sequence of 2, and taking it takes part 3 too.
+    None of them is dropped: each goes to the invalid queue with a reason naming the
+    disagreement, and the store keeps nothing of them."""
+    receiver = make_receiver(pg_url)
+    queue = f"{unique_name}.q"
+    receiver._broker.ensure_queue(queue)
+    publish_copy(
+        channel,
+        cm_id=str(uuid.uuid4()),
+        condition=Destination(queue, pickup_within=timedelta(seconds=30)),
+        sender="s",
+        sent_at=datetime.now(UTC),
+        body=b"a" * 10 + b"b" * 10 + b"c" * 10,
+        part_bytes=10,
+    )
+    arrived = sorted(get_all(channel, queue), key=lambda m: -m[0].headers[protocol.H_SEQ_POS])
+    assert [props.headers[protocol.H_SEQ_POS] for props, _ in arrived] == [2, 1, 0]
+    seq_id = arrived[0][0].headers[protocol.H_SEQ_ID]
+    # Part 3 first, so that it is stored before parts 1 and 2 complete a sequence of 2.
+    for props, body in [arrived[0], arrived[2], arrived[1]]:
+        headers = dict(props.headers)
+        if headers[protocol.H_SEQ_POS] != 2:
+            headers[protocol.H_SEQ_SIZE] = 2
+        channel.basic_publish(
+            "",
+            queue,
+            body,
+            pika.BasicProperties(headers=headers, reply_to="r", message_id=props.message_id),
+        )
+
+    if transactional:
+        with receiver.transaction() as tx:
+            assert tx.read(queue, timeout=1.0) is None
+    else:
+        assert receiver.read(queue, timeout=1.0) is None
+    assert receiver.stats.parts == 3
+    moved = wait_for(lambda: get_all(channel, receiver.invalid_queue))
+    disagreement = (
+        f"inconsistent sequence {seq_id}: its parts disagree on its size (parts 1, 2: 2; part 3: 3)"
+    )
+    assert sorted((props.headers[protocol.H_REASON], body) for props, body in moved) == [
+        (f"{disagreement}; this is part 1 of 2", b"a" * 10),
+        (f"{disagreement}; this is part 2 of 2", b"b" * 10),
+        (f"{disagreement}; this is part 3 of 3", b"c" * 10),
+    ]
+    assert receiver.stats.invalid == 1
+    with receiver.engine.connect() as conn:
+        stored = conn.execute(sa.select(sa.func.count()).select_from(ackd_tables.sequence_parts))
+        assert stored.scalar_one() == 0
+    assert get_all(channel, queue, settle_s=0.1) == []
+
+
+def test_taken_parts_that_do_not_make_one_whole_come_back_for_the_invalid_queue(
+    sqlite_url: str, make_receiver: Any
+) -> None:
+    """What a take returns when the rows it deleted are not positions 0 to size - 1 of one
+    size: every part, with why, never nothing."""
+    receiver = make_receiver(sqlite_url)
+
+    def store(seq_id: str, *positions: tuple[int, int]) -> None:
+        with Session(receiver.engine) as session, session.begin():
+            for position, size in positions:
+                delivery = Delivery("q", position + 1, False, pika.BasicProperties(), b"p")
+                row = sequences.part_row(
+                    delivery, seq_id=seq_id, position=position, size=size, now=datetime.now(UTC)
+                )
+                receiver.store.store_part(session, row)
+
+    def take(seq_id: str) -> Any:
+        with Session(receiver.engine) as session, session.begin():
+            return sequences.take(session, seq_id)
+
+    store("whole", (0, 2), (1, 2))
+    assert isinstance(take("whole"), sequences.Assembled)
+    assert take("whole") is None  # taken already
+    store("mixed", (0, 3), (1, 2), (2, 3))
+    mixed = take("mixed")
+    assert isinstance(mixed, sequences.Discordant)
+    assert mixed.reason == (
+        "inconsistent sequence mixed: its parts disagree on its size (part 2: 2; parts 1, 3: 3)"
+    )
+    assert [(p, s) for p, s, _, _ in mixed.parts] == [(0, 3), (1, 2), (2, 3)]
+    store("short", (0, 3), (2, 3))
+    short = take("short")
+    assert isinstance(short, sequences.Discordant)
+    assert short.reason == "incomplete sequence short: 2 of 3 parts when taken"

@@ -17,7 +17,9 @@ from ackd import rlog, sequences, validation
 from ackd.broker import Delivery
 from condmsg import Destination
 from condmsg.core import protocol
+from condmsg.core.errors import BrokerError
 from condmsg.core.protocol import MessageKind
+from condmsg.runtime.topology import declare_service_queue
 from condmsg.sending.copies import plan_copies
 from tests.waiting import wait_for
 
@@ -324,3 +326,46 @@ def test_what_postgresql_could_not_store_is_invalid(
         "message_id is longer than 64 characters",
         "reply_to contains a NUL character",
     ]
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["read", "transaction"])
+def test_a_message_whose_copy_to_the_invalid_queue_fails_goes_back_to_its_queue(
+    pg_url: str, unique_name: str, make_receiver: Any, channel: Any, transactional: bool
+) -> None:
+    """The broker refuses the invalid queue (declared meanwhile with other arguments than
+    the receiver's, so that its declaration on the copying channel fails with
+    PRECONDITION_FAILED): the read raises a BrokerError naming the invalid queue, the
+    malformed message is not lost but given back to its queue, and once the invalid queue
+    is usable again the next read moves it there."""
+    receiver = make_receiver(pg_url)
+    queue = receiver_queue(receiver, unique_name)  # the receiver has declared its queues
+    channel.queue_delete(receiver.invalid_queue)
+    channel.queue_declare(receiver.invalid_queue, durable=False)
+    bad = _condmsg_headers(**{protocol.H_KIND: "gossip", protocol.H_DESTINATION: queue})
+    channel.basic_publish("", queue, b"x", pika.BasicProperties(headers=bad, reply_to="acks"))
+
+    refused = f"to the invalid-message queue '{receiver.invalid_queue}' failed: .*PRECONDITION"
+    if transactional:
+        with pytest.raises(BrokerError, match=refused), receiver.transaction() as tx:
+            tx.read(queue, timeout=5)
+    else:
+        with pytest.raises(BrokerError, match=refused):
+            receiver.read(queue, timeout=5)
+    # Counted, not read: a channel that read from the classic queue would crash (on
+    # RabbitMQ's side) reading from the quorum queue of the same name that replaces it.
+    refusing = channel.queue_declare(receiver.invalid_queue, passive=True)
+    assert refusing.method.message_count == 0
+    assert receiver.stats.invalid == 0
+
+    channel.queue_delete(receiver.invalid_queue)
+    declare_service_queue(channel, receiver.invalid_queue)
+    moved = wait_for(
+        lambda: receiver.read(queue, timeout=0.3) or get_all(channel, receiver.invalid_queue),
+        timeout=15,
+    )
+    assert [(body, props.headers["condmsg-original-queue"]) for props, body in moved] == [
+        (b"x", queue)
+    ]
+    assert "unknown condmsg-kind" in moved[0][0].headers[protocol.H_REASON]
+    assert receiver.stats.invalid == 1
+    assert get_all(channel, queue, settle_s=0.1) == []

@@ -335,9 +335,7 @@ class Broker:
         caller gives the delivery back to its queue."""
         props = delivery.properties
         try:
-            self._confirm_channel().basic_publish(
-                "",
-                self.invalid_queue,
+            self._publish_to_invalid_queue(
                 delivery.body,
                 pika.BasicProperties(
                     content_type=props.content_type,
@@ -355,17 +353,30 @@ class Broker:
             ) from exc
 
     def publish_invalid(self, body: bytes, headers: dict[str, Any], reason: str) -> None:
-        """Put a message the receiver holds only in its store on the invalid-message queue."""
-        confirm = self._confirm_channel()
-        confirm.basic_publish(
-            "",
-            self.invalid_queue,
+        """Put a message the receiver holds only in its store on the invalid-message queue
+        (an error leaves it in the store: the caller's transaction rolls back)."""
+        self._publish_to_invalid_queue(
             body,
             pika.BasicProperties(
                 headers={**headers, protocol.H_REASON: reason[:1000]},
                 delivery_mode=pika.DeliveryMode.Persistent,
             ),
         )
+
+    def _publish_to_invalid_queue(self, body: bytes, properties: pika.BasicProperties) -> None:
+        """Publish with a confirm, ``mandatory``: a queue deleted while the receiver runs
+        would otherwise take the message into nothing while the broker confirms it. A
+        returned message raises (pika's ``UnroutableError``) and the next publish opens a
+        channel that declares the queue again."""
+        try:
+            self._confirm_channel().basic_publish(
+                "", self.invalid_queue, body, properties, mandatory=True
+            )
+        except pika.exceptions.UnroutableError:
+            channel, self._confirm = self._confirm, None
+            if channel is not None and channel.is_open:
+                channel.close()
+            raise
 
     def idle(self, seconds: float) -> None:
         """Let ``seconds`` pass while the connection's heartbeats are answered (a

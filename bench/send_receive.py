@@ -15,6 +15,14 @@
     real copy, to the same queues with the relay's confirm window (batch 500 x 4 in
     flight). Target: CM / raw >= 0.5 for the batched variant (the raw publisher's
     confirm window is its batching: neither waits for a durable write per message).
+    One send per transaction has its own baseline too: a raw one-row outbox insert and
+    commit through psycopg (the row a one-destination send writes to the outbox, into an
+    outbox table of its own that no relay drains), ``--single-cms`` transactions from as
+    many threads, each on its own connection; target: sends committed per second / raw
+    transactions per second >= 0.5. And ``send(session=...)`` inside the caller's
+    transaction: one thread runs the caller's transaction (one app row through psycopg,
+    then commit) ``--session-txns`` times with and as often without a send in it,
+    alternating; target: p50 with the send minus p50 without < 0.3 ms.
 (b) Receive: a ``Receiver`` with a PostgreSQL store handles copies one transaction each,
     inserting one app row as the raw baseline does (its SQL through psycopg's
     ``execute``, on the transaction's connection); measured both as
@@ -67,6 +75,7 @@ import psycopg
 import sqlalchemy as sa
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.adapters.select_connection import SelectConnection
+from psycopg.types.json import Json
 from sqlalchemy.orm import Session
 
 from ackd.message import Message
@@ -77,6 +86,7 @@ from bench._common import (
     emit_result,
     fresh_pg_schema,
     log,
+    percentile,
     psycopg_conninfo,
     timed,
     wait_until,
@@ -86,11 +96,16 @@ from condmsg.core import protocol
 from condmsg.sending.sender import Outgoing, Sender
 from outbox.relay import Relay
 from outbox.table import DEFAULT_TABLE_NAME
+from outbox.table import create_tables as create_outbox_table
 
 PG_URL = os.environ.get("CONDMSG_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 AMQP_URL = os.environ.get("CONDMSG_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 RELAY_BATCH, RELAY_IN_FLIGHT = 500, 4  # the relay's defaults; the raw publisher's window
 SEND_TARGET, RECEIVE_TARGET = 0.5, 0.7
+#: Single sends: sends/s over raw one-row outbox transactions/s; milliseconds a
+#: ``send(session=...)`` may add to the caller's transaction (p50).
+SINGLE_SEND_TARGET, SESSION_ADDED_TARGET_MS = 0.5, 0.3
+RAW_OUTBOX = "bench_raw_outbox"
 PICKUP = timedelta(seconds=60)
 SECRET = b"bench-send-receive-secret"
 #: Which receiver store adapter the receive measurement uses.
@@ -114,6 +129,7 @@ RAW_INSERT = "INSERT INTO bench_app (cm_id, body) VALUES (%s, %s)"
 class Options:
     cms: int
     single_cms: int
+    session_txns: int
     size: int
     senders: int
     batch: int
@@ -131,6 +147,12 @@ def parse_args() -> Options:
     ap.add_argument("--cms", type=int, default=5000, help="CMs per batched send measurement")
     ap.add_argument(
         "--single-cms", type=int, default=1000, help="CMs per one-transaction-per-send measurement"
+    )
+    ap.add_argument(
+        "--session-txns",
+        type=int,
+        default=500,
+        help="caller transactions with (and as many without) a send(session=...), per round",
     )
     ap.add_argument("--size", type=int, default=256, help="payload bytes")
     ap.add_argument("--senders", type=int, default=4, help="threads calling Sender.send")
@@ -162,6 +184,7 @@ def parse_args() -> Options:
     return Options(
         cms=a.cms,
         single_cms=a.single_cms,
+        session_txns=a.session_txns,
         size=a.size,
         senders=a.senders,
         batch=a.batch,
@@ -337,6 +360,82 @@ def sample_copy(admin: Queues, queue: str) -> pika.BasicProperties:
     return props
 
 
+def raw_outbox_insert(props: pika.BasicProperties) -> tuple[str, dict[str, Any]]:
+    """The SQL and fixed values of the raw baseline's row: what a one-destination send
+    writes to the outbox (a real copy's properties and headers)."""
+    columns = {
+        "exchange": "''",
+        "routing_key": "%(routing_key)s",
+        "body": "%(body)s",
+        "message_id": "%(message_id)s",
+        "correlation_id": "%(correlation_id)s",
+        "reply_to": "%(reply_to)s",
+        "content_type": "%(content_type)s",
+        "message_type": "%(message_type)s",
+        "headers": "%(headers)s",
+        "persistent": "true",
+        "mandatory": "true",
+        "created_at": "now()",
+        "state": "'pending'",
+        "attempts": "0",
+    }
+    sql = f"INSERT INTO {RAW_OUTBOX} ({', '.join(columns)}) VALUES ({', '.join(columns.values())})"
+    values = {
+        "correlation_id": props.correlation_id,
+        "reply_to": props.reply_to,
+        "content_type": props.content_type,
+        "message_type": props.type,
+        "headers": Json(props.headers or {}),
+    }
+    return sql, values
+
+
+def raw_outbox_rate(
+    db_url: str, props: pika.BasicProperties, queue: str, payload: bytes, n: int, threads: int
+) -> float:
+    """Raw one-row outbox transactions per second: ``n`` INSERT + COMMIT through psycopg
+    from ``threads`` threads, each on its own connection (connecting is not timed)."""
+    sql, fixed = raw_outbox_insert(props)
+    conns = [psycopg.connect(psycopg_conninfo(db_url)) for _ in range(threads)]
+
+    def work(k: int) -> None:
+        conn = conns[k]
+        for _ in range(n // threads + (1 if k < n % threads else 0)):
+            conn.execute(
+                sql, fixed | {"routing_key": queue, "body": payload, "message_id": uuid.uuid4().hex}
+            )
+            conn.commit()
+
+    try:
+        with timed() as sw:
+            run_threads(threads, work)
+    finally:
+        for conn in conns:
+            conn.close()
+    return n / sw.seconds
+
+
+def session_added_ms(
+    sender: Sender, payload: bytes, cond: Condition, n: int
+) -> tuple[list[float], list[float]]:
+    """Milliseconds of ``n`` caller transactions without a send and ``n`` with one
+    ``send(session=...)`` in them, alternating; each writes one app row through psycopg
+    (on the session's connection) and commits."""
+    without: list[float] = []
+    with_send: list[float] = []
+    for i in range(2 * n):
+        send = i % 2 == 1
+        started = time.perf_counter()
+        with Session(sender.engine) as session, session.begin():
+            driver = session.connection().connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            driver.execute(RAW_INSERT, (None, payload))
+            if send:
+                sender.send(payload, cond, session=session)
+        (with_send if send else without).append((time.perf_counter() - started) * 1000)
+    return without, with_send
+
+
 # -- (b) receive --------------------------------------------------------------------------
 
 
@@ -488,6 +587,14 @@ def measure_send(b: Bench) -> None:
     admin.wait_depth(dests, 250)
     props = sample_copy(admin, dests[0])  # the raw publisher sends copies of a real copy
     admin.purge(dests)
+    db_url = b.sender.engine.url.render_as_string(hide_password=False)
+    create_outbox_table(b.sender.engine, table_name=RAW_OUTBOX)
+    with b.sender.engine.begin() as conn:
+        APP.metadata.create_all(conn)
+    raw_outbox_rate(db_url, props, dests[0], b.payload, 50, o.senders)
+    session_added_ms(b.sender, b.payload, one, 50)
+    admin.wait_depth(dests[:1], 50)
+    admin.purge(dests)
     for r in range(o.rounds):
         log(f"send round {r + 1}/{o.rounds} ...")
         for cond, queues in ((one, dests[:1]), (four, dests)):
@@ -497,9 +604,22 @@ def measure_send(b: Bench) -> None:
             admin.purge(queues)
             b.add(f"raw{k}", total / raw_s)
             for variant, batch in (("cm", 1), ("batched", o.batch)):
+                if variant == "cm" and k == 1:
+                    b.add(
+                        "raw_outbox",
+                        raw_outbox_rate(
+                            db_url, props, queues[0], b.payload, o.single_cms, o.senders
+                        ),
+                    )
                 rate, commits = cm_send_rate(b.sender, admin, b.payload, cond, queues, o, batch)
                 b.add(f"{variant}{k}", rate)
                 b.add(f"{variant}_commits{k}", commits)
+        without, with_send = session_added_ms(b.sender, b.payload, one, o.session_txns)
+        admin.wait_depth(dests[:1], o.session_txns)
+        admin.purge(dests[:1])
+        b.add("session_without_p50_ms", percentile(without, 50))
+        b.add("session_with_p50_ms", percentile(with_send, 50))
+        b.add("session_added_p50_ms", percentile(with_send, 50) - percentile(without, 50))
 
 
 def measure_receive(b: Bench, rcv_url: str, recipient: str) -> int:
@@ -605,6 +725,7 @@ def report(o: Options, samples: dict[str, list[float]], acks_written: int) -> No
         "ack_relay_running": o.ack_relay,
         "send_relay": o.relay,
         "send_ratio_target": SEND_TARGET,
+        "session_txns": o.session_txns,
         "receive_ratio_target": RECEIVE_TARGET,
         "parts": list(o.parts),
         "receiver_store": o.receiver_store,
@@ -632,7 +753,34 @@ def send_figures(med: dict[str, float]) -> dict[str, Any]:
                 f"{prefix}_ok": ratio >= SEND_TARGET,
             }
         figures[f"send_{k}dest_raw_msgs_per_s"] = round(raw, 1)
+    figures |= single_send_figures(med)
     return figures
+
+
+def single_send_figures(med: dict[str, float]) -> dict[str, Any]:
+    """One send per transaction against a raw one-row outbox transaction, and what
+    ``send(session=...)`` adds to the caller's transaction."""
+    sends, raw = med["cm_commits1"], med["raw_outbox"]
+    ratio = sends / raw
+    ratio_line("one send per transaction", sends, raw, SINGLE_SEND_TARGET, "sends/s")
+    added = med["session_added_p50_ms"]
+    print(
+        f"send(session=...): the caller's transaction p50 {med['session_with_p50_ms']:.3f} ms "
+        f"with the send, {med['session_without_p50_ms']:.3f} ms without: adds {added:.3f} ms "
+        f"(target < {SESSION_ADDED_TARGET_MS})"
+    )
+    return {
+        "single_send_sends_per_s": round(sends, 1),
+        "single_send_raw_outbox_txns_per_s": round(raw, 1),
+        "single_send_ratio": round(ratio, 3),
+        "single_send_ratio_target": SINGLE_SEND_TARGET,
+        "single_send_ok": ratio >= SINGLE_SEND_TARGET,
+        "session_send_txn_p50_ms": round(med["session_with_p50_ms"], 3),
+        "session_send_baseline_txn_p50_ms": round(med["session_without_p50_ms"], 3),
+        "session_send_added_p50_ms": round(added, 3),
+        "session_send_added_target_ms": SESSION_ADDED_TARGET_MS,
+        "session_send_ok": added < SESSION_ADDED_TARGET_MS,
+    }
 
 
 def receive_figures(

@@ -115,7 +115,8 @@ def _add_throughput_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         metavar="SECONDS",
-        help="between deadline sweeps (default: %(default)s)",
+        help="longest wait between deadline sweeps, which also run when a CM falls due "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--batch-size",

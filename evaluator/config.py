@@ -72,7 +72,8 @@ class EvaluatorConfig:
     prefetch: int = 1000
     #: Threads storing and deciding batches while the next is consumed.
     store_threads: int = 2
-    #: Seconds between deadline sweeps.
+    #: The longest wait between deadline sweeps, in seconds (each also runs when the
+    #: earliest pending CM falls due: see :mod:`evaluator.sweep_timer`).
     sweep_interval_s: float = 1.0
     #: CMs claimed per sweep transaction.
     sweep_batch: int = 500

@@ -3,13 +3,13 @@ through, and its adapters.
 
 A send writes three kinds of rows in one transaction: the CM, one copy per destination and
 one compensation per destination. :class:`SqlAlchemySendStore` inserts them with SQLAlchemy
-Core on any database; :class:`PsycopgSendStore` sends each table's rows to PostgreSQL as
-one ``unnest`` statement with binary array parameters (see :mod:`outbox.pg`), or one plain
-row of values when a table gets one row, so a batch of CMs costs one statement per table
-however many it holds. Its statements (and the outbox's) go out in psycopg's pipeline mode:
-a send waits for the database once, not once per statement. The sender picks one adapter
-when it is built; ``tests/contract/test_send_store.py`` holds both to the same rows and
-the same transactions.
+Core on any database, one executemany per table; :class:`PsycopgSendStore` sends them to
+PostgreSQL as one statement, each table's rows bound as one binary array per column (see
+:mod:`outbox.pg`), or as plain values when a table gets one row, so a batch costs one
+statement however many CMs it holds. Its writes and the outbox's go out together in
+psycopg's pipeline mode, and a send in a transaction of its own travels with its BEGIN and
+COMMIT: one round trip. The sender picks one adapter when it is built;
+``tests/contract/test_send_store.py`` holds both to the same rows and transactions.
 """
 
 from __future__ import annotations
@@ -97,22 +97,19 @@ class SqlAlchemySendStore:
 
 
 class PsycopgSendStore(SqlAlchemySendStore):
-    """:class:`SendStore` for PostgreSQL through psycopg 3: one statement per table."""
+    """:class:`SendStore` for PostgreSQL through psycopg 3: one statement for all three
+    tables, its rows bound as one array per column (as a plain row when a table gets one)."""
 
     def add(self, session: Session | Connection, rows: SendRows) -> None:
-        raw = None
-        for table, values in rows.by_table():
-            if values:
-                raw = raw or backends.psycopg_connection(session)
-                columns = tuple(values[0])
-                if len(values) == 1:
-                    # One row (a single send's CM, or its one copy): plain values, no
-                    # arrays to build, send and unnest.
-                    row = _arrays(table, columns, values)
-                    params = {c: value for c, (value,) in row.items()}
-                    pg.execute(raw, _values_insert(table, columns), params)
-                else:
-                    pg.execute(raw, _unnest_insert(table, columns), _arrays(table, columns, values))
+        parts = tuple((table, values) for table, values in rows.by_table() if values)
+        if not parts:
+            return
+        shape = tuple((table, tuple(values[0]), len(values) == 1) for table, values in parts)
+        params: dict[str, Any] = {}
+        for (table, columns, one), (_, values) in zip(shape, parts, strict=True):
+            for column, array in _arrays(table, columns, values).items():
+                params[_param(table, column)] = array[0] if one else array
+        pg.execute(backends.psycopg_connection(session), _insert(shape), params)
 
     @contextlib.contextmanager
     def batch(self, session: Session) -> Iterator[None]:
@@ -173,16 +170,32 @@ def _arrays(
 
 
 @functools.lru_cache(maxsize=64)
-def _unnest_insert(table: sa.Table, columns: tuple[str, ...]) -> str:
-    return pg.unnest_insert(table.name, _pg_types(table, columns))
+def _insert(shape: tuple[tuple[sa.Table, tuple[str, ...], bool], ...]) -> str:
+    """The one statement that inserts the rows of every table of ``shape`` (each table
+    with the columns given, and whether it gets one row): all but the last as data-modifying
+    ``WITH`` queries, which PostgreSQL runs to completion whether or not anything reads
+    them. The foreign keys of the copies and compensations are checked at the end of the
+    statement, when the CMs are in."""
+    inserts = [_table_insert(table, columns, one) for table, columns, one in shape]
+    if len(inserts) == 1:
+        return inserts[0]
+    with_ = ", ".join(f"w{i} AS ({sql})" for i, sql in enumerate(inserts[:-1]))
+    return f"WITH {with_} {inserts[-1]}"
 
 
-@functools.lru_cache(maxsize=64)
-def _values_insert(table: sa.Table, columns: tuple[str, ...]) -> str:
-    values = ", ".join(f"CAST(%({c})s AS {t})" for c, t in _pg_types(table, columns).items())
-    return f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({values})"
-
-
-def _pg_types(table: sa.Table, columns: tuple[str, ...]) -> dict[str, str]:
+def _table_insert(table: sa.Table, columns: tuple[str, ...], one: bool) -> str:
+    """One row of values (``one``), else a row per element of the column arrays (bound
+    in binary: see :mod:`outbox.pg`)."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
-    return {c: str(table.c[c].type.compile(dialect=dialect)) for c in columns}
+    types = {c: str(table.c[c].type.compile(dialect=dialect)) for c in columns}
+    head = f"INSERT INTO {table.name} ({', '.join(columns)})"
+    if one:
+        values = ", ".join(f"CAST(%({_param(table, c)})s AS {t})" for c, t in types.items())
+        return f"{head} VALUES ({values})"
+    arrays = ", ".join(f"CAST(%({_param(table, c)})b AS {t}[])" for c, t in types.items())
+    return f"{head} SELECT * FROM unnest({arrays}) AS u"
+
+
+def _param(table: sa.Table, column: str) -> str:
+    """A column's parameter, named after its table too (the tables share column names)."""
+    return f"{table.name}.{column}"

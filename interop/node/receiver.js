@@ -166,14 +166,21 @@ async function enqueueAck(c, m, replyTo, readAt) {
 
 // --- the broker --------------------------------------------------------------------------
 let ch; let confirm; let pool;
+let returned = false; // set by the confirm channel's 'return' event (before the confirm)
 // protocol.md, "The invalid-message queue": the body and headers unchanged, four
-// properties kept, the reason added; acked only once the broker confirmed the copy.
+// properties kept, the reason added; mandatory, and acked only once the broker confirmed
+// the copy. A returned copy (the queue was deleted) throws: the process ends and the
+// message comes again, after the queue is declared anew at start.
 async function toInvalid(props, body, reason, kept = true) {
   const headers = { ...(props.headers || {}), 'condmsg-reason': String(reason).slice(0, 1000) };
   if (kept) headers['condmsg-original-queue'] = QUEUE;
   const { messageId, correlationId, replyTo, contentType } = kept ? props : {};
-  confirm.sendToQueue(INVALID, body, { persistent: true, headers, messageId, correlationId, replyTo, contentType });
+  returned = false;
+  confirm.sendToQueue(INVALID, body, {
+    persistent: true, mandatory: true, headers, messageId, correlationId, replyTo, contentType,
+  });
   await confirm.waitForConfirms();
+  if (returned) throw new Error(`the broker returned the copy to ${INVALID}`);
 }
 async function inTx(work) {
   const c = await pool.connect();
@@ -330,6 +337,7 @@ async function main() {
   const conn = await amqp.connect(env.CONDMSG_AMQP_URL);
   ch = await conn.createChannel();
   confirm = await conn.createConfirmChannel();
+  confirm.on('return', () => { returned = true; });
   await confirm.assertQueue(INVALID, { durable: true, arguments: { 'x-queue-type': 'quorum' } });
   await ch.prefetch(20);
   let chain = Promise.resolve(); // one message at a time, in arrival order

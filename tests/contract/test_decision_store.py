@@ -289,6 +289,21 @@ def test_claim_due_skips_the_cms_another_transaction_claimed(
     assert in_session(engine, lambda s: store.claim_due(s, now, 10)) == [f"cm{i}" for i in range(4)]
 
 
+def test_next_check_is_the_earliest_of_the_pending_cms(
+    engine: sa.Engine, store: DecisionStore
+) -> None:
+    assert in_session(engine, lambda s: store.next_check(s)) is None
+    add_cm(engine, "unscheduled")
+    add_cm(engine, "decided", state="violated", next_check_at=T0)
+    assert in_session(engine, lambda s: store.next_check(s)) is None
+    add_cm(engine, "later", next_check_at=T0 + 3 * SEC)
+    add_cm(engine, "earliest", next_check_at=T0 + SEC)
+    assert in_session(engine, lambda s: store.next_check(s)) == T0 + SEC
+    after = T0 + SEC
+    assert in_session(engine, lambda s: store.next_check(s, after=after)) == T0 + 3 * SEC
+    assert in_session(engine, lambda s: store.next_check(s, after=T0 + 3 * SEC)) is None
+
+
 def test_compensations_of_and_their_release(engine: sa.Engine, store: DecisionStore) -> None:
     add_cm(engine, "a")
     add_cm(engine, "b")

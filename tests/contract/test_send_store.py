@@ -127,3 +127,65 @@ def test_nothing_is_written_until_the_caller_commits(engine: sa.Engine, store: S
         s.rollback()
     for table in (tables.cms, tables.copies, tables.compensations):
         assert stored(engine, table, ["cm_id"]) == []
+
+
+def test_a_transaction_of_its_own_commits_at_the_end_of_its_block(
+    engine: sa.Engine, store: SendStore
+) -> None:
+    with store.transaction(engine) as bind:
+        store.add(bind, send_rows("cm-a"))
+        store.add(bind, send_rows("cm-b", "cm-c"))
+    assert [r["cm_id"] for r in stored(engine, tables.cms, ["cm_id"])] == ["cm-a", "cm-b", "cm-c"]
+    assert len(stored(engine, tables.compensations, ["cm_id", "destination"])) == 6
+
+
+def failing_transaction(store: SendStore, engine: sa.Engine, *batches: SendRows) -> None:
+    """Add ``batches`` in a transaction of the store's own, then raise RuntimeError."""
+    with store.transaction(engine) as bind:
+        for rows in batches:
+            store.add(bind, rows)
+        raise RuntimeError("the caller's code failed")
+
+
+def transaction(store: SendStore, engine: sa.Engine, *batches: SendRows) -> None:
+    with store.transaction(engine) as bind:
+        for rows in batches:
+            store.add(bind, rows)
+
+
+def test_a_transaction_of_its_own_that_raises_writes_nothing(
+    engine: sa.Engine, store: SendStore
+) -> None:
+    with pytest.raises(RuntimeError):
+        failing_transaction(store, engine, send_rows("cm-a"))
+    with pytest.raises(sa.exc.IntegrityError):
+        transaction(store, engine, send_rows("cm-b"), send_rows("cm-c", "cm-b"))
+    for table in (tables.cms, tables.copies, tables.compensations):
+        assert stored(engine, table, ["cm_id"]) == []
+    # The connection went back to the pool usable, in its own transaction mode.
+    transaction(store, engine, send_rows("cm-d"))
+    with Session(engine) as s:
+        store.add(s, send_rows("cm-e"))
+        s.rollback()
+    assert [r["cm_id"] for r in stored(engine, tables.cms, ["cm_id"])] == ["cm-d"]
+
+
+def batched(store: SendStore, engine: sa.Engine, *batches: SendRows) -> None:
+    """Add ``batches`` in one batch of a caller's transaction, and commit it."""
+    with Session(engine) as s, s.begin(), store.batch(s):
+        for rows in batches:
+            store.add(s, rows)
+
+
+def test_a_batch_in_the_callers_transaction_commits_with_it(
+    engine: sa.Engine, store: SendStore
+) -> None:
+    with Session(engine) as s, s.begin():
+        with store.batch(s):
+            store.add(s, send_rows("cm-a"))
+        with store.batch(s):
+            store.add(s, send_rows("cm-b"))
+        assert store.cm(s, "cm-b") is not None  # readable again after the block
+    with pytest.raises(sa.exc.IntegrityError):
+        batched(store, engine, send_rows("cm-c"), send_rows("cm-a"))
+    assert [r["cm_id"] for r in stored(engine, tables.cms, ["cm_id"])] == ["cm-a", "cm-b"]

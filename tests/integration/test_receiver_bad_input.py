@@ -369,3 +369,33 @@ def test_a_message_whose_copy_to_the_invalid_queue_fails_goes_back_to_its_queue(
     assert "unknown condmsg-kind" in moved[0][0].headers[protocol.H_REASON]
     assert receiver.stats.invalid == 1
     assert get_all(channel, queue, settle_s=0.1) == []
+
+
+def test_an_invalid_queue_deleted_while_the_receiver_runs_loses_nothing(
+    pg_url: str, unique_name: str, make_receiver: Any, channel: Any
+) -> None:
+    """The invalid queue is deleted after the receiver has used it: the broker returns the
+    next copy (it is published ``mandatory``) instead of confirming it into nothing, the
+    read raises a BrokerError and the message goes back to its queue; the next read
+    declares the invalid queue again and moves the message there."""
+    receiver = make_receiver(pg_url)
+    queue = receiver_queue(receiver, unique_name)
+    bad = _condmsg_headers(**{protocol.H_KIND: "gossip", protocol.H_DESTINATION: queue})
+    channel.basic_publish("", queue, b"first", pika.BasicProperties(headers=bad, reply_to="a"))
+    assert receiver.read(queue, timeout=5) is None  # moved: the copying channel is open
+    assert [body for _props, body in get_all(channel, receiver.invalid_queue)] == [b"first"]
+
+    channel.queue_delete(receiver.invalid_queue)
+    channel.basic_publish("", queue, b"second", pika.BasicProperties(headers=bad, reply_to="a"))
+    with pytest.raises(BrokerError, match=r"to the invalid-message queue .* failed"):
+        receiver.read(queue, timeout=5)
+    assert receiver.stats.invalid == 1
+
+    moved = wait_for(
+        lambda: receiver.read(queue, timeout=0.3) or get_all(channel, receiver.invalid_queue),
+        timeout=15,
+    )
+    assert [body for _props, body in moved] == [b"second"]
+    assert "unknown condmsg-kind" in moved[0][0].headers[protocol.H_REASON]
+    assert receiver.stats.invalid == 2
+    assert get_all(channel, queue, settle_s=0.1) == []

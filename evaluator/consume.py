@@ -36,10 +36,12 @@ def consume_acks(config: EvaluatorConfig, batches: AckBatches, stop: threading.E
     fails (what was not stored is then redelivered).
 
     A batch is handed over when it is full, or as soon as pika holds no further delivery
-    and a storing thread is free: waiting for more would only delay the decisions a
-    lone ack settles. While every thread is busy the batch keeps filling, so under load
-    batches grow towards ``batch_size`` by themselves (and a partial one goes after
-    :data:`BATCH_WAIT_S` without deliveries).
+    and no batch is being stored: waiting for more would only delay the decisions a
+    lone ack settles. While a batch is being stored the next one keeps filling, so under
+    load batches grow to ``batch_size`` (a partial one goes after :data:`BATCH_WAIT_S`
+    without deliveries): a backlog arrives in the socket's chunks, and a batch cut at
+    each chunk would cost a transaction per few hundred acks instead of per
+    ``batch_size``.
     """
     connection = connect(config.amqp_url, name=f"condmsg-evaluator-{config.sender}")
     storing: StoringThreads | None = None
@@ -116,9 +118,9 @@ class StoringThreads:
 
     @property
     def idle(self) -> bool:
-        """Whether a thread would take a batch handed over now."""
+        """Whether no batch is being stored or waiting for a thread."""
         with self._lock:
-            return self._unfinished < len(self._threads)
+            return self._unfinished == 0
 
     def put(self, last_tag: int, bodies: list[bytes]) -> None:
         """Hand a batch over (waits while another one is still waiting for a thread)."""

@@ -6,26 +6,21 @@ one compensation per destination. :class:`SqlAlchemySendStore` inserts them with
 Core on any database, one executemany per table; :class:`PsycopgSendStore` sends them to
 PostgreSQL as one statement, each table's rows bound as one binary array per column (see
 :mod:`outbox.pg`), or as plain values when a table gets one row, so a batch costs one
-statement however many CMs it holds. Its writes and the outbox's go out together in
-psycopg's pipeline mode, and a send in a transaction of its own travels with its BEGIN and
-COMMIT: one round trip. The sender picks one adapter when it is built;
-``tests/contract/test_send_store.py`` holds both to the same rows and transactions.
+statement however many CMs it holds. The sender picks one adapter when it is built;
+``tests/contract/test_send_store.py`` holds both to the same rows.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import psycopg
 import sqlalchemy as sa
-from psycopg.pq import TransactionStatus
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from condmsg import tables
@@ -52,34 +47,20 @@ class SendRows:
 
 
 class SendStore(Protocol):
-    """Writes and reads a sender's CM rows in the caller's transaction; never commits
-    (but for :meth:`transaction`, a transaction of its own)."""
+    """Writes and reads a sender's CM rows in the caller's transaction; never commits."""
 
-    def add(self, session: Session | Connection, rows: SendRows) -> None:
+    def add(self, session: Session, rows: SendRows) -> None:
         """Insert ``rows``. A CM id or copy message id already stored raises
         :class:`sqlalchemy.exc.IntegrityError` (the caller's transaction is then failed)."""
 
     def cm(self, bind: Session | Connection, cm_id: str) -> sa.Row[Any] | None:
         """The CM row of ``cm_id`` (every column of the table), or None if there is none."""
 
-    def batch(self, session: Session) -> contextlib.AbstractContextManager[None]:
-        """A block of the caller's transaction whose writes (:meth:`add`'s and the
-        outbox's) may reach the database together, by the block's end at the latest; their
-        errors are raised by then, as :meth:`add` raises them. Only statements that return
-        nothing may run inside."""
-
-    def transaction(
-        self, engine: Engine
-    ) -> contextlib.AbstractContextManager[Session | Connection]:
-        """A transaction of its own on ``engine`` for writes that return nothing
-        (:meth:`add`'s and the outbox's), committed when the block ends and rolled back if
-        it raises; their errors are raised by the block's end, as :meth:`add` raises them."""
-
 
 class SqlAlchemySendStore:
     """:class:`SendStore` on SQLAlchemy Core: an executemany per table, on any database."""
 
-    def add(self, session: Session | Connection, rows: SendRows) -> None:
+    def add(self, session: Session, rows: SendRows) -> None:
         for table, values in rows.by_table():
             if values:
                 session.execute(sa.insert(table), values)
@@ -87,20 +68,12 @@ class SqlAlchemySendStore:
     def cm(self, bind: Session | Connection, cm_id: str) -> sa.Row[Any] | None:
         return bind.execute(sa.select(tables.cms).where(tables.cms.c.cm_id == cm_id)).first()
 
-    def batch(self, session: Session) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def transaction(self, engine: Engine) -> Iterator[Session | Connection]:
-        with Session(engine) as session, session.begin():
-            yield session
-
 
 class PsycopgSendStore(SqlAlchemySendStore):
     """:class:`SendStore` for PostgreSQL through psycopg 3: one statement for all three
     tables, its rows bound as one array per column (as a plain row when a table gets one)."""
 
-    def add(self, session: Session | Connection, rows: SendRows) -> None:
+    def add(self, session: Session, rows: SendRows) -> None:
         parts = tuple((table, values) for table, values in rows.by_table() if values)
         if not parts:
             return
@@ -110,52 +83,6 @@ class PsycopgSendStore(SqlAlchemySendStore):
             for column, array in _arrays(table, columns, values).items():
                 params[_param(table, column)] = array[0] if one else array
         pg.execute(backends.psycopg_connection(session), _insert(shape), params)
-
-    @contextlib.contextmanager
-    def batch(self, session: Session) -> Iterator[None]:
-        # psycopg's pipeline mode: the statements of the block go out without waiting for
-        # each other's results, and the block's end waits once for all of them, so a
-        # send's four INSERTs add one round trip to the caller's transaction, not four.
-        # Statements inside must not need their results at once (SQLAlchemy reads a
-        # result's description and row count as soon as it executes): the sender counts
-        # a sphere's members before the block.
-        raw = backends.psycopg_connection(session)
-        try:
-            with raw.pipeline():
-                yield
-        except psycopg.Error as exc:
-            raise pg.wrapped(_BATCH, {}, exc) from exc
-
-    @contextlib.contextmanager
-    def transaction(self, engine: Engine) -> Iterator[Session | Connection]:
-        # The whole transaction in one round trip: BEGIN, the block's statements and
-        # COMMIT queued in one pipeline and sent with one Sync. psycopg sends a BEGIN of
-        # its own, and waits for it, before a pipeline's first statement; with autocommit
-        # on for the block it sends none, and the explicit BEGIN ... COMMIT make the
-        # statements one transaction. If the block raises, no COMMIT is queued; if a
-        # statement fails, PostgreSQL skips the rest up to the Sync, COMMIT included: the
-        # transaction is then still open (failed), and rolled back here before the
-        # connection goes back to the pool. The transaction runs at the server's default
-        # isolation level, which is all that inserts need.
-        with engine.connect() as conn:
-            raw = backends.psycopg_connection(conn)
-            raw.autocommit = True
-            try:
-                with raw.pipeline():
-                    raw.execute(b"BEGIN")
-                    yield conn
-                    raw.execute(b"COMMIT")
-            except psycopg.Error as exc:
-                raise pg.wrapped(_BATCH, {}, exc) from exc
-            finally:
-                if not raw.closed:
-                    if raw.info.transaction_status != TransactionStatus.IDLE:
-                        raw.rollback()
-                    raw.autocommit = False
-
-
-#: What a pipelined batch's errors name as their statement (they may come from any of them).
-_BATCH = "(the INSERTs of a send, pipelined)"
 
 
 def _arrays(

@@ -217,9 +217,8 @@ class Sender(OwnsOutbox):
         """Send several conditional messages in one transaction; return their CM ids.
 
         All or nothing, like :meth:`send` (the caller's transaction with ``session``). The
-        rows of all of them go to the database as one statement per table, sent together,
-        so a batch costs one round trip or two however many CMs it holds: the way to send
-        at volume.
+        rows of all of them go to the database in a statement or two, so a batch costs a
+        few round trips however many CMs it holds: the way to send at volume.
         ``sphere`` makes them members of that open Dependency-Sphere (``Sphere.send_many``).
         """
         rows = SendRows()
@@ -230,22 +229,14 @@ class Sender(OwnsOutbox):
         self._ensure_destinations(
             sorted({row["routing_key"] for row in rows.copies if not row["exchange"]})
         )
-        if sphere is None and session is None:
-            # Nothing to read back: the store's own transaction, which may send the
-            # writes and their commit together.
-            with self.store.transaction(self.engine) as bind:
-                self.store.add(bind, rows)
-                enqueue_fanouts(bind, outbox)
-            return cm_ids
         if sphere is not None:
             for row in rows.cms:
                 row["sphere_id"] = sphere
         with self._transaction(session) as s:
             if sphere is not None:
                 self.spheres.join(s, sphere, len(cm_ids))
-            with self.store.batch(s):
-                self.store.add(s, rows)
-                enqueue_fanouts(s, outbox)
+            self.store.add(s, rows)
+            enqueue_fanouts(s, outbox)
         return cm_ids
 
     def _record(

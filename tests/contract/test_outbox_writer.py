@@ -102,7 +102,9 @@ def insert(engine: sa.Engine, writer: OutboxWriter, rows: Sequence[Row]) -> None
         writer.insert(s, rows, TABLE)
 
 
-@pytest.mark.parametrize("messages", [various(4), shared(3)], ids=["arrays", "shared"])
+@pytest.mark.parametrize(
+    "messages", [various(4), shared(3), various(2)[1:]], ids=["arrays", "shared", "one"]
+)
 def test_plain_rows_hold_exactly_their_messages(
     engine: sa.Engine, writer: OutboxWriter, messages: list[OutboxMessage]
 ) -> None:
@@ -144,6 +146,13 @@ def test_fanout_rows_keep_their_copies_as_json(engine: sa.Engine, writer: Outbox
     got = stored(engine)
     assert got == expected(rows)
     assert [row["copies"] for row in got] == [None, copies, None]
+
+
+def test_a_fanout_row_alone_keeps_its_copies(engine: sa.Engine, writer: OutboxWriter) -> None:
+    copies = [{"n": 0, "routing_key": "a"}, {"n": 1, "routing_key": "b", "priority": 3}]
+    rows: list[Row] = [(various(1)[0], copies)]
+    insert(engine, writer, rows)
+    assert stored(engine) == expected(rows)
 
 
 def test_insert_returning_ids_gives_the_ids_in_order(

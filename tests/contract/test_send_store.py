@@ -37,8 +37,8 @@ def store(adapter_backend: tuple[str, bool]) -> SendStore:
     return ADAPTERS[adapter_backend[1]]()
 
 
-def send_rows(*cm_ids: str) -> SendRows:
-    """What a sender writes for ``cm_ids``, two destinations each."""
+def send_rows(*cm_ids: str, destinations: tuple[str, ...] = ("q0", "q1")) -> SendRows:
+    """What a sender writes for ``cm_ids``, two destinations each by default."""
     rows = SendRows()
     for i, cm_id in enumerate(cm_ids):
         rows.cms.append(
@@ -55,7 +55,7 @@ def send_rows(*cm_ids: str) -> SendRows:
                 "next_check_at": None if i else SENT_AT + timedelta(seconds=5),
             }
         )
-        for d in ("q0", "q1"):
+        for d in destinations:
             copy = {"cm_id": cm_id, "destination": d, "recipient": None if i else "r"}
             copy |= {"message_id": f"{cm_id}.{d}", "exchange": "", "routing_key": d}
             rows.copies.append(copy | {"requires": "read", "parts": 1 + i})
@@ -79,8 +79,12 @@ def stored(engine: sa.Engine, table: sa.Table, columns: list[str]) -> list[dict[
     return [{c: aware(v) for c, v in zip(columns, row, strict=True)} for row in rows]
 
 
-def test_add_writes_every_row_as_given(engine: sa.Engine, store: SendStore) -> None:
-    rows = send_rows("cm-a", "cm-b", "cm-c")
+@pytest.mark.parametrize(
+    "rows",
+    [send_rows("cm-a", "cm-b", "cm-c"), send_rows("cm-b", destinations=("q0",)), send_rows("cm-a")],
+    ids=["several", "one-row-each", "one-cm"],
+)
+def test_add_writes_every_row_as_given(engine: sa.Engine, store: SendStore, rows: SendRows) -> None:
     with Session(engine) as s, s.begin():
         store.add(s, rows)
     for table, values in rows.by_table():
@@ -127,65 +131,3 @@ def test_nothing_is_written_until_the_caller_commits(engine: sa.Engine, store: S
         s.rollback()
     for table in (tables.cms, tables.copies, tables.compensations):
         assert stored(engine, table, ["cm_id"]) == []
-
-
-def test_a_transaction_of_its_own_commits_at_the_end_of_its_block(
-    engine: sa.Engine, store: SendStore
-) -> None:
-    with store.transaction(engine) as bind:
-        store.add(bind, send_rows("cm-a"))
-        store.add(bind, send_rows("cm-b", "cm-c"))
-    assert [r["cm_id"] for r in stored(engine, tables.cms, ["cm_id"])] == ["cm-a", "cm-b", "cm-c"]
-    assert len(stored(engine, tables.compensations, ["cm_id", "destination"])) == 6
-
-
-def failing_transaction(store: SendStore, engine: sa.Engine, *batches: SendRows) -> None:
-    """Add ``batches`` in a transaction of the store's own, then raise RuntimeError."""
-    with store.transaction(engine) as bind:
-        for rows in batches:
-            store.add(bind, rows)
-        raise RuntimeError("the caller's code failed")
-
-
-def transaction(store: SendStore, engine: sa.Engine, *batches: SendRows) -> None:
-    with store.transaction(engine) as bind:
-        for rows in batches:
-            store.add(bind, rows)
-
-
-def test_a_transaction_of_its_own_that_raises_writes_nothing(
-    engine: sa.Engine, store: SendStore
-) -> None:
-    with pytest.raises(RuntimeError):
-        failing_transaction(store, engine, send_rows("cm-a"))
-    with pytest.raises(sa.exc.IntegrityError):
-        transaction(store, engine, send_rows("cm-b"), send_rows("cm-c", "cm-b"))
-    for table in (tables.cms, tables.copies, tables.compensations):
-        assert stored(engine, table, ["cm_id"]) == []
-    # The connection went back to the pool usable, in its own transaction mode.
-    transaction(store, engine, send_rows("cm-d"))
-    with Session(engine) as s:
-        store.add(s, send_rows("cm-e"))
-        s.rollback()
-    assert [r["cm_id"] for r in stored(engine, tables.cms, ["cm_id"])] == ["cm-d"]
-
-
-def batched(store: SendStore, engine: sa.Engine, *batches: SendRows) -> None:
-    """Add ``batches`` in one batch of a caller's transaction, and commit it."""
-    with Session(engine) as s, s.begin(), store.batch(s):
-        for rows in batches:
-            store.add(s, rows)
-
-
-def test_a_batch_in_the_callers_transaction_commits_with_it(
-    engine: sa.Engine, store: SendStore
-) -> None:
-    with Session(engine) as s, s.begin():
-        with store.batch(s):
-            store.add(s, send_rows("cm-a"))
-        with store.batch(s):
-            store.add(s, send_rows("cm-b"))
-        assert store.cm(s, "cm-b") is not None  # readable again after the block
-    with pytest.raises(sa.exc.IntegrityError):
-        batched(store, engine, send_rows("cm-c"), send_rows("cm-a"))
-    assert [r["cm_id"] for r in stored(engine, tables.cms, ["cm_id"])] == ["cm-a", "cm-b"]

@@ -29,10 +29,16 @@ class RecordingChannel:
         self.sent.append(("nack", delivery_tag, requeue))
 
     def basic_publish(
-        self, exchange: str, routing_key: str, body: bytes, properties: pika.BasicProperties
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: pika.BasicProperties,
+        mandatory: bool = False,
     ) -> None:
         if self._refuse_publish:
             raise pika.exceptions.ChannelClosedByBroker(404, "NOT_FOUND - no queue")
+        assert mandatory, "a copy to the invalid queue must come back if it cannot be routed"
         self.sent.append(("publish", routing_key, body, dict(properties.headers or {})))
 
 

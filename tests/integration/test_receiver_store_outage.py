@@ -163,6 +163,13 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
             if states[cm_id] == RlogState.CONSUMED
         )
 
+    def pauses() -> tuple[list[str], list[str]]:
+        lines = [r.getMessage() for r in caplog.records if r.name.startswith("ackd")]
+        return (
+            [line for line in lines if " paused: the receiver store cannot be reached" in line],
+            [line for line in lines if " resumes: the receiver store answers again" in line],
+        )
+
     try:
         wait_for(lambda: settled() or None, timeout=90)
         # Nothing left behind: the queue empties once the last deliveries are acked.
@@ -170,6 +177,9 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
             lambda: channel.queue_declare(queue, passive=True).method.message_count == 0 or None,
             timeout=30,
         )
+        # A receiver that finds its kept connection dead only after the last cut pauses
+        # then, and resumes at its first probe: let it, before stopping.
+        wait_for(lambda: len(pauses()[1]) == len(pauses()[0]) or None, timeout=30)
     finally:
         stop.set()
         for thread in threads:
@@ -197,8 +207,7 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
     assert channel.queue_declare(f"{unique_name}.invalid", passive=True).method.message_count == 0
     # The log tells of each outage once per receiver, not once per message.
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("ackd")]
-    paused = [line for line in lines if " paused: the receiver store cannot be reached" in line]
-    resumed = [line for line in lines if " resumes: the receiver store answers again" in line]
+    paused, resumed = pauses()
     assert 1 <= len(paused) <= 2 * 3 * 2, lines
     assert len(resumed) == len(paused), lines
     assert not [r for r in caplog.records if r.name.startswith("ackd") and r.exc_info], lines

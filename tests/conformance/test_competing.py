@@ -12,7 +12,6 @@ import uuid
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pika
 import pytest
@@ -31,6 +30,7 @@ from condmsg.sending.copies import notice_message, plan_copies
 from outbox.config import RelayConfig
 from outbox.message import OutboxMessage
 from outbox.relay import Relay
+from tests.integration.condmsg_helpers import publish
 from tests.waiting import wait_for
 
 from .conftest import PYTHON_RECEIVER, node_receiver
@@ -41,24 +41,6 @@ CMS = 500
 #: Sequences of a few parts each, small enough to keep the run short.
 PART_BYTES = 1024
 SECRET = "competing-consumers-secret"
-
-
-def _publish(channel: BlockingChannel, message: OutboxMessage) -> None:
-    headers: dict[str, Any] = dict(message.headers or {})
-    channel.basic_publish(
-        message.exchange,
-        message.routing_key,
-        message.body,
-        pika.BasicProperties(
-            message_id=message.message_id,
-            correlation_id=message.correlation_id,
-            reply_to=message.reply_to,
-            content_type=message.content_type,
-            headers=headers,
-            priority=message.priority,
-            delivery_mode=2,
-        ),
-    )
 
 
 def test_node_and_python_consumers_share_one_queue_exactly_once(
@@ -119,10 +101,10 @@ def test_node_and_python_consumers_share_one_queue_exactly_once(
                 part_bytes=PART_BYTES,
             )
             for message in plan.messages * (2 if i % 5 == 0 else 1):  # some duplicates
-                _publish(channel, message)
+                publish(channel, message)
             if i % 3 == 0:  # a compensation racing its original
                 compensated.add(cm_id)
-                _publish(channel, _compensation(queue, sender, cm_id))
+                publish(channel, _compensation(queue, sender, cm_id))
 
         wait_for(lambda: _all_judged(store, compensated), timeout=180, interval=0.5)
         wait_for(

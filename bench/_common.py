@@ -102,7 +102,7 @@ def row(
         figure,
         round(value, 3),
         unit,
-        baseline,
+        None if baseline is None else round(baseline, 3),
         None if ratio is None else round(ratio, 3),
         target,
         ok,

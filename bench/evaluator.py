@@ -39,7 +39,7 @@ import pika
 import sqlalchemy as sa
 
 from ackd.receiver import Receiver
-from bench._common import emit_result, fresh_pg_schema, log, percentile, timed, wait_until
+from bench._common import emit_result, fresh_pg_schema, log, percentile, row, timed, wait_until
 from condmsg import Destination, tables
 from condmsg.core import protocol
 from condmsg.core.acks import AckKind
@@ -63,6 +63,7 @@ TARGET_INTAKE_RATIO = 0.5
 TARGET_DECISION_P99_MS = 25.0
 TARGET_LATENESS_P99_MS = 50.0
 TARGET_SWEEP_RATIO = 2.0
+TARGET_INTAKE_1P_RATIO = 0.7
 
 
 def _send_many(sender: Sender, condition: Any, n: int, chunk: int = 2000) -> list[str]:
@@ -547,6 +548,36 @@ def main() -> None:
             "sweep_idle_statements_per_s": round(load["statements"], 2),
             "sweep_idle_commits_per_s": round(load["commits"], 2),
         },
+        [
+            row(
+                "intake, one intake process per core",
+                intake_rate,
+                "acks/s",
+                baseline=raw_rate,
+                ratio_at_least=TARGET_INTAKE_RATIO,
+            ),
+            row(
+                "intake, one process",
+                one_rate,
+                "acks/s",
+                baseline=one_raw,
+                ratio_at_least=TARGET_INTAKE_1P_RATIO,
+            ),
+            row("decision latency p99", percentile(d, 99), "ms", lower=TARGET_DECISION_P99_MS),
+            row("timeout lateness p99", percentile(late, 99), "ms", lower=TARGET_LATENESS_P99_MS),
+            row(
+                f"sweep of 500 due at {args.large:,} pending",
+                sweeps[args.large] * 1000,
+                "ms",
+                baseline=sweeps[args.small] * 1000,
+            ),
+            row(
+                f"sweep time at {args.large:,} / at {args.small:,} pending",
+                sweep_ratio,
+                lower=TARGET_SWEEP_RATIO,
+            ),
+            row("sweep statements/s at rest", load["statements"], "1/s"),
+        ],
     )
 
 

@@ -120,7 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE
     if args.command not in SERVICES:
         # SIGTERM interrupts a command as Ctrl-C does: the same cleanup, the same exit code.
+        # SIGINT too, explicitly: a command started in the background by a script (or by a
+        # test runner's worker) inherits an ignored SIGINT, and Python then leaves it
+        # ignored, so `kill -INT` would not end it with 130 as documented.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         require_extra(args.command)
         code = int(handler(args))

@@ -231,3 +231,32 @@ def test_an_interrupted_command_exits_130(command: str, signum: int, ctx: Ctx) -
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_a_command_started_with_sigint_ignored_still_exits_130_on_it(ctx: Ctx) -> None:
+    """A command launched in the background by a script (or a test runner's worker)
+    inherits an ignored SIGINT; `kill -INT` must still end it with 130."""
+    proc = subprocess.Popen(
+        [*COMMAND, *BLOCKING["send"](ctx)],
+        cwd=ROOT,
+        env=cli_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ignore_sigint,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.startswith("condmsg send: waiting for"), line
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -50,6 +50,7 @@ __all__ = [
     "enqueue_fanouts",
     "enqueue_many",
     "fanout_row",
+    "fanouts_statement",
     "row_values",
 ]
 
@@ -133,6 +134,27 @@ def enqueue_fanouts(
     :class:`~outbox.message.Fanout` that already says it (cheaper for a caller that
     builds its copies from one template).
     """
+    rows, count = _fanout_rows(fanouts)
+    _writer(session).insert(session, rows, table_name)
+    return count
+
+
+def fanouts_statement(
+    fanouts: Iterable[Fanout | Sequence[OutboxMessage]],
+    *,
+    table_name: str = DEFAULT_TABLE_NAME,
+) -> tuple[str, dict[str, Any]] | None:
+    """The INSERT that :func:`enqueue_fanouts` sends to PostgreSQL through psycopg, with
+    its parameters, unsent (None when there is nothing to write): for a caller that sends
+    it as the last part of a statement of its own (a sender's CM rows and their outbox rows
+    in one round trip). Run it with :func:`outbox.pg.execute`; its parameters are named
+    after the outbox's columns, so the caller's must be named otherwise."""
+    rows, _ = _fanout_rows(fanouts)
+    return _PSYCOPG.statement(rows, table_name) if rows else None
+
+
+def _fanout_rows(fanouts: Iterable[Fanout | Sequence[OutboxMessage]]) -> tuple[list[Row], int]:
+    """The rows of ``fanouts`` (see :func:`enqueue_fanouts`), and how many messages."""
     rows: list[Row] = []
     count = 0
     for group in fanouts:
@@ -149,8 +171,7 @@ def enqueue_fanouts(
             rows.append((messages[0], None))
         elif messages:
             rows.append(fanout_row(messages))
-    _writer(session).insert(session, rows, table_name)
-    return count
+    return rows, count
 
 
 def fanout_row(messages: Sequence[OutboxMessage]) -> tuple[OutboxMessage, list[dict[str, Any]]]:
@@ -380,8 +401,11 @@ class PsycopgOutboxWriter(SqlAlchemyOutboxWriter):
     """
 
     def insert(self, session: Session | Connection, rows: Sequence[Row], table_name: str) -> None:
-        if not rows:
-            return
+        if rows:
+            pg.execute(backends.psycopg_connection(session), *self.statement(rows, table_name))
+
+    def statement(self, rows: Sequence[Row], table_name: str) -> tuple[str, dict[str, Any]]:
+        """The one INSERT of ``rows`` (at least one) and its parameters."""
         batch = [m for m, _ in rows]
         columns = {c: [getattr(m, c) for m in batch] for c in _PG_ARRAYS if c != "headers"}
         columns["headers"] = [m.headers_text() for m in batch]
@@ -399,8 +423,7 @@ class PsycopgOutboxWriter(SqlAlchemyOutboxWriter):
         params: dict[str, Any] = {"created_at": datetime.now(UTC)}
         for c, values in columns.items():
             params[c] = values[0] if c in shared else values
-        raw = backends.psycopg_connection(session)
-        pg.execute(raw, _pg_insert(table_name, shared, fanout), params)
+        return _pg_insert(table_name, shared, fanout), params
 
     def insert_batch(
         self, session: Session | Connection, batch: TemplateBatch, table_name: str

@@ -60,8 +60,6 @@ from condmsg.spheres.resolution import Handler
 from condmsg.spheres.sphere import Sphere, SphereCoordinator
 from condmsg.tables import store_secret
 from outbox import backends
-from outbox.enqueueing import enqueue_fanouts
-from outbox.message import Fanout
 
 log = logging.getLogger(__name__)
 
@@ -222,8 +220,7 @@ class Sender(OwnsOutbox):
         ``sphere`` makes them members of that open Dependency-Sphere (``Sphere.send_many``).
         """
         rows = SendRows()
-        outbox: list[Fanout] = []
-        cm_ids = [self._record(m, rows, outbox) for m in messages]
+        cm_ids = [self._record(m, rows) for m in messages]
         if not cm_ids:
             return []
         self._ensure_destinations(
@@ -232,18 +229,19 @@ class Sender(OwnsOutbox):
         if sphere is not None:
             for row in rows.cms:
                 row["sphere_id"] = sphere
+        if session is None and sphere is None:
+            self.store.add_committed(self.engine, rows)
+            return cm_ids
         with self._transaction(session) as s:
             if sphere is not None:
                 self.spheres.join(s, sphere, len(cm_ids))
             self.store.add(s, rows)
-            enqueue_fanouts(s, outbox)
         return cm_ids
 
     def _record(
         self,
         item: Outgoing,
         rows: SendRows,
-        outbox: list[Fanout],
     ) -> str:
         """Add the rows and messages of one CM to the batch; return its id.
 
@@ -303,7 +301,7 @@ class Sender(OwnsOutbox):
             rows.compensations.append(
                 self._compensation_row(cm_id, plan.destination.name, item.compensation)
             )
-        outbox.extend(fanouts)
+        rows.outbox.extend(fanouts)
         return cm_id
 
     @contextmanager

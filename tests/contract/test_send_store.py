@@ -10,9 +10,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+import outbox
 from condmsg import tables
 from condmsg.sending import send_rows as adapters
 from condmsg.sending.send_rows import SendRows, SendStore
+from outbox import OutboxMessage
+from outbox.message import Fanout
 
 pytestmark = pytest.mark.postgres
 
@@ -28,6 +31,7 @@ SENT_AT = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 def engine(adapter_backend: tuple[str, bool]) -> Iterator[sa.Engine]:
     eng = sa.create_engine(adapter_backend[0])
     tables.metadata.create_all(eng)
+    outbox.create_tables(eng)
     yield eng
     eng.dispose()
 
@@ -61,7 +65,40 @@ def send_rows(*cm_ids: str, destinations: tuple[str, ...] = ("q0", "q1")) -> Sen
             rows.copies.append(copy | {"requires": "read", "parts": 1 + i})
             comp = {"cm_id": cm_id, "destination": d, "body": bytes([i, 0, 255])}
             rows.compensations.append(comp | {"content_type": None, "system_generated": i == 0})
+        message = OutboxMessage(
+            exchange="",
+            routing_key=destinations[0],
+            body=bytes([i]) * 10,
+            headers={"condmsg-cm-id": cm_id, "n": i},
+            message_id=None if len(destinations) > 1 else f"{cm_id}.m",
+        )
+        copies = tuple(
+            {"routing_key": d, "message_id": f"{cm_id}.{d}", "headers": {"d": d}}
+            for d in destinations
+        )
+        rows.outbox.append(Fanout(message, copies if len(copies) > 1 else ({},)))
     return rows
+
+
+def outbox_rows(engine: sa.Engine) -> list[dict[str, Any]]:
+    """The outbox rows as the relay reads them, in id order (ids and times aside)."""
+    table = outbox.outbox_table(outbox.DEFAULT_TABLE_NAME)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(table).order_by(table.c.id)).mappings().all()
+    return [{k: v for k, v in row.items() if k not in ("id", "created_at")} for row in rows]
+
+
+def expected_outbox(rows: SendRows) -> list[dict[str, Any]]:
+    """What :func:`outbox.enqueue_fanouts` writes for the same fan-outs (its one definition
+    of an outbox row), read back from a database of its own."""
+    eng = sa.create_engine("sqlite://")
+    outbox.create_tables(eng)
+    with Session(eng) as s, s.begin():
+        outbox.enqueue_fanouts(s, rows.outbox)
+    try:
+        return outbox_rows(eng)
+    finally:
+        eng.dispose()
 
 
 def aware(value: Any) -> Any:
@@ -95,6 +132,34 @@ def test_add_writes_every_row_as_given(engine: sa.Engine, store: SendStore, rows
     with engine.connect() as conn:  # columns a send leaves to the evaluator
         unset = conn.execute(sa.select(tables.cms.c.decided_at, tables.cms.c.reasons_json)).all()
     assert set(unset) == {(None, None)}
+    assert outbox_rows(engine) == expected_outbox(rows)
+
+
+def test_add_committed_writes_the_rows_in_a_transaction_of_their_own(
+    engine: sa.Engine, store: SendStore
+) -> None:
+    rows = send_rows("cm-a", "cm-b")
+    store.add_committed(engine, rows)
+    assert [r["cm_id"] for r in stored(engine, tables.cms, ["cm_id"])] == ["cm-a", "cm-b"]
+    assert len(stored(engine, tables.copies, ["message_id"])) == 4
+    assert outbox_rows(engine) == expected_outbox(rows)
+
+
+def test_add_committed_writes_nothing_if_it_fails_and_leaves_the_connection_as_it_was(
+    engine: sa.Engine, store: SendStore
+) -> None:
+    store.add_committed(engine, send_rows("cm-a"))
+    with pytest.raises(sa.exc.IntegrityError):
+        store.add_committed(engine, send_rows("cm-b", "cm-a"))
+    assert [r["cm_id"] for r in stored(engine, tables.cms, ["cm_id"])] == ["cm-a"]
+    assert len(outbox_rows(engine)) == 1
+    # The pooled connection is transactional again: a caller's rollback still undoes.
+    with Session(engine) as s:
+        s.begin()
+        store.add(s, send_rows("cm-c"))
+        s.rollback()
+    assert [r["cm_id"] for r in stored(engine, tables.cms, ["cm_id"])] == ["cm-a"]
+    assert len(outbox_rows(engine)) == 1
 
 
 def test_cm_reads_one_row_or_none(engine: sa.Engine, store: SendStore) -> None:
@@ -131,3 +196,4 @@ def test_nothing_is_written_until_the_caller_commits(engine: sa.Engine, store: S
         s.rollback()
     for table in (tables.cms, tables.copies, tables.compensations):
         assert stored(engine, table, ["cm_id"]) == []
+    assert outbox_rows(engine) == []

@@ -28,6 +28,7 @@ make its unconsumed original look consumed.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from typing import Any
@@ -79,16 +80,19 @@ def _key(inbound: Inbound) -> tuple[str, str]:
     return inbound.cm_id, inbound.destination
 
 
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """Who read an original, when and how: what its ``consumed`` row records."""
+
+    message_id: str | None
+    recipient: str
+    receiver: str
+    read_at: datetime
+    transactional: bool
+
+
 def claim_original(
-    store: ReceiverStore,
-    session: Session,
-    inbound: Inbound,
-    *,
-    message_id: str | None,
-    recipient: str,
-    receiver: str,
-    read_at: datetime,
-    transactional: bool,
+    store: ReceiverStore, session: Session, inbound: Inbound, reading: Reading
 ) -> bool:
     """The first step of :func:`on_original`: insert the ``consumed`` row. True means the
     original is delivered (and this transaction holds the row); False means a row exists
@@ -98,45 +102,34 @@ def claim_original(
         "cm_id": cm_id,
         "destination": destination,
         "state": RlogState.CONSUMED.value,
-        "message_id": message_id,
-        "recipient": recipient,
-        "receiver": receiver,
+        "message_id": reading.message_id,
+        "recipient": reading.recipient,
+        "receiver": reading.receiver,
         "sender": inbound.sender,
-        "read_at": read_at,
-        "transactional": transactional,
-        "updated_at": read_at,
+        "read_at": reading.read_at,
+        "transactional": reading.transactional,
+        "updated_at": reading.read_at,
     }
     return store.claim_original(session, values)
 
 
 def on_original(
-    store: ReceiverStore,
-    session: Session,
-    inbound: Inbound,
-    *,
-    message_id: str | None,
-    recipient: str,
-    receiver: str,
-    read_at: datetime,
-    transactional: bool,
+    store: ReceiverStore, session: Session, inbound: Inbound, reading: Reading
 ) -> Decision:
-    if claim_original(
-        store,
-        session,
-        inbound,
-        message_id=message_id,
-        recipient=recipient,
-        receiver=receiver,
-        read_at=read_at,
-        transactional=transactional,
-    ):
+    if claim_original(store, session, inbound, reading):
         return Decision.DELIVER
     cm_id, destination = _key(inbound)
     row = _locked_row(session, cm_id, destination).one()
     if row.state == RlogState.CONSUMED.value:
         return Decision.DUPLICATE
     if row.discarded_at is None:
-        _update(session, cm_id, destination, discarded_at=read_at, message_id=message_id)
+        _update(
+            session,
+            cm_id,
+            destination,
+            discarded_at=reading.read_at,
+            message_id=reading.message_id,
+        )
     return Decision.DISCARD
 
 
@@ -265,16 +258,8 @@ class RlogDecisions:
             # this transaction keeps it) or conflicts, which writes and locks nothing.
             # Holding no RLOG row yet, this transaction cannot be part of a lock cycle
             # through the RLOG.
-            if claim_original(
-                self._ctx.store,
-                session,
-                inbound,
-                message_id=incoming.message_id,
-                recipient=self._ctx.recipient,
-                receiver=self._ctx.receiver_id,
-                read_at=read_at,
-                transactional=True,
-            ):
+            reading = self._reading(incoming, read_at, transactional=True)
+            if claim_original(self._ctx.store, session, inbound, reading):
                 return self._keep_in_transaction(tx, incoming, inbound, read_at, Decision.DELIVER)
             return self._decide_in_own_transaction(incoming, inbound, read_at)
         nested = session.begin_nested()
@@ -341,6 +326,15 @@ class RlogDecisions:
         self._ctx.pending.maybe_complete = True
         return Disposal(Fate.LEFT)
 
+    def _reading(self, incoming: Incoming, read_at: datetime, *, transactional: bool) -> Reading:
+        return Reading(
+            message_id=incoming.message_id,
+            recipient=self._ctx.recipient,
+            receiver=self._ctx.receiver_id,
+            read_at=read_at,
+            transactional=transactional,
+        )
+
     def rlog_decision(
         self,
         session: Session,
@@ -357,16 +351,8 @@ class RlogDecisions:
             )
         if inbound.kind is MessageKind.SUCCESS:
             return on_success(self._ctx.store, session, inbound, now=read_at)
-        decision = on_original(
-            self._ctx.store,
-            session,
-            inbound,
-            message_id=incoming.message_id,
-            recipient=self._ctx.recipient,
-            receiver=self._ctx.receiver_id,
-            read_at=read_at,
-            transactional=transactional,
-        )
+        reading = self._reading(incoming, read_at, transactional=transactional)
+        decision = on_original(self._ctx.store, session, inbound, reading)
         if decision is Decision.DELIVER and not transactional:
             enqueue_ack(
                 session,

@@ -152,6 +152,7 @@ class OutboxStore:
         self.engine = engine
         self.table = outbox_table(table_name)
         self.lease_timeout_s = lease_timeout_s
+        self._lease = f"{int(lease_timeout_s * 1000)}ms"
         #: What the database can do, decided once here: row locks with SKIP LOCKED make a
         #: claim a lease (several relays, LISTEN/NOTIFY wake-ups); without them a claim is a
         #: plain read and one relay serves the database. All of it is SQLAlchemy Core, so
@@ -216,9 +217,29 @@ class OutboxStore:
         )
         if not self.locking:
             return due
+        # The claim's transaction settings (SET LOCAL scope: this claim only) ride on the
+        # claim itself, one round trip fewer per batch: an uncorrelated scalar subquery is
+        # an InitPlan, and the condition on it a one-time filter, run once before anything
+        # is scanned or locked.
+        # - The lease: a relay that stops talking while holding rows is disconnected and
+        #   its locks released after `lease` (idle_in_transaction_session_timeout).
+        # - No synchronous commit for the settle: it only deletes (or parks) published
+        #   rows, and if a crash loses that commit the rows simply go out again, which
+        #   at-least-once delivery allows; the relay does not wait for a disk flush per
+        #   batch.
+        settings = sa.select(
+            sa.func.concat(
+                sa.func.set_config(
+                    "idle_in_transaction_session_timeout", sa.bindparam("lease"), True
+                ),
+                sa.func.set_config("synchronous_commit", "off", True),
+            )
+        ).scalar_subquery()
         # SKIP LOCKED: relays claim disjoint rows without waiting for each other.
         return (
-            sa.delete(t).where(t.c.id.in_(due.with_for_update(skip_locked=True))).returning(*cols)
+            sa.delete(t)
+            .where(t.c.id.in_(due.with_for_update(skip_locked=True)), settings.is_not(None))
+            .returning(*cols)
         )
 
     def claim(self, limit: int, *, after_id: int = 0) -> Claim:
@@ -231,20 +252,7 @@ class OutboxStore:
         conn = self._run("connect to the outbox database", self.engine.connect)
         try:
             txn = conn.begin()
-            # The lease: a relay that stops talking while holding rows is disconnected and
-            # its locks released after this long (SET LOCAL scope: this claim only).
-            # No synchronous commit for the settle: it only deletes (or parks) published
-            # rows, and if a crash loses that commit the rows simply go out again, which
-            # at-least-once delivery allows; the relay does not wait for a disk flush per
-            # batch.
-            conn.execute(
-                sa.text(
-                    "SELECT set_config('idle_in_transaction_session_timeout', :v, true), "
-                    "set_config('synchronous_commit', 'off', true)"
-                ),
-                {"v": f"{int(self.lease_timeout_s * 1000)}ms"},
-            )
-            rows = self._fetch(conn, params)
+            rows = self._fetch(conn, params | {"lease": self._lease})
         except sa.exc.SQLAlchemyError as exc:
             self._abandon(conn)
             raise self._translate(exc, "claim outbox rows") from exc

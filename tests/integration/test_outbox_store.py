@@ -217,6 +217,37 @@ def test_postgres_claims_skip_rows_locked_by_another_relay(pg_url: str) -> None:
     eng.dispose()
 
 
+def test_postgres_a_claim_is_a_lease_that_ends_when_its_relay_stops_talking(
+    pg_url: str,
+) -> None:
+    eng = sa.create_engine(pg_url, pool_pre_ping=True)
+    outbox.create_tables(eng)
+    ids = add(eng, 3)
+    stalled, other = OutboxStore(eng, lease_timeout_s=0.3), OutboxStore(eng)
+    held = stalled.claim(10)
+    assert [r.id for r in held.rows] == ids
+    assert held._conn is not None
+    settings = held._conn.exec_driver_sql(
+        "SELECT current_setting('idle_in_transaction_session_timeout'),"
+        " current_setting('synchronous_commit')"
+    ).one()
+    assert tuple(settings) == ("300ms", "off")  # the claim's own, for its transaction only
+    assert other.claim(10).rows == []
+    # The stalled relay says nothing more: the server ends its session, rows come back.
+    deadline = time.monotonic() + 10
+    again = other.claim(10)
+    while not again.rows and time.monotonic() < deadline:
+        time.sleep(0.05)
+        again = other.claim(10)
+    assert [r.id for r in again.rows] == ids
+    other.settle(again, published=ids)
+    with eng.connect() as conn:  # a pooled connection keeps the server's defaults
+        after = conn.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+    assert after == "on"
+    stalled.release(held)
+    eng.dispose()
+
+
 def test_postgres_notify_arrives_on_commit_only(pg_url: str) -> None:
     eng = sa.create_engine(pg_url)
     outbox.create_tables(eng)

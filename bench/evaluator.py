@@ -110,10 +110,13 @@ def raw_intake(engine: Any, ack_queue: str, n: int) -> float:
     the rows in one pipeline), committed and acked per batch."""
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE raw_ack (LIKE condmsg_ack INCLUDING ALL)"))
+    # The ack table's columns that the ack document fills in, in the table's order; the
+    # intake adds ``received_at`` and ``status``.
+    from_doc = tuple(c.name for c in tables.acks.columns if c.name in protocol.ACK_FIELDS)
+    columns = (*from_doc, "received_at")
     insert = sa.text(
-        "INSERT INTO raw_ack (ack_id, cm_id, destination, recipient, receiver, kind, read_at,"
-        " committed_at, received_at, status) VALUES (:ack_id, :cm_id, :destination,"
-        " :recipient, :receiver, :kind, :read_at, :committed_at, :received_at, 'counted')"
+        f"INSERT INTO raw_ack ({', '.join(columns)}, status)"
+        f" VALUES ({', '.join(f':{c}' for c in columns)}, 'counted')"
         " ON CONFLICT (ack_id) DO NOTHING"
     )
     done = 0
@@ -131,24 +134,7 @@ def raw_intake(engine: Any, ack_queue: str, n: int) -> float:
                 rows = []
                 for _, raw in batch:
                     doc = json.loads(raw)
-                    rows.append(
-                        {
-                            **{
-                                k: doc[k]
-                                for k in (
-                                    "ack_id",
-                                    "cm_id",
-                                    "destination",
-                                    "recipient",
-                                    "receiver",
-                                    "kind",
-                                    "read_at",
-                                    "committed_at",
-                                )
-                            },
-                            "received_at": now,
-                        }
-                    )
+                    rows.append({**{k: doc[k] for k in from_doc}, "received_at": now})
                 with engine.begin() as conn:
                     conn.execute(insert, rows)
                 channel.basic_ack(batch[-1][0], multiple=True)

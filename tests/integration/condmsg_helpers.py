@@ -128,10 +128,33 @@ def publish(channel: Any, message: OutboxMessage) -> None:
 def publish_compensation(
     channel: Any, *, queue: str, cm_id: str, destination: str, sender: str, body: bytes
 ) -> None:
+    publish_notice(
+        channel,
+        protocol.MessageKind.COMPENSATION,
+        queue=queue,
+        cm_id=cm_id,
+        destination=destination,
+        sender=sender,
+        body=body,
+    )
+
+
+def publish_notice(
+    channel: Any,
+    kind: protocol.MessageKind,
+    *,
+    queue: str,
+    cm_id: str,
+    destination: str,
+    sender: str,
+    body: bytes,
+) -> None:
+    """Publish a compensation or success notice (``kind``) for the copy of ``cm_id`` at
+    ``destination`` to ``queue``, signed as the relay would send it."""
     publish(
         channel,
         notice_message(
-            kind=protocol.MessageKind.COMPENSATION,
+            kind=kind,
             cm_id=cm_id,
             destination=destination,
             recipient=None,
@@ -149,23 +172,33 @@ def publish_compensation(
 def publish_original(
     channel: Any,
     queue: str,
-    cm_id: str,
+    cm_id: str | None = None,
     body: bytes = b"original",
     *,
     content_type: str = "application/octet-stream",
     part_bytes: int = 1 << 20,
-) -> None:
-    """The copy of a CM of sender ``s`` for ``queue`` alone (pickup within 30 s)."""
+    pickup_within: timedelta = timedelta(seconds=30),
+) -> str:
+    """Publish the copy of a CM of sender ``s`` for ``queue`` alone, sent now; its CM id
+    (``cm_id``, or a new one)."""
+    cm_id = str(uuid.uuid4()) if cm_id is None else cm_id
     publish_copy(
         channel,
         cm_id=cm_id,
-        condition=Destination(queue, pickup_within=timedelta(seconds=30)),
+        condition=Destination(queue, pickup_within=pickup_within),
         sender="s",
         sent_at=datetime.now(UTC),
         body=body,
         content_type=content_type,
         part_bytes=part_bytes,
     )
+    return cm_id
+
+
+def sender_name(unique_name: str) -> str:
+    """The name of the test's sender: its queues (``condmsg.<name>.ack`` and so on) are
+    deleted after the test with the test's own."""
+    return unique_name.replace(".", "-")
 
 
 def receiver_queue(receiver: Any, unique_name: str) -> str:

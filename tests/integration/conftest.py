@@ -8,6 +8,7 @@ from typing import Any
 
 import pika
 import pytest
+import sqlalchemy as sa
 
 from ackd.receiver import Receiver
 
@@ -35,14 +36,24 @@ def channel(amqp_connection: pika.BlockingConnection) -> Iterator[Any]:
 
 @pytest.fixture
 def make_receiver(amqp_url: str, unique_name: str) -> Iterator[Callable[..., Receiver]]:
-    """Receivers of this test; their invalid-message queue is the test's own."""
+    """Receivers of this test; their invalid-message queue is the test's own. The tables of
+    ``app_tables`` are created in the receiver's store, where an app keeps its own rows
+    (written in the receiver's transactions)."""
     made: list[Receiver] = []
 
-    def factory(db_url: str, recipient: str = "alice", **options: Any) -> Receiver:
+    def factory(
+        db_url: str,
+        recipient: str = "alice",
+        *,
+        app_tables: sa.MetaData | None = None,
+        **options: Any,
+    ) -> Receiver:
         options.setdefault("invalid_queue", f"{unique_name}.invalid")
         options.setdefault("create_schema", True)
         receiver = Receiver(amqp_url=amqp_url, db_url=db_url, recipient=recipient, **options)
         made.append(receiver)
+        if app_tables is not None:
+            app_tables.create_all(receiver.engine)
         return receiver
 
     yield factory

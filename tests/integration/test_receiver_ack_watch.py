@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry
 from condmsg import Destination
 from tests.waiting import wait_for
 
+from .condmsg_helpers import sender_name
+
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
 
@@ -34,7 +36,7 @@ def test_stuck_acks_are_reported_at_start_and_while_reading(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     queue = f"{unique_name}.q"
-    sender = make_sender(pg_url, unique_name.replace(".", "-"))
+    sender = make_sender(pg_url, sender_name(unique_name))
     sender.send(b"x", Destination(queue, pickup_within=timedelta(minutes=5)))
     with sender.relay():
         rx = make_receiver(sqlite_url, "alice")  # a store of its own, and no relay for it

@@ -15,7 +15,7 @@ from condmsg.core.acks import AckKind
 from condmsg.core.protocol import MessageKind, verify_token
 from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, acks_in, get_all
+from .condmsg_helpers import SECRET, acks_in, get_all, receiver_queue, sender_name
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -29,10 +29,9 @@ calendar = sa.Table(
 
 
 def _setup(db_url: str, unique_name: str, make_sender: Any, make_receiver: Any) -> Any:
-    name = unique_name.replace(".", "-")
+    name = sender_name(unique_name)
     sender = make_sender(db_url, name)
-    receiver = make_receiver(db_url, "alice")
-    app_metadata.create_all(receiver.engine)
+    receiver = make_receiver(db_url, "alice", app_tables=app_metadata)
     return sender, receiver, name, f"{unique_name}.q"
 
 
@@ -188,8 +187,8 @@ def test_crash_between_commit_and_amqp_ack_never_delivers_the_copy_twice(
 def test_plain_messages_pass_through_without_an_ack(
     db_url: str, unique_name: str, make_sender: Any, make_receiver: Any, channel: Any
 ) -> None:
-    _, receiver, name, queue = _setup(db_url, unique_name, make_sender, make_receiver)
-    receiver._broker.ensure_queue(queue)
+    _, receiver, name, _ = _setup(db_url, unique_name, make_sender, make_receiver)
+    queue = receiver_queue(receiver, unique_name)
     channel.basic_publish("", queue, b"just a message")
     message = wait_for(lambda: receiver.read(queue, timeout=0.5))
     assert message.kind is None
@@ -260,8 +259,7 @@ def test_a_plain_poison_message_with_a_long_id_is_counted_too(
     """AMQP allows message ids of 255 characters; the redelivery counts key a longer one
     than their column holds by its digest, so it is counted and dead-lettered as any."""
     receiver = make_receiver(pg_url)
-    queue = f"{unique_name}.q"
-    receiver._broker.ensure_queue(queue)
+    queue = receiver_queue(receiver, unique_name)
     props = pika.BasicProperties(message_id="x" * 255)
     channel.basic_publish("", queue, b"plain", props)
     attempts: list[bytes] = []

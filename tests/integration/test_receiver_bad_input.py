@@ -23,14 +23,7 @@ from condmsg.runtime.topology import declare_service_queue
 from condmsg.sending.copies import plan_copies
 from tests.waiting import wait_for
 
-from .condmsg_helpers import (
-    SECRET,
-    get_all,
-    invalid_reasons,
-    publish_copy,
-    publish_original,
-    receiver_queue,
-)
+from .condmsg_helpers import SECRET, get_all, invalid_reasons, publish_original, receiver_queue
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -44,12 +37,11 @@ def test_a_deeply_nested_json_payload_goes_to_the_invalid_queue_and_reading_goes
 ) -> None:
     receiver = make_receiver(db_url)
     queue = receiver_queue(receiver, unique_name)
-    poisoned, good = str(uuid.uuid4()), str(uuid.uuid4())
-    publish_original(channel, queue, poisoned, DEEP_JSON, content_type="application/json")
+    publish_original(channel, queue, body=DEEP_JSON, content_type="application/json")
     channel.basic_publish(
         "", queue, DEEP_JSON, pika.BasicProperties(content_type="application/json")
     )
-    publish_original(channel, queue, good, b'{"ok": true}', content_type="application/json")
+    good = publish_original(channel, queue, body=b'{"ok": true}', content_type="application/json")
 
     message = wait_for(lambda: receiver.read(queue, timeout=0.5))
     assert (message.cm_id, message.payload) == (good, {"ok": True})
@@ -65,11 +57,10 @@ def test_a_deeply_nested_reassembled_sequence_goes_to_the_invalid_queue(
 ) -> None:
     receiver = make_receiver(db_url)
     queue = receiver_queue(receiver, unique_name)
-    poisoned, good = str(uuid.uuid4()), str(uuid.uuid4())
     publish_original(
-        channel, queue, poisoned, DEEP_JSON, content_type="application/json", part_bytes=150_000
+        channel, queue, body=DEEP_JSON, content_type="application/json", part_bytes=150_000
     )
-    publish_original(channel, queue, good)
+    good = publish_original(channel, queue)
 
     with receiver.transaction() as tx:
         message = wait_for(lambda: tx.read(queue, timeout=0.5))
@@ -101,9 +92,8 @@ def test_any_exception_while_judging_a_message_dead_letters_it_alone(
         real_check(body, content_type)
 
     monkeypatch.setattr(validation, "check_payload", buggy_check)
-    bad, good = str(uuid.uuid4()), str(uuid.uuid4())
-    publish_original(channel, queue, bad, b"trigger")
-    publish_original(channel, queue, good)
+    publish_original(channel, queue, body=b"trigger")
+    good = publish_original(channel, queue)
     seen: list[str] = []
 
     def handler(message: Any, session: Session | None) -> None:
@@ -125,8 +115,7 @@ def test_a_database_failure_is_not_the_messages_fault(
     queue (never dead-lettered) and read once the store works again."""
     receiver = make_receiver(pg_url)
     queue = receiver_queue(receiver, unique_name)
-    cm_id = str(uuid.uuid4())
-    publish_original(channel, queue, cm_id)
+    cm_id = publish_original(channel, queue)
     real_claim = rlog.claim_original
 
     def failing_claim(*args: Any, **kwargs: Any) -> bool:
@@ -241,8 +230,7 @@ def test_malformed_messages_go_to_the_invalid_queue_with_the_reason(
     reason: str,
 ) -> None:
     receiver = make_receiver(sqlite_url)
-    queue = f"{unique_name}.q"
-    receiver._broker.ensure_queue(queue)
+    queue = receiver_queue(receiver, unique_name)
     channel.basic_publish(
         "",
         queue,
@@ -265,18 +253,10 @@ def test_a_receiver_with_the_secret_rejects_a_forged_copy(
     sqlite_url: str, unique_name: str, make_receiver: Any, channel: Any
 ) -> None:
     receiver = make_receiver(sqlite_url, secret=SECRET)
-    queue = f"{unique_name}.q"
-    receiver._broker.ensure_queue(queue)
+    queue = receiver_queue(receiver, unique_name)
     forged = _condmsg_headers(**{protocol.H_DESTINATION: queue, protocol.H_TOKEN: "ab" * 32})
     channel.basic_publish("", queue, b"x", pika.BasicProperties(headers=forged, reply_to="a"))
-    publish_copy(
-        channel,
-        cm_id=str(uuid.uuid4()),
-        condition=Destination(queue, pickup_within=timedelta(seconds=30)),
-        sender="s",
-        sent_at=datetime.now(UTC),
-        body=b"genuine",
-    )
+    publish_original(channel, queue, body=b"genuine")
     message = wait_for(lambda: receiver.read(queue, timeout=0.5))
     assert message.kind is MessageKind.ORIGINAL
     assert message.payload == b"genuine"
@@ -294,8 +274,7 @@ def test_what_postgresql_could_not_store_is_invalid(
     condmsg header, ``reply_to`` or the message id: the copy goes to the invalid queue
     with the reason, instead of failing the receiver's store each time it is read."""
     receiver = make_receiver(pg_url)
-    queue = f"{unique_name}.q"
-    receiver._broker.ensure_queue(queue)
+    queue = receiver_queue(receiver, unique_name)
     copy = _condmsg_headers(**{protocol.H_DESTINATION: queue})
     for headers, reply_to, message_id in (
         (

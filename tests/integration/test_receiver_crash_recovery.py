@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,16 +14,14 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from condmsg.core import protocol
-from condmsg.sending.copies import notice_message
 from tests.waiting import wait_for
 
 from .condmsg_helpers import (
-    SECRET,
     app_metadata,
     app_rows,
     handled_rows,
-    publish,
     publish_compensation,
+    publish_notice,
     publish_original,
     receiver_queue,
 )
@@ -32,21 +30,14 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
 
 def _success_notice(channel: Any, queue: str, cm_id: str) -> None:
-    publish(
+    publish_notice(
         channel,
-        notice_message(
-            kind=protocol.MessageKind.SUCCESS,
-            cm_id=cm_id,
-            destination=queue,
-            recipient=None,
-            sender="s",
-            sent_at=datetime.now(UTC),
-            exchange="",
-            routing_key=queue,
-            body=b"it worked",
-            content_type="application/octet-stream",
-            secret=SECRET,
-        ),
+        protocol.MessageKind.SUCCESS,
+        queue=queue,
+        cm_id=cm_id,
+        destination=queue,
+        sender="s",
+        body=b"it worked",
     )
 
 
@@ -83,8 +74,7 @@ def test_a_success_notice_without_an_rlog_row_reaches_the_app_once_across_a_cras
     channel: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    receiver = make_receiver(db_url)
-    app_metadata.create_all(receiver.engine)
+    receiver = make_receiver(db_url, app_tables=app_metadata)
     queue = receiver_queue(receiver, unique_name)
     cm_id = str(uuid.uuid4())
     _success_notice(channel, queue, cm_id)
@@ -106,11 +96,9 @@ def test_a_success_notice_with_an_rlog_row_reaches_the_app_once_across_a_crash(
     channel: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    receiver = make_receiver(db_url)
-    app_metadata.create_all(receiver.engine)
+    receiver = make_receiver(db_url, app_tables=app_metadata)
     queue = receiver_queue(receiver, unique_name)
-    cm_id = str(uuid.uuid4())
-    publish_original(channel, queue, cm_id)
+    cm_id = publish_original(channel, queue)
     assert _read_all_transactionally(receiver, queue) == [(cm_id, "original")]
     _success_notice(channel, queue, cm_id)
 
@@ -129,8 +117,7 @@ def test_a_notice_redelivered_after_its_original_was_consumed_is_a_duplicate(
 ) -> None:
     """The notice came first (no RLOG row), the original is still deliverable afterwards,
     and the notice's redelivery after that is still recognised."""
-    receiver = make_receiver(db_url)
-    app_metadata.create_all(receiver.engine)
+    receiver = make_receiver(db_url, app_tables=app_metadata)
     queue = receiver_queue(receiver, unique_name)
     cm_id = str(uuid.uuid4())
     _success_notice(channel, queue, cm_id)
@@ -150,11 +137,9 @@ def test_a_compensation_reaches_the_app_once_across_a_crash(
     channel: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    receiver = make_receiver(db_url)
-    app_metadata.create_all(receiver.engine)
+    receiver = make_receiver(db_url, app_tables=app_metadata)
     queue = receiver_queue(receiver, unique_name)
-    cm_id = str(uuid.uuid4())
-    publish_original(channel, queue, cm_id)
+    cm_id = publish_original(channel, queue)
     assert _read_all_transactionally(receiver, queue) == [(cm_id, "original")]
     publish_compensation(
         channel, queue=queue, cm_id=cm_id, destination=queue, sender="s", body=b"undo"
@@ -174,7 +159,7 @@ def test_a_message_held_back_when_consuming_stops_goes_back_to_its_queue(
         db_url, retry_backoff=timedelta(seconds=60), retry_backoff_max=timedelta(seconds=60)
     )
     queue = receiver_queue(receiver, unique_name)
-    publish_original(channel, queue, str(uuid.uuid4()))
+    publish_original(channel, queue)
     stop = threading.Event()
 
     def handler(message: Any, session: Session | None) -> None:

@@ -27,7 +27,7 @@ from outbox.enqueueing import row_values
 from outbox.message import OutboxMessage
 from outbox.table import outbox_table
 
-from .condmsg_helpers import acks_in, get_all
+from .condmsg_helpers import acks_in, get_all, sender_name
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -57,13 +57,12 @@ def test_a_forgotten_prepared_statement_falls_back_to_the_plain_one(
     # No store check for sequences after the first read: it would begin the transaction
     # before the claim (the claim then runs inside it, unprepared), hiding what is tested.
     monkeypatch.setattr("ackd.reader.STORE_RECHECK_S", 3600.0)
-    name = unique_name.replace(".", "-")
+    name = sender_name(unique_name)
     queue = f"{unique_name}.q"
     sender = make_sender(pg_url, name)
     # Quotes, backslashes and non-ASCII text travel into the statements as literals.
     recipient = "o'brien \\ zoë"
-    receiver = make_receiver(pg_url, recipient)
-    app.metadata.create_all(receiver.engine)
+    receiver = make_receiver(pg_url, recipient, app_tables=app.metadata)
     cm_ids = [
         sender.send(b"task", Destination(queue, process_within=timedelta(seconds=30)))
         for _ in range(8)
@@ -184,7 +183,7 @@ def test_the_ack_row_holds_every_column_the_portable_path_writes(
 ) -> None:
     """The fast path writes the ack's constant columns into its statement's text: the row
     must hold what ``outbox.enqueueing.row_values`` gives for the ack message."""
-    name = unique_name.replace(".", "-")
+    name = sender_name(unique_name)
     queue = f"{unique_name}.q"
     sender = make_sender(pg_url, name)
     receiver = make_receiver(pg_url)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -34,11 +33,9 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 def test_a_half_second_hiccup_does_not_make_a_poison_message(
     db_url: str, unique_name: str, make_receiver: Any, channel: Any
 ) -> None:
-    receiver = make_receiver(db_url)  # default retry settings
-    app_metadata.create_all(receiver.engine)
+    receiver = make_receiver(db_url, app_tables=app_metadata)  # default retry settings
     queue = receiver_queue(receiver, unique_name)
-    cm_id = str(uuid.uuid4())
-    publish_original(channel, queue, cm_id)
+    cm_id = publish_original(channel, queue)
     hiccup_until: list[float] = []
     attempts: list[float] = []
 
@@ -65,8 +62,7 @@ def test_a_message_that_always_fails_is_dead_lettered_after_max_attempts_in_boun
 ) -> None:
     receiver = make_receiver(db_url)  # default retry settings
     queue = receiver_queue(receiver, unique_name)
-    cm_id = str(uuid.uuid4())
-    publish_original(channel, queue, cm_id)
+    publish_original(channel, queue)
     attempts: list[float] = []
 
     def handler(message: Any, session: Session | None) -> None:
@@ -107,8 +103,7 @@ def test_a_rolled_back_read_waits_before_the_message_comes_back(
         db_url, retry_backoff=timedelta(milliseconds=600), retry_backoff_max=timedelta(seconds=5)
     )
     queue = receiver_queue(receiver, unique_name)
-    cm_id = str(uuid.uuid4())
-    publish_original(channel, queue, cm_id)
+    cm_id = publish_original(channel, queue)
 
     def fail_in_transaction() -> None:
         with receiver.transaction() as tx:
@@ -136,8 +131,7 @@ def test_an_attempt_is_counted_in_memory_while_the_database_cannot_count_it(
         db_url, retry_backoff=timedelta(milliseconds=20), retry_backoff_max=timedelta(seconds=1)
     )
     queue = receiver_queue(receiver, unique_name)
-    cm_id = str(uuid.uuid4())
-    publish_original(channel, queue, cm_id)
+    cm_id = publish_original(channel, queue)
 
     def unreachable(*args: Any, **kwargs: Any) -> Any:
         raise sa.exc.OperationalError("UPDATE", {}, Exception("the database is restarting"))

@@ -10,18 +10,17 @@ secret, over ``"\\x1f".join([kind, cm_id, destination, recipient or "", sha256(b
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pika
 import pytest
 
-from condmsg import Destination
 from condmsg.core import protocol
 from condmsg.core.protocol import control_token
 from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, get_all, publish_copy
+from .condmsg_helpers import SECRET, get_all, publish_original, receiver_queue
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -63,15 +62,7 @@ def _control(
 
 
 def _consumed_original(receiver: Any, channel: Any, queue: str) -> str:
-    cm_id = str(uuid.uuid4())
-    publish_copy(
-        channel,
-        cm_id=cm_id,
-        condition=Destination(queue, pickup_within=timedelta(seconds=30)),
-        sender="s",
-        sent_at=datetime.now(UTC),
-        body=b"book it",
-    )
+    cm_id = publish_original(channel, queue, body=b"book it")
     with receiver.transaction() as tx:
         original = wait_for(lambda: tx.read(queue, timeout=0.5))
         assert (original.kind, original.cm_id) == (protocol.MessageKind.ORIGINAL, cm_id)
@@ -85,9 +76,7 @@ def _signed(kind: protocol.MessageKind, cm_id: str, queue: str, body: bytes = UN
 @pytest.fixture
 def setup(db_url: str, unique_name: str, make_receiver: Any) -> tuple[Any, str]:
     receiver = make_receiver(db_url, secret=SECRET)
-    queue = f"{unique_name}.q"
-    receiver._broker.ensure_queue(queue)
-    return receiver, queue
+    return receiver, receiver_queue(receiver, unique_name)
 
 
 def _refused(receiver: Any, channel: Any, queue: str) -> str:

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,11 +27,10 @@ from sqlalchemy.orm import Session
 
 from ackd import Message, StoreUnavailable
 from ackd.tables import RlogState, rlog
-from condmsg import Destination
 from condmsg.core.protocol import MessageKind
 from tests.waiting import wait_for
 
-from .condmsg_helpers import SECRET, publish_compensation, publish_copy
+from .condmsg_helpers import SECRET, publish_compensation, publish_original, receiver_queue
 from .tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
@@ -73,14 +72,7 @@ def _through(proxy: TcpProxy, url: str) -> str:
 def _publish_originals(channel: Any, queue: str, cm_ids: list[str]) -> None:
     """One original per CM id to ``queue``, each read within five minutes."""
     for cm_id in cm_ids:
-        publish_copy(
-            channel,
-            cm_id=cm_id,
-            condition=Destination(queue, pickup_within=timedelta(minutes=5)),
-            sender="s",
-            sent_at=datetime.now(UTC),
-            body=b"original",
-        )
+        publish_original(channel, queue, cm_id, pickup_within=timedelta(minutes=5))
 
 
 def _handler(name: str, seen: Counter[str]) -> Any:
@@ -108,10 +100,9 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
     caplog.set_level(logging.INFO, logger="ackd")
     direct = sa.create_engine(pg_url)
     app_rows.metadata.create_all(direct)
-    queue = f"{unique_name}.q"
     proxied = _through(store_proxy, pg_url)
     receivers = [make_receiver(proxied, receiver_id=f"rx{i}") for i in range(2)]
-    receivers[0]._broker.ensure_queue(queue)
+    queue = receiver_queue(receivers[0], unique_name)
 
     cm_ids = [str(uuid.uuid4()) for _ in range(CMS)]
     compensated = set(cm_ids[::COMPENSATE_EVERY])
@@ -217,9 +208,8 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
 def test_a_non_transactional_consumer_rides_out_a_store_cut(
     pg_url: str, store_proxy: TcpProxy, unique_name: str, make_receiver: Any, channel: Any
 ) -> None:
-    queue = f"{unique_name}.q"
     receiver = make_receiver(_through(store_proxy, pg_url))
-    receiver._broker.ensure_queue(queue)
+    queue = receiver_queue(receiver, unique_name)
     cm_ids = [str(uuid.uuid4()) for _ in range(60)]
     _publish_originals(channel, queue, cm_ids)
     got: list[str] = []

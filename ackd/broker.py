@@ -35,6 +35,9 @@ class Delivery:
     redelivered: bool
     properties: pika.BasicProperties
     body: bytes
+    #: Which of the broker's channels it came on (they are numbered as they are opened):
+    #: a delivery tag means something only on its own channel.
+    channel: int = 0
 
     @property
     def headers(self) -> dict[str, Any]:
@@ -61,9 +64,11 @@ class Disposal:
     after_s: float = 0.0
 
 
-def _delivery(queue: str, method: Any, properties: Any, body: bytes | None) -> Delivery:
+def _delivery(
+    queue: str, method: Any, properties: Any, body: bytes | None, channel: int
+) -> Delivery:
     return Delivery(
-        queue, int(method.delivery_tag), bool(method.redelivered), properties, body or b""
+        queue, int(method.delivery_tag), bool(method.redelivered), properties, body or b"", channel
     )
 
 
@@ -92,6 +97,8 @@ class Broker:
         self._confirm: BlockingChannel | None = None
         self._declared: set[str] = set()
         self._prefetch: int | None = None
+        #: The number of the channel open now (see :attr:`Delivery.channel`).
+        self._generation = 0
         #: Delivery tags received on the channel and not settled yet.
         self._unsettled: set[int] = set()
         #: Tags whose ack is owed but not yet sent (see :meth:`ack`), oldest first.
@@ -116,6 +123,7 @@ class Broker:
             log.info("%s", describe_mode(self._connection, self.queue_type))
             self._mode_logged = True
         self._channel = self._connection.channel()
+        self._generation += 1
         # Declared up front so that operators (and monitoring) see it before anything lands.
         declare_service_queue(self._channel, self.invalid_queue)
         self._declared.clear()
@@ -147,7 +155,7 @@ class Broker:
         if method is None:
             self.flush_acks()  # the queue is empty: a good moment to settle
             return None
-        return self._received(_delivery(queue, method, properties, body))
+        return self._received(_delivery(queue, method, properties, body, self._generation))
 
     def _received(self, delivery: Delivery) -> Delivery:
         self._unsettled.add(delivery.tag)
@@ -178,8 +186,13 @@ class Broker:
                     self.release_due()
                     self.flush_acks()
                     yield None
+                elif channel is not self._channel or not channel.is_open:
+                    # pika hands out what it had buffered after the connection is gone:
+                    # those deliveries are requeued already and cannot be settled here.
+                    raise BrokerError("lost the connection to RabbitMQ while consuming")
                 else:
-                    yield self._received(_delivery(queue, method, properties, body))
+                    delivery = _delivery(queue, method, properties, body, self._generation)
+                    yield self._received(delivery)
         except ValueError as exc:
             # When a node goes, pika's blocking consume can fail inside its I/O loop with
             # a ValueError ("Timeout closed before call") instead of a connection error:
@@ -208,7 +221,7 @@ class Broker:
         if not (deferred and self._deferring):
             self._settle(delivery, requeue=None)
             return
-        if delivery.tag not in self._unsettled:
+        if not self._owns(delivery):
             return  # from an earlier channel: RabbitMQ has requeued it already
         self._unsettled.discard(delivery.tag)
         if not self._deferred:
@@ -229,7 +242,7 @@ class Broker:
         if after_s <= 0:
             self._settle(delivery, requeue=True)
             return
-        if delivery.tag in self._unsettled:
+        if self._owns(delivery):
             self._parked.append((time.monotonic() + after_s, delivery))
 
     @property
@@ -269,8 +282,12 @@ class Broker:
         except pika.exceptions.AMQPError:
             self.close()
 
+    def _owns(self, delivery: Delivery) -> bool:
+        """True if ``delivery`` came on the channel open now and is not settled yet."""
+        return delivery.channel == self._generation and delivery.tag in self._unsettled
+
     def _settle(self, delivery: Delivery, *, requeue: bool | None) -> None:
-        if delivery.tag not in self._unsettled:
+        if not self._owns(delivery):
             # Settled already, or from an earlier channel (whose end requeued it): a second
             # ack or nack of a tag is a channel error that would close the channel.
             return
@@ -314,6 +331,10 @@ class Broker:
         Headers that cannot be encoded again (pika marshals a message whole before it
         sends anything) are dropped: the message still goes, with its body and the reason.
         """
+        if not self._owns(delivery) or self._channel is None or not self._channel.is_open:
+            # Its channel is gone and RabbitMQ gives it again: copying it now would leave
+            # two copies in the invalid queue.
+            raise BrokerError("lost the connection to RabbitMQ before moving a message")
         props = delivery.properties
         headers = dict(props.headers or {})
         headers[protocol.H_REASON] = reason[:1000]

@@ -102,9 +102,8 @@ class Reader:
         broker = Pause(log, activity, "RabbitMQ", stop=stop)
         while not run.stopped():
             try:
-                if self._consume_stream(run, prefetch):
+                if self._consume_stream(run, prefetch, broker.ended):
                     break
-                broker.ended()
             except StoreUnavailable as exc:
                 store.failed(exc)
                 if not store.until(self._probe_store):
@@ -119,11 +118,16 @@ class Reader:
             run.last = time.monotonic()
         return run.handled
 
-    def _consume_stream(self, run: _Run, prefetch: int) -> bool:
-        """Consume with one broker consumer until done (True) or an outage (raised)."""
+    def _consume_stream(self, run: _Run, prefetch: int, working: Callable[[], None]) -> bool:
+        """Consume with one broker consumer until done (True) or an outage (raised);
+        ``working()`` once the consumer runs (an outage before it is over)."""
         stream = self._ctx.broker.consume(run.queue, prefetch=prefetch, inactivity_s=0.1)
+        started = False
         try:
             for delivery in stream:
+                if not started:
+                    started = True
+                    working()
                 if run.stopped():
                     return True
                 self._sequences.expire_incomplete()  # rate-limited; parts may be stored by anyone
@@ -168,6 +172,8 @@ class Reader:
                     run.handler(message, tx.session)
         except Exception as exc:
             self._raise_if_store_lost(exc, delivery)
+            if isinstance(exc, BrokerError | pika.exceptions.AMQPError):
+                raise  # the broker failed, not the message: consuming pauses and reconnects
             log.exception(
                 "processing message %s from %r failed; it is tried again after its backoff",
                 delivery.properties.message_id,

@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pika.exceptions
@@ -36,9 +37,15 @@ BATCH_MAX_AGE_S = 0.05
 QUIET_S = 0.05
 
 
-def consume_acks(config: EvaluatorConfig, batches: AckBatches, stop: threading.Event) -> None:
+def consume_acks(
+    config: EvaluatorConfig,
+    batches: AckBatches,
+    stop: threading.Event,
+    consuming: Callable[[], None] = lambda: None,
+) -> None:
     """Consume the sender's ack queue until ``stop`` is set; raises when the connection
-    fails (what was not stored is then redelivered).
+    fails (what was not stored is then redelivered). ``consuming()`` is called once the
+    consumer is set up (an outage before it is over).
 
     A batch is handed over when it is full, when :data:`BATCH_WAIT_S` passed without a
     delivery, or when its first ack has waited :data:`BATCH_MAX_AGE_S` (a steady stream
@@ -58,6 +65,7 @@ def consume_acks(config: EvaluatorConfig, batches: AckBatches, stop: threading.E
         declare_service_queue(channel, protocol.outcome_queue(config.sender))
         channel.basic_qos(prefetch_count=config.prefetch)
         storing = StoringThreads(batches, connection, channel, config)
+        consuming()
         batch: list[tuple[int, bytes]] = []
         first_at = handed_at = 0.0
         for method, _props, body in channel.consume(ack_queue, inactivity_timeout=BATCH_WAIT_S):

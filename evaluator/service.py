@@ -271,11 +271,19 @@ class Evaluator:
     def _consume_until_stopped(self) -> None:
         backoff = Backoff(FIRST_RECONNECT_S, MAX_RECONNECT_S, stop=self._stop)
         refused = 0
+
+        def consuming() -> None:
+            # The consumer is back: an outage is over (said once), the next one starts
+            # its backoff afresh.
+            nonlocal refused
+            backoff.reset()
+            refused = 0
+            self._consume_failed = None
+            self._consume_failures.succeeded()
+
         while not self._stop.is_set():
             try:
-                consume_acks(self.config, self.batches, self._stop)
-                backoff.reset()
-                refused = 0
+                consume_acks(self.config, self.batches, self._stop, consuming)
             except BrokerAuthError as exc:
                 # A broker restart does not refuse credentials; a wrong URL does, for ever.
                 refused += 1

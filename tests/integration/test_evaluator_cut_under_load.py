@@ -55,14 +55,6 @@ CUTS = (
     (360, "database"),
     (460, "broker"),
 )
-#: Why a test below fails: a defect of the evaluator, not of the test.
-RECONNECTION_UNREPORTED = (
-    "evaluator/service.py _consume_until_stopped: a reconnection of the ack consumer "
-    "that works is never reported (RepeatedFailures.succeeded() is called only by the "
-    "gauge refresh, every gauge_interval_s; backoff.reset() only once consume_acks "
-    "returns, on stop), so a second outage with the same error within a gauge "
-    "interval is not logged at all and no 'works again' line follows a recovery"
-)
 
 
 @dataclass
@@ -262,7 +254,6 @@ def test_every_ack_counts_once_across_cuts_of_the_broker_and_the_database(
     assert not any("dead-lettered" in line for line in lines), lines
 
 
-@pytest.mark.xfail(strict=True, reason=RECONNECTION_UNREPORTED)
 def test_each_cut_of_the_ack_consumers_connection_is_logged(
     intake: Intake, channel: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -152,7 +152,6 @@ class OutboxStore:
         self.engine = engine
         self.table = outbox_table(table_name)
         self.lease_timeout_s = lease_timeout_s
-        self._lease = f"{int(lease_timeout_s * 1000)}ms"
         #: What the database can do, decided once here: row locks with SKIP LOCKED make a
         #: claim a lease (several relays, LISTEN/NOTIFY wake-ups); without them a claim is a
         #: plain read and one relay serves the database. All of it is SQLAlchemy Core, so
@@ -252,7 +251,8 @@ class OutboxStore:
         conn = self._run("connect to the outbox database", self.engine.connect)
         try:
             txn = conn.begin()
-            rows = self._fetch(conn, params | {"lease": self._lease})
+            lease = f"{int(self.lease_timeout_s * 1000)}ms"
+            rows = self._fetch(conn, params | {"lease": lease})
         except sa.exc.SQLAlchemyError as exc:
             self._abandon(conn)
             raise self._translate(exc, "claim outbox rows") from exc

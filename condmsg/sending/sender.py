@@ -215,8 +215,8 @@ class Sender(OwnsOutbox):
         """Send several conditional messages in one transaction; return their CM ids.
 
         All or nothing, like :meth:`send` (the caller's transaction with ``session``). The
-        rows of all of them go to the database in a statement or two, so a batch costs a
-        few round trips however many CMs it holds: the way to send at volume.
+        rows of all of them go to the database as one statement on PostgreSQL (an insert
+        per table elsewhere), however many CMs it holds: the way to send at volume.
         ``sphere`` makes them members of that open Dependency-Sphere (``Sphere.send_many``).
         """
         rows = SendRows()

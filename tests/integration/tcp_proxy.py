@@ -9,11 +9,12 @@ import random
 import socket
 import struct
 import threading
+from urllib.parse import urlsplit
 
 
 class TcpProxy:
     """A forwarder to ``target`` (RabbitMQ's port by default) on :attr:`port`; tests
-    connect through :meth:`url` (RabbitMQ) or a URL naming ``127.0.0.1:<port>``."""
+    connect through :meth:`url`."""
 
     def __init__(self, target: tuple[str, int] = ("127.0.0.1", 5672)) -> None:
         self.target = target
@@ -25,8 +26,12 @@ class TcpProxy:
         self._closed = False
         self.accepted = 0
 
-    def url(self, amqp_url: str) -> str:
-        return amqp_url.replace("127.0.0.1:5672", f"127.0.0.1:{self.port}")
+    def url(self, url: str) -> str:
+        """``url`` (AMQP or a database's) with its host and port replaced by the proxy's."""
+        parts = urlsplit(url)
+        credentials, _, _ = parts.netloc.rpartition("@")
+        here = f"127.0.0.1:{self.port}"
+        return parts._replace(netloc=f"{credentials}@{here}" if credentials else here).geturl()
 
     def up(self) -> None:
         listener = socket.socket()

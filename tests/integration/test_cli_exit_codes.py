@@ -211,6 +211,16 @@ def test_an_interrupted_command_exits_130(command: str, signum: int, ctx: Ctx) -
         assert command not in BLOCKING
         return
     assert command in BLOCKING, f"give {command} a blocking command line here"
+    code, rest = _interrupted(ctx, command, signum)
+    assert code == 130
+    assert "Traceback" not in rest
+
+
+def _interrupted(
+    ctx: Ctx, command: str, signum: int, preexec_fn: Callable[[], None] | None = None
+) -> tuple[int, str]:
+    """Start ``command``'s blocking command line, send ``signum`` once it says it waits
+    (and can be interrupted): its exit code and the rest of its stderr."""
     proc = subprocess.Popen(
         [*COMMAND, *BLOCKING[command](ctx)],
         cwd=ROOT,
@@ -219,14 +229,14 @@ def test_an_interrupted_command_exits_130(command: str, signum: int, ctx: Ctx) -
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=preexec_fn,
     )
     try:
         assert proc.stderr is not None
-        line = proc.stderr.readline()  # said once it waits (and can be interrupted)
+        line = proc.stderr.readline()
         assert line.startswith(f"condmsg {command}: waiting for"), line
         os.kill(proc.pid, signum)
-        assert proc.wait(30) == 130
-        assert "Traceback" not in proc.stderr.read()
+        return proc.wait(30), proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -240,23 +250,5 @@ def _ignore_sigint() -> None:
 def test_a_command_started_with_sigint_ignored_still_exits_130_on_it(ctx: Ctx) -> None:
     """A command launched in the background by a script (or a test runner's worker)
     inherits an ignored SIGINT; `kill -INT` must still end it with 130."""
-    proc = subprocess.Popen(
-        [*COMMAND, *BLOCKING["send"](ctx)],
-        cwd=ROOT,
-        env=cli_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_ignore_sigint,
-    )
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        assert line.startswith("condmsg send: waiting for"), line
-        os.kill(proc.pid, signal.SIGINT)
-        assert proc.wait(30) == 130
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    code, _ = _interrupted(ctx, "send", signal.SIGINT, preexec_fn=_ignore_sigint)
+    assert code == 130

@@ -35,7 +35,6 @@ from tests.waiting import wait_for
 
 from .condmsg_helpers import SECRET, ack_body, get_all
 from .tcp_proxy import TcpProxy
-from .test_receiver_store_outage import _through
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -99,7 +98,7 @@ class Intake:
         config = EvaluatorConfig(
             amqp_url=self.broker.url(self.amqp_url),
             sender=self.sender.name,
-            db_url=_through(self.store, self.pg_url) if store_proxied else self.pg_url,
+            db_url=self.store.url(self.pg_url) if store_proxied else self.pg_url,
             secret=SECRET,
             relay=False,
             sweep_interval_s=3600,

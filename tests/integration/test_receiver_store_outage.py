@@ -61,14 +61,6 @@ def store_proxy(pg_engine_url: str) -> Iterator[TcpProxy]:
     proxy.close()
 
 
-def _through(proxy: TcpProxy, url: str) -> str:
-    parts = urlsplit(url)
-    netloc = parts.netloc.replace(
-        f"{parts.hostname}:{parts.port or 5432}", f"127.0.0.1:{proxy.port}"
-    )
-    return parts._replace(netloc=netloc).geturl()
-
-
 def _publish_originals(channel: Any, queue: str, cm_ids: list[str]) -> None:
     """One original per CM id to ``queue``, each read within five minutes."""
     for cm_id in cm_ids:
@@ -100,7 +92,7 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
     caplog.set_level(logging.INFO, logger="ackd")
     direct = sa.create_engine(pg_url)
     app_rows.metadata.create_all(direct)
-    proxied = _through(store_proxy, pg_url)
+    proxied = store_proxy.url(pg_url)
     receivers = [make_receiver(proxied, receiver_id=f"rx{i}") for i in range(2)]
     queue = receiver_queue(receivers[0], unique_name)
 
@@ -208,7 +200,7 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
 def test_a_non_transactional_consumer_rides_out_a_store_cut(
     pg_url: str, store_proxy: TcpProxy, unique_name: str, make_receiver: Any, channel: Any
 ) -> None:
-    receiver = make_receiver(_through(store_proxy, pg_url))
+    receiver = make_receiver(store_proxy.url(pg_url))
     queue = receiver_queue(receiver, unique_name)
     cm_ids = [str(uuid.uuid4()) for _ in range(60)]
     _publish_originals(channel, queue, cm_ids)
@@ -246,7 +238,7 @@ def test_a_non_transactional_consumer_rides_out_a_store_cut(
 def test_a_transaction_that_cannot_reach_the_store_says_so(
     pg_url: str, store_proxy: TcpProxy, make_receiver: Any
 ) -> None:
-    receiver = make_receiver(_through(store_proxy, pg_url))
+    receiver = make_receiver(store_proxy.url(pg_url))
     store_proxy.down()
 
     def select_one() -> None:
@@ -282,7 +274,7 @@ def test_condmsg_consume_pauses_through_a_store_cut(
     # count could stop one message short when the commit had in fact failed.
     args = ["consume", queue, "--recipient", "r", "--transactional", "--timeout", "3"]
     args += ["--invalid-queue", f"{unique_name}.invalid", "--create-schema"]
-    args += ["--db-url", _through(store_proxy, pg_url), "--amqp-url", amqp_url]
+    args += ["--db-url", store_proxy.url(pg_url), "--amqp-url", amqp_url]
     proc = subprocess.Popen(
         [*COMMAND, *args],
         cwd=ROOT,

@@ -99,7 +99,10 @@ class PsycopgSendStore(SqlAlchemySendStore):
         # transaction, without the round trips of a BEGIN and a COMMIT.
         with engine.connect() as conn:
             raw = backends.psycopg_connection(conn)
-            raw.autocommit = True
+            try:
+                raw.autocommit = True
+            except psycopg.Error as exc:  # a connection found broken: the error a send raises
+                raise pg.wrapped("SET autocommit", {}, exc) from exc
             try:
                 _execute(raw, rows)
             finally:

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from ackd.receiver import Receiver
 
 from .condmsg_helpers import SECRET
+from .tcp_proxy import TcpProxy
 
 
 @pytest.fixture(scope="session")
@@ -65,3 +66,13 @@ def make_receiver(amqp_url: str, unique_name: str) -> Iterator[Callable[..., Rec
 @pytest.fixture
 def test_secret() -> bytes:
     return SECRET
+
+
+@pytest.fixture
+def store_proxy(pg_engine_url: str) -> Iterator[TcpProxy]:
+    """A proxy to PostgreSQL, listening: connect through ``store_proxy.url(pg_url)`` and
+    ``cut()`` it to break the database link."""
+    proxy = TcpProxy.to(pg_engine_url)
+    proxy.up()
+    yield proxy
+    proxy.close()

@@ -26,6 +26,14 @@ class TcpProxy:
         self._closed = False
         self.accepted = 0
 
+    @classmethod
+    def to(cls, url: str) -> TcpProxy:
+        """A proxy (not listening yet) to the host and port ``url`` names, a database's
+        (5432 by default) or RabbitMQ's (5672)."""
+        parts = urlsplit(url)
+        default = 5432 if parts.scheme.startswith("postgresql") else 5672
+        return cls((parts.hostname or "127.0.0.1", parts.port or default))
+
     def url(self, url: str) -> str:
         """``url`` (AMQP or a database's) with its host and port replaced by the proxy's."""
         parts = urlsplit(url)

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import pika
 import pytest
@@ -126,8 +125,7 @@ def intake(
     sender = make_sender(pg_url, unique_name.replace(".", "-"), declare_queues=False)
     ack_queue = protocol.ack_queue(sender.name)
     declare_service_queue(channel, ack_queue)
-    database = urlsplit(pg_engine_url)
-    broker, store = TcpProxy(), TcpProxy((database.hostname or "127.0.0.1", database.port or 5432))
+    broker, store = TcpProxy(), TcpProxy.to(pg_engine_url)
     broker.up()
     store.up()
     try:

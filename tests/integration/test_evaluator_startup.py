@@ -44,8 +44,7 @@ def _free_port() -> int:
 @pytest.fixture
 def proxy(pg_engine_url: str) -> Iterator[TcpProxy]:
     """A proxy to PostgreSQL, not listening yet: the database looks down until ``up()``."""
-    target = urlsplit(pg_engine_url)
-    made = TcpProxy((target.hostname or "127.0.0.1", target.port or 5432))
+    made = TcpProxy.to(pg_engine_url)
     yield made
     made.close()
 

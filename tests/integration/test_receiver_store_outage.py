@@ -15,11 +15,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -50,15 +48,6 @@ app_rows = sa.Table(
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("consumer", sa.String(8), nullable=False),
 )
-
-
-@pytest.fixture
-def store_proxy(pg_engine_url: str) -> Iterator[TcpProxy]:
-    target = urlsplit(pg_engine_url)
-    proxy = TcpProxy((target.hostname or "127.0.0.1", target.port or 5432))
-    proxy.up()
-    yield proxy
-    proxy.close()
 
 
 def _publish_originals(channel: Any, queue: str, cm_ids: list[str]) -> None:

@@ -7,9 +7,8 @@ happened before the link went); the next send works again."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import timedelta
-from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -29,15 +28,6 @@ BETWEEN_CUTS = 60
 CUTS = 4
 
 
-@pytest.fixture
-def store_proxy(pg_engine_url: str) -> Iterator[TcpProxy]:
-    target = urlsplit(pg_engine_url)
-    proxy = TcpProxy((target.hostname or "127.0.0.1", target.port or 5432))
-    proxy.up()
-    yield proxy
-    proxy.close()
-
-
 def test_every_send_across_database_cuts_is_whole_or_absent(
     pg_url: str, store_proxy: TcpProxy, unique_name: str, make_sender: object
 ) -> None:
@@ -50,21 +40,10 @@ def test_every_send_across_database_cuts_is_whole_or_absent(
     stop = threading.Event()
     lock = threading.Lock()
 
-    def one_by_one() -> None:
+    def sending(send: Callable[[], list[str]]) -> None:
         while not stop.is_set():
             try:
-                cm_id = sender.send(b"x", condition)
-            except Exception as exc:
-                with lock:
-                    failed.append(exc)
-                continue
-            with lock:
-                returned.append(cm_id)
-
-    def in_batches() -> None:
-        while not stop.is_set():
-            try:
-                ids = sender.send_many([Outgoing(payload=b"y", condition=condition)] * 5)
+                ids = send()
             except Exception as exc:
                 with lock:
                     failed.append(exc)
@@ -72,7 +51,13 @@ def test_every_send_across_database_cuts_is_whole_or_absent(
             with lock:
                 returned.extend(ids)
 
-    threads = [threading.Thread(target=f) for f in (one_by_one, one_by_one, in_batches)]
+    def one() -> list[str]:
+        return [sender.send(b"x", condition)]
+
+    def batch() -> list[str]:
+        return sender.send_many([Outgoing(payload=b"y", condition=condition)] * 5)
+
+    threads = [threading.Thread(target=sending, args=(f,)) for f in (one, one, batch)]
     for thread in threads:
         thread.start()
     try:

@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -62,16 +61,10 @@ def test_intake_workers_log_json_with_the_service(
 
 @pytest.fixture
 def pg_proxy(pg_url: str) -> Iterator[tuple[TcpProxy, str]]:
-    parts = urlsplit(pg_url)
-    proxy = TcpProxy((parts.hostname or "127.0.0.1", parts.port or 5432))
+    proxy = TcpProxy.to(pg_url)
     proxy.up()
-    through = parts._replace(
-        netloc=parts.netloc.replace(
-            f"{parts.hostname}:{parts.port or 5432}", f"127.0.0.1:{proxy.port}"
-        )
-    ).geturl()
     try:
-        yield proxy, through
+        yield proxy, proxy.url(pg_url)
     finally:
         proxy.close()
 

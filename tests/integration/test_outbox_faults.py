@@ -109,6 +109,34 @@ def test_connection_broken_mid_batch_loses_nothing(
         engine.dispose()
 
 
+def test_database_link_cut_mid_backlog_loses_nothing(
+    pg_url: str, amqp_url: str, queue: str, store_proxy: TcpProxy
+) -> None:
+    """Claims (their lease and settings in the claim statement) and settles broken by cuts
+    of the relay's database link: a claim that dies rolls its delete back, so its rows go
+    out again; every row is published and none is left."""
+    setup = sa.create_engine(pg_url)
+    outbox.create_tables(setup)
+    ids = fill(setup, queue, 6000)
+    collector = Collector(amqp_url, [queue])
+    engine = sa.create_engine(store_proxy.url(pg_url), pool_size=8)
+    relay = Relay(engine, RelayConfig(amqp_url=amqp_url, batch_size=200, max_batches_in_flight=4))
+    try:
+        with relay:
+            for seen in (1000, 2500, 4000):
+                wait_for(lambda seen=seen: len(set(collector.ids())) >= seen, 60, "deliveries")
+                store_proxy.cut()
+            collector.wait_for(ids, timeout=90)
+            relay.drain(60)
+        assert set(collector.ids()) == set(ids)
+        assert relay.metrics.store_errors._value.get() >= 1  # the cuts were met
+        assert outbox.OutboxStore(setup).status().pending == 0
+    finally:
+        collector.close()
+        engine.dispose()
+        setup.dispose()
+
+
 def test_two_relays_share_one_postgres_backlog(pg_url: str, amqp_url: str, queue: str) -> None:
     engine = sa.create_engine(pg_url, pool_size=12)
     outbox.create_tables(engine)

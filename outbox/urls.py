@@ -3,25 +3,63 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit
+
+#: Query options that carry a credential: libpq's ``password`` and ``sslpassword`` (which
+#: SQLAlchemy and psycopg pass on from a URL's query string), and the names other clients
+#: use for the same thing. Matched case-insensitively.
+CREDENTIAL_QUERY_KEYS = frozenset(
+    {"password", "sslpassword", "pass", "passwd", "pwd", "secret", "token", "access_token"}
+)
+
+#: What a masked credential reads as.
+MASK = "***"
 
 
 def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***`` (``amqp://guest:***@host/``);
-    every address of a comma-separated list of AMQP URLs is redacted."""
+    """Return ``url`` with every credential masked: the password of its user info
+    (``amqp://guest:***@host/``) and the value of every credential query option
+    (``?password=***``, ``?sslpassword=***``, see :data:`CREDENTIAL_QUERY_KEYS`); every
+    address of a comma-separated list of AMQP URLs is redacted.
+
+    This is the one function that turns a URL into text for a person: logs, the CLI, the
+    console and metrics labels all print URLs through it.
+    """
     if "," in url and "://" in url.split(",", 1)[1]:
         return ",".join(redact_url(u) for u in split_urls(url))
     try:
         parts = urlsplit(url)
+        password = parts.password
+        port = parts.port
     except ValueError:
         return "<unparseable url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    out = url
+    if password is not None:
+        # String surgery rather than urlunsplit, which would shorten ``sqlite:///x``.
+        user = parts.username or ""
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        if port is not None:
+            host = f"{host}:{port}"
+        out = out.replace(f"//{parts.netloc}", f"//{user}:{MASK}@{host}", 1)
+    if parts.query:
+        head, _, rest = out.partition("?")
+        query, hash_, fragment = rest.partition("#")
+        out = f"{head}?{_redact_query(query)}{hash_}{fragment}"
+    return out
+
+
+def _redact_query(query: str) -> str:
+    """``query`` with the value of every credential option replaced by :data:`MASK`,
+    everything else byte for byte as it was."""
+    fields = []
+    for field in query.split("&"):
+        key, eq, _value = field.partition("=")
+        if eq and unquote_plus(key).strip().lower() in CREDENTIAL_QUERY_KEYS:
+            field = f"{key}={MASK}"
+        fields.append(field)
+    return "&".join(fields)
 
 
 def broker_address(url: str) -> str:

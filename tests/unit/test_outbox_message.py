@@ -173,3 +173,15 @@ def test_a_fanout_validates_its_copies_like_messages() -> None:
         Fanout(base, ())
     with pytest.raises(OutboxValueError, match="set headers"):
         Fanout(msg(), ({"headers": {"own": "x"}},))
+
+
+def test_redact_url_masks_credentials_in_the_query_string() -> None:
+    assert (
+        redact_url("postgresql+psycopg://u@h/db?password=s3cret&sslmode=require&SSLPassword=k")
+        == "postgresql+psycopg://u@h/db?password=***&sslmode=require&SSLPassword=***"
+    )
+    assert redact_url("amqp://u:p@[::1]:5672/%2F?heartbeat=10") == (
+        "amqp://u:***@[::1]:5672/%2F?heartbeat=10"
+    )
+    assert redact_url("sqlite:///x.db?password=y") == "sqlite:///x.db?password=***"
+    assert redact_url("sqlite:///x.db") == "sqlite:///x.db"

@@ -6,6 +6,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from condmsg.runtime.settings import DEFAULT_QUEUE_TYPE, ENV_DESTINATION_QUEUE_TYPE
+
 #: The environment of the receiver under test (docs/conformance.md, *The contract*).
 ENV_AMQP_URL = "CONDMSG_AMQP_URL"
 ENV_DB_URL = "CONDMSG_DB_URL"
@@ -28,6 +30,9 @@ CRASH_AFTER_COMMIT = b"conformance:crash-after-commit"
 MAX_ATTEMPTS = 3
 RETRY_BACKOFF_MS = 100
 SEQUENCE_TIMEOUT_MS = 2000
+#: The type of the queue under test: the harness declares it so (``declare_destination``'s
+#: default) and tells the receiver, whose own declaration must match it.
+QUEUE_TYPE = DEFAULT_QUEUE_TYPE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +73,7 @@ class ConformanceConfig:
             ENV_MAX_ATTEMPTS: str(MAX_ATTEMPTS),
             ENV_RETRY_BACKOFF_MS: str(RETRY_BACKOFF_MS),
             ENV_SEQUENCE_TIMEOUT_MS: str(SEQUENCE_TIMEOUT_MS),
+            ENV_DESTINATION_QUEUE_TYPE: QUEUE_TYPE,
         }
 
 

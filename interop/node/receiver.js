@@ -20,6 +20,7 @@ const MAX_ATTEMPTS = Number(env.CONDMSG_MAX_ATTEMPTS || 5);
 const BACKOFF_MS = Number(env.CONDMSG_RETRY_BACKOFF_MS || 200);
 const BACKOFF_MAX_MS = 25 * BACKOFF_MS;
 const SEQ_TIMEOUT_MS = Number(env.CONDMSG_SEQUENCE_TIMEOUT_MS || 300000);
+const QUEUE_TYPE = env.CONDMSG_DESTINATION_QUEUE_TYPE || 'classic';
 const RECEIVER_ID = `${os.hostname()}:${process.pid}:${RECIPIENT}`.slice(0, 255);
 const ACK_TYPE = 'application/vnd.condmsg.ack+json';
 
@@ -178,11 +179,14 @@ async function deliverIn(c, m, d, body, messageId, replyTo, readAt) {
   return true;
 }
 
+// DEFECT ack-second-transaction (its second half): the ack after the app's commit.
+async function ackApart(m, replyTo, readAt) {
+  if (m.kind === 'original' && broken('ack-second-transaction')) await inTx((c) => enqueueAck(c, m, replyTo, readAt));
+}
+
 async function deliver(m, d, body, messageId, replyTo, readAt) {
   const delivered = await inTx((c) => deliverIn(c, m, d, body, messageId, replyTo, readAt));
-  if (delivered && m.kind === 'original' && broken('ack-second-transaction')) {
-    await inTx((c) => enqueueAck(c, m, replyTo, readAt));
-  }
+  if (delivered) await ackApart(m, replyTo, readAt);
   if (delivered && crashAfterCommit(d, m.kind, body)) process.exit(3);
 }
 
@@ -264,7 +268,7 @@ async function completeSequences() {
   const { rows } = await pool.query(
     'SELECT seq_id FROM condmsg_sequence_part WHERE queue = $1 GROUP BY seq_id, size HAVING count(*) = size LIMIT 10', [QUEUE]);
   for (const { seq_id: seqId } of rows) {
-    await inTx(async (c) => {
+    const taken = await inTx(async (c) => {
       // The DELETE is the claim: a competing consumer blocks on the rows, then finds none.
       const parts = (await c.query(
         'DELETE FROM condmsg_sequence_part WHERE seq_id = $1 RETURNING position, size, body, headers_json, properties_json', [seqId]))
@@ -275,9 +279,9 @@ async function completeSequences() {
           const reason = `${disagree}; this is part ${r.position + 1} of ${r.size}`;
           await toInvalid({ headers: JSON.parse(r.headers_json) }, r.body, reason, false);
         }
-        return;
+        return null;
       }
-      if (parts.length === 0 || parts.length !== parts[0].size) return; // another consumer took it
+      if (parts.length === 0 || parts.length !== parts[0].size) return null; // another consumer took it
       const headers = JSON.parse(parts[0].headers_json);
       const props = JSON.parse(parts[0].properties_json);
       // DEFECT wrong-sequence-id: the whole's message id is the sequence id, not part 0's.
@@ -291,10 +295,11 @@ async function completeSequences() {
         checkPayload(body, props.content_type);
       } catch (e) {
         await toInvalid({ headers }, body, e.message, false);
-        return;
+        return null;
       }
-      await deliverIn(c, m, d, body, seqId, props.reply_to, readAt);
+      return (await deliverIn(c, m, d, body, seqId, props.reply_to, readAt)) ? { m, replyTo: props.reply_to, readAt } : null;
     }).catch((e) => console.error(`sequence ${seqId} stays stored: ${e.message}`));
+    if (taken) await ackApart(taken.m, taken.replyTo, taken.readAt);
   }
 }
 
@@ -313,9 +318,60 @@ async function expireSequences() {
   });
 }
 
+// --- starting ------------------------------------------------------------------------------
+class Refused extends Error {} // a setting or a store this receiver cannot run with: exit 2
+
+// protocol.md, "Versions": the store must hold exactly the revisions this receiver
+// implements; a row belongs to the store named by its text up to its last `_`.
+const REVISIONS = { receiver: 'receiver_0001', outbox: 'outbox_0001' };
+async function checkStore() {
+  const upgrade = 'run `condmsg db upgrade --store receiver`';
+  let rows;
+  try {
+    ({ rows } = await pool.query('SELECT version_num FROM condmsg_schema_version'));
+  } catch (e) {
+    if (e.code !== '42P01') throw e; // undefined_table
+    throw new Refused(`the receiver store has no condmsg_schema_version table: ${upgrade}`);
+  }
+  for (const [store, want] of Object.entries(REVISIONS)) {
+    const found = rows.map((r) => r.version_num).filter((v) => v.slice(0, v.lastIndexOf('_')) === store);
+    if (found.length !== 1 || found[0] !== want) {
+      throw new Refused(`the receiver store is at ${found.join(', ') || 'no revision'} of ${store}, `
+        + `this receiver implements ${want}: ${upgrade} with the matching condmsg`);
+    }
+  }
+}
+
+// protocol.md, "Queues": declared on a channel of its own, since RabbitMQ closes the channel
+// of a declaration whose arguments differ from the queue's (406); a queue of another type
+// cannot be read as this one, other differences are the application's choice.
+async function declareQueue(conn) {
+  const quorum = QUEUE_TYPE === 'quorum';
+  const args = quorum ? { 'x-queue-type': 'quorum' } : { 'x-queue-type': 'classic', 'x-max-priority': 10 };
+  const own = await conn.createChannel();
+  own.on('error', () => {}); // the 406 arrives as the declaration's rejection as well
+  try {
+    await own.assertQueue(QUEUE, { durable: true, arguments: args });
+    await own.close();
+  } catch (e) {
+    if (e.code !== 406) throw e;
+    if (/x-queue-type/.test(e.message) || (quorum && /x-max-priority/.test(e.message))) {
+      throw new Refused(`queue ${QUEUE} exists with another type than ${QUEUE_TYPE} `
+        + `(CONDMSG_DESTINATION_QUEUE_TYPE): ${e.message}`);
+    }
+  }
+}
+
 async function main() {
+  const missing = ['CONDMSG_PG_URL', 'CONDMSG_AMQP_URL', 'CONDMSG_QUEUE', 'CONDMSG_RECIPIENT'].filter((k) => !env[k]);
+  if (missing.length > 0) throw new Refused(`set ${missing.join(', ')}`);
+  if (!['classic', 'quorum'].includes(QUEUE_TYPE)) {
+    throw new Refused(`CONDMSG_DESTINATION_QUEUE_TYPE must be classic or quorum, not ${QUEUE_TYPE}`);
+  }
   pool = new Pool({ connectionString: env.CONDMSG_PG_URL, max: 4 });
+  await checkStore();
   const conn = await amqp.connect(env.CONDMSG_AMQP_URL);
+  await declareQueue(conn);
   ch = await conn.createChannel();
   confirm = await conn.createConfirmChannel();
   confirm.on('return', () => { returned = true; });
@@ -335,4 +391,7 @@ async function main() {
   process.on('SIGINT', stop);
 }
 
-main().catch((e) => { console.error(e); process.exit(1); });
+main().catch((e) => {
+  console.error(`receiver: ${e instanceof Refused ? '' : 'cannot start: '}${e.message}`);
+  process.exit(e instanceof Refused ? 2 : 1);
+});

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from condmsg.core.errors import ConfigError
+from condmsg.runtime.db import require_existing_file
 from condmsg.runtime.logging_setup import add_logging_arguments, configure_logging, log_banner
 from condmsg.runtime.settings import (
     ENV_AMQP_URL,
@@ -192,6 +193,8 @@ def _config(args: argparse.Namespace) -> EvaluatorConfig:
     if not db_url:
         raise ConfigError(f"name the sender's store: --db-url or {ENV_DB_URL}")
     given["db_url"] = checked_db_url(db_url)
+    if not args.create_schema:
+        require_existing_file(db_url)
     given["amqp_url"] = checked_amqp_url(args.amqp_url or Settings.from_env().amqp_url)
     return EvaluatorConfig.from_env(
         sender=args.sender,
@@ -234,13 +237,23 @@ def _banner(service: Evaluator, metrics_port: int | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from condmsg.runtime.db import make_engine
     from condmsg.runtime.exit_codes import OK, USAGE
     from condmsg.runtime.ops_server import serve_ops
+    from evaluator.consume import refuse_unknown_sender
     from evaluator.service import Evaluator
 
     configure_logging(args.log_level, args.log_format)
     log = logging.getLogger(__name__)
-    service = Evaluator(_config(args))
+    config = _config(args)
+    # Before anything is built or declared: a mistyped --sender is refused in one line
+    # (exit 2) and creates no queue.
+    engine = make_engine(str(config.db_url))
+    try:
+        refuse_unknown_sender(config, engine)
+    finally:
+        engine.dispose()
+    service = Evaluator(config)
     _banner(service, args.metrics_port)
     server = serve_ops(
         service.registry, args.metrics_port, live=service.liveness, ready=service.readiness

@@ -23,6 +23,7 @@ from condmsg.runtime.settings import (
     DEFAULT_RETENTION_INTERVAL_S,
     Settings,
 )
+from condmsg.runtime.topology import checked_sender_name
 from evaluator.retention import DEFAULT_BATCH as DEFAULT_RETENTION_BATCH
 from evaluator.retention import RetentionPolicy
 
@@ -113,6 +114,7 @@ class EvaluatorConfig:
     retention_policy: RetentionPolicy | None = field(init=False, default=None, compare=False)
 
     def __post_init__(self) -> None:
+        checked_sender_name(self.sender)
         if self.retention is not None:
             if self.retention_archive is None:
                 raise ConfigError(

@@ -10,6 +10,7 @@ and every earlier batch are committed (:class:`InOrder`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import queue
@@ -19,12 +20,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pika.exceptions
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
 from condmsg.core import protocol
+from condmsg.core.errors import CondmsgError
 from condmsg.runtime.amqp import connect
-from condmsg.runtime.topology import declare_service_queue
+from condmsg.runtime.topology import declare_outcome_queue, declare_service_queue, queue_exists
 from evaluator.batches import AckBatches
 from evaluator.config import EvaluatorConfig
+from evaluator.store_setup import check_new_sender
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +47,13 @@ def consume_acks(
     batches: AckBatches,
     stop: threading.Event,
     consuming: Callable[[], None] = lambda: None,
+    new_sender: Callable[[], None] = lambda: None,
 ) -> None:
     """Consume the sender's ack queue until ``stop`` is set; raises when the connection
     fails (what was not stored is then redelivered). ``consuming()`` is called once the
-    consumer is set up (an outage before it is over).
+    consumer is set up (an outage before it is over). ``new_sender()`` is called before
+    the sender's queues are declared for the first time; it raises to refuse (a mistyped
+    sender name must not create queues).
 
     A batch is handed over when it is full, when :data:`BATCH_WAIT_S` passed without a
     delivery, or when its first ack has waited :data:`BATCH_MAX_AGE_S` (a steady stream
@@ -60,9 +68,11 @@ def consume_acks(
     try:
         channel = connection.channel()
         ack_queue = protocol.ack_queue(config.sender)
+        if not queue_exists(connection, ack_queue):
+            new_sender()
         declare_service_queue(channel, ack_queue)
         declare_service_queue(channel, protocol.dead_letter_queue(config.sender))
-        declare_service_queue(channel, protocol.outcome_queue(config.sender))
+        declare_outcome_queue(connection, protocol.outcome_queue(config.sender))
         channel.basic_qos(prefetch_count=config.prefetch)
         storing = StoringThreads(batches, connection, channel, config)
         consuming()
@@ -101,6 +111,27 @@ def consume_acks(
             storing.abort()
         if connection.is_open:
             connection.close()
+
+
+def refuse_unknown_sender(config: EvaluatorConfig, engine: Engine) -> None:
+    """:class:`ConfigError` if ``config.sender`` looks mistyped: its ack queue does not
+    exist and the store serves other senders only (:func:`check_new_sender`).
+    A broker or a store that does not answer (or has no schema yet) is no answer: the
+    service asks again before it declares the queues, and says what it waits for."""
+    try:
+        connection = connect(config.amqp_url, name=f"condmsg-evaluator-{config.sender}")
+    except CondmsgError:
+        return
+    try:
+        if queue_exists(connection, protocol.ack_queue(config.sender)):
+            return
+    except pika.exceptions.AMQPError:
+        return
+    finally:
+        if connection.is_open:
+            connection.close()
+    with contextlib.suppress(sa.exc.SQLAlchemyError):
+        check_new_sender(engine, config.sender)
 
 
 class StoringThreads:

@@ -13,12 +13,14 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import pika.exceptions
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from condmsg import tables
 from condmsg.core import protocol
 from condmsg.runtime.amqp import connect
+from condmsg.runtime.topology import NOT_FOUND
 from evaluator.config import EvaluatorConfig
 from evaluator.metrics import EvaluatorMetrics
 from outbox.repeated_failures import RepeatedFailures, reason_of
@@ -104,10 +106,17 @@ class ServiceGauges:
     def refresh_broker(self) -> None:
         try:
             ready = self._ready_messages()
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != NOT_FOUND:
+                self._broker_failed(exc)
+                return
+            # Not declared yet: the consumer declares it when it connects (and asks for a
+            # refresh then), and says itself why it cannot. Nothing to log here.
+            self._metrics.ack_backlog.set(0)
+            self.broker_problem = f"{self._queue} is not declared yet"
+            return
         except Exception as exc:
-            self.close()  # the next refresh starts with a fresh connection
-            self.broker_problem = f"cannot read {self._queue}: {reason_of(exc)}"
-            self._broker_failures.failed(exc, level=logging.WARNING)
+            self._broker_failed(exc)
             return
         self._metrics.ack_backlog.set(ready)
         self.broker_problem = None
@@ -115,6 +124,11 @@ class ServiceGauges:
         self._broker_failures.succeeded()
         if self._on_broker_ok is not None:
             self._on_broker_ok()
+
+    def _broker_failed(self, exc: Exception) -> None:
+        self.close()  # the next refresh starts with a fresh connection
+        self.broker_problem = f"cannot read {self._queue}: {reason_of(exc)}"
+        self._broker_failures.failed(exc, level=logging.WARNING)
 
     def _ready_messages(self) -> int:
         if self._connection is None or not self._connection.is_open:

@@ -10,11 +10,13 @@ every second is logged once, not once per run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.orm import Session
 
@@ -120,6 +122,13 @@ class ScheduledJobs:
             self._scheduler.start()
         if self._timer is not None:
             self._timer.start()
+
+    def refresh_gauges_now(self) -> None:
+        """Run the gauges' refresh at once rather than at its next interval (the ack queue
+        was just declared, so what ``/readyz`` knows of the broker is out of date)."""
+        if self._gauges is not None and self._scheduler.running:
+            with contextlib.suppress(JobLookupError):
+                self._scheduler.modify_job("gauges", next_run_time=utcnow())
 
     def stop(self) -> None:
         """Wait for a running job to finish, then stop the scheduler."""

@@ -12,6 +12,7 @@ against one database and one ack queue.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 
@@ -36,7 +38,7 @@ from evaluator.gauges import ServiceGauges
 from evaluator.jobs import ScheduledJobs
 from evaluator.metrics import EvaluatorMetrics
 from evaluator.store import DecisionStore
-from evaluator.store_setup import SenderStore
+from evaluator.store_setup import SenderStore, check_new_sender
 from evaluator.workers import IntakeWorkers, WorkerConfig
 from outbox.backoff import Backoff
 from outbox.config import RelayConfig
@@ -229,6 +231,13 @@ class Evaluator:
             self._thread.join(timeout_s)
 
     def __enter__(self) -> Evaluator:
+        """Start, after checking the store once: a store without its schema (or behind,
+        ahead, changed) raises :class:`~condmsg.runtime.migrate.SchemaError` here, naming
+        the command that creates it, rather than letting the block run with no outcome
+        ever coming. A database that cannot be reached yet is waited for, as by
+        :meth:`run`."""
+        with contextlib.suppress(sa.exc.OperationalError, sa.exc.InterfaceError):
+            self.store.prepare()  # unreachable: the service waits for it and says so
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -280,10 +289,20 @@ class Evaluator:
             refused = 0
             self._consume_failed = None
             self._consume_failures.succeeded()
+            # The ack queue exists now: /readyz need not wait for the next refresh.
+            self.jobs.refresh_gauges_now()
+
+        def new_sender() -> None:
+            check_new_sender(self.engine, self.config.sender)
 
         while not self._stop.is_set():
             try:
-                consume_acks(self.config, self.batches, self._stop, consuming)
+                consume_acks(self.config, self.batches, self._stop, consuming, new_sender)
+            except ConfigError as exc:
+                # A mistyped sender name: its queues are not created, and no retry mends it.
+                self.fatal = str(exc)
+                log.error("the evaluator stops: %s", self.fatal)
+                return
             except BrokerAuthError as exc:
                 # A broker restart does not refuse credentials; a wrong URL does, for ever.
                 refused += 1

@@ -12,6 +12,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from condmsg import tables
+from condmsg.core import protocol
+from condmsg.core.errors import ConfigError
 from condmsg.runtime import migrate
 from condmsg.tables import store_secret
 from evaluator.failures import FIRST_RETRY_S, MAX_RETRY_S, first_line
@@ -20,6 +22,7 @@ from evaluator.store_psycopg import PsycopgDecisionStore
 from evaluator.store_sqlalchemy import SqlAlchemyDecisionStore
 from outbox import backends
 from outbox.backoff import Backoff
+from outbox.repeated_failures import RepeatedFailures
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,33 @@ log = logging.getLogger(__name__)
 def decision_store(bind: Engine | Connection | Session) -> DecisionStore:
     """The :class:`DecisionStore` adapter for ``bind``'s database and driver."""
     return backends.pick(bind, psycopg=PsycopgDecisionStore(), portable=SqlAlchemyDecisionStore())
+
+
+def check_new_sender(engine: Engine, sender: str) -> None:
+    """:class:`ConfigError` if ``sender`` looks mistyped: its queues do not exist yet (the
+    caller knows) and the store holds CMs of other senders but none of its own. A
+    sender's first start finds an empty store (made by ``condmsg db upgrade``) or its own
+    CMs (its application sent before the evaluator first ran); a store that serves someone
+    else only is what a typo in ``--sender`` meets."""
+    with engine.connect() as conn:
+        other = another_sender(conn, sender)
+    if other is not None:
+        where = engine.url.render_as_string(hide_password=True)
+        raise ConfigError(
+            f"no sender {sender!r}: its ack queue {protocol.ack_queue(sender)} does not exist "
+            f"and the store at {where} holds CMs of {other!r}, none of {sender!r}; check "
+            "--sender (the name the application's Sender uses)"
+        )
+
+
+def another_sender(conn: Connection, sender: str) -> str | None:
+    """The name of a sender with CMs in the store if ``sender`` has none there, else None
+    (also for a store without any CM): what a mistyped sender name finds."""
+    cms = tables.cms
+    own = conn.execute(sa.select(cms.c.cm_id).where(cms.c.sender == sender).limit(1))
+    if own.first() is not None:
+        return None
+    return conn.execute(sa.select(cms.c.sender).limit(1)).scalar()
 
 
 class SenderStore:
@@ -55,6 +85,8 @@ class SenderStore:
         self._stop = stop
         self._prepared = threading.Event()
         self._preparing = threading.Lock()
+        # Logged as every service logs a retried failure: once, then a reminder a minute.
+        self._waits = RepeatedFailures(log, f"opening the store at {self.name}", traceback=False)
 
     @property
     def secret(self) -> bytes:
@@ -85,21 +117,19 @@ class SenderStore:
             self._prepared.set()
 
     def wait_until_prepared(self, stop: threading.Event | None = None) -> bool:
-        """:meth:`prepare`, retried with backoff while the database is unreachable (each
-        wait logged); False if the service was stopped (or ``stop`` set) meanwhile. A
-        configuration error (:class:`ConfigError`) is raised: no retry mends it."""
+        """:meth:`prepare`, retried with backoff while the database is unreachable (logged
+        once, then a reminder a minute, and once when it opens); False if the service was
+        stopped (or ``stop`` set) meanwhile. A configuration error (:class:`ConfigError`)
+        is raised: no retry mends it."""
         retries = Backoff(FIRST_RETRY_S, MAX_RETRY_S, stop=self._stop)
         while True:
             try:
                 self.prepare()
+                self._waits.succeeded()
                 return True
             except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
                 if self._stop.is_set() or (stop is not None and stop.is_set()):
                     return False
-                log.warning(
-                    "waiting for the database at %s: %s; retrying in %.1fs",
-                    self.name,
-                    first_line(exc.orig if exc.orig is not None else exc),
-                    retries.upcoming_s,
-                )
+                reason = first_line(exc.orig if exc.orig is not None else exc)
+                self._waits.failed(reason, level=logging.WARNING)
                 retries.wait(stop)

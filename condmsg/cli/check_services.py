@@ -28,7 +28,7 @@ from condmsg.core import protocol
 from condmsg.core.errors import CondmsgError
 from condmsg.runtime import migrate
 from condmsg.runtime.amqp import connect, describe_url
-from condmsg.runtime.db import describe_db_url
+from condmsg.runtime.db import describe_db_url, require_existing_file
 from condmsg.runtime.exit_codes import FAILED, OK, add_command
 from condmsg.runtime.settings import ENV_DB_URL, ENV_TEST_PG_URL, Settings
 from condmsg.runtime.url_checks import checked_db_url
@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     amqp = amqp_url(args)
     db = checked_db_url(args.db_url or os.environ.get(ENV_DB_URL) or settings.test_pg_url)
+    require_existing_file(db)  # a check creates nothing, not even an empty SQLite file
     problems = [p for p in (_broker(amqp, args.sender), _database(db, args.store)) if p]
     for problem in problems:
         print(f"condmsg check-services: {problem}", file=sys.stderr)

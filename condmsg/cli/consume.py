@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--count must be at least 1")
     if args.timeout is not None and args.timeout <= 0:
         raise ConfigError("--timeout must be positive")
-    db_url = named_db_url(args)
+    db_url = named_db_url(args, existing=not args.create_schema)
     broker = amqp_url(args)
     require_queue(
         broker,

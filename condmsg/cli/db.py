@@ -19,7 +19,7 @@ from condmsg.cli.failures import database_problem
 from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.core.errors import ConfigError
 from condmsg.runtime import migrate
-from condmsg.runtime.db import describe_db_url
+from condmsg.runtime.db import describe_db_url, require_existing_file
 from condmsg.runtime.exit_codes import FAILED, OK, add_command
 
 
@@ -45,6 +45,16 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     url = named_db_url(args)
+    if args.action != "upgrade":
+        # Only an upgrade creates a store: a mistyped SQLite path must not become an empty
+        # file. For check, a store that is not there is a failed check, as a missing schema.
+        try:
+            require_existing_file(url)
+        except ConfigError as exc:
+            if args.action != "check":
+                raise
+            print(f"condmsg db: {exc}", file=sys.stderr)
+            return FAILED
     try:
         engine = sa.create_engine(url)
     except (sa.exc.ArgumentError, ImportError) as exc:

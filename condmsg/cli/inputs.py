@@ -60,9 +60,23 @@ def parse_condition(document: bytes) -> Condition:
     return condition_from_dict(data)
 
 
+def _looks_like_json(document: bytes) -> bool:
+    """Written as JSON: an array, or an object whose first key is quoted (a YAML flow
+    mapping such as ``{type: destination, ...}`` starts with ``{`` too, unquoted)."""
+    text = document.lstrip()
+    return text[:1] == b"[" or (text[:1] == b"{" and text[1:].lstrip()[:1] in (b'"', b"}"))
+
+
 def _decode(document: bytes) -> Any:
     try:
         return json.loads(document)
+    except json.JSONDecodeError as exc:
+        if _looks_like_json(document):
+            # YAML would read some broken JSON (``{"name": }``) as something else, and
+            # the error would then be about the condition rather than the syntax.
+            raise ConditionError(
+                f"condition: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+            ) from None
     except (ValueError, RecursionError):
         pass  # not JSON: YAML, of which JSON is nearly a subset, says what is wrong
     import yaml

@@ -7,12 +7,10 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
-
-from sqlalchemy.engine import make_url
 
 from condmsg.core.errors import ConfigError
 from condmsg.runtime.amqp import describe_url
+from condmsg.runtime.db import require_existing_file
 from condmsg.runtime.settings import DEFAULT_AMQP_URL, ENV_AMQP_URL, ENV_DB_URL, Settings
 from condmsg.runtime.url_checks import checked_amqp_url, checked_db_url
 
@@ -68,11 +66,7 @@ def named_db_url(args: argparse.Namespace, *, existing: bool = False) -> str:
         raise ConfigError(f"name the database: --db-url or {ENV_DB_URL}")
     checked_db_url(url)
     if existing:
-        parsed = make_url(str(url))
-        path = parsed.database
-        sqlite_file = parsed.get_backend_name() == "sqlite" and path and path != ":memory:"
-        if sqlite_file and not Path(str(path)).exists():
-            raise ConfigError(f"no store at {path} (a SQLite file that does not exist)")
+        require_existing_file(url)
     return str(url)
 
 

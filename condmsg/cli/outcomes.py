@@ -61,6 +61,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from condmsg.runtime.topology import checked_sender_name
+
+    checked_sender_name(args.sender)
     if args.follow and args.since is not None:
         raise ConfigError("--since reads the store: leave out --follow")
     if not args.follow and args.timeout is not None:
@@ -126,7 +129,8 @@ def _print_outcomes(sender: Sender, timeout: float | None) -> None:
 def _decided(args: argparse.Namespace) -> int:
     from condmsg import tables
     from condmsg.core.outcome import Outcome
-    from condmsg.runtime.db import make_engine
+    from condmsg.runtime.db import describe_db_url, make_engine
+    from evaluator.store_setup import another_sender
 
     cms = tables.cms
     query = (
@@ -139,6 +143,12 @@ def _decided(args: argparse.Namespace) -> int:
     engine = make_engine(named_db_url(args, existing=True))
     try:
         with engine.connect() as conn:
+            other = another_sender(conn, args.sender)
+            if other is not None:
+                raise ConfigError(
+                    f"no CMs of sender {args.sender!r} in {describe_db_url(str(engine.url))}, "
+                    f"which holds CMs of {other!r}; check --sender"
+                )
             for row in conn.execute(query):
                 _emit(Outcome.from_row(row).to_dict())
     finally:

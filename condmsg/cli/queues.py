@@ -4,10 +4,9 @@ and wait on it for ever)."""
 
 from __future__ import annotations
 
-import pika.exceptions
-
 from condmsg.core.errors import ConfigError
 from condmsg.runtime.amqp import connect, describe_url
+from condmsg.runtime.topology import queue_exists
 
 
 def require_queue(url: str, queue: str, hint: str) -> None:
@@ -15,14 +14,8 @@ def require_queue(url: str, queue: str, hint: str) -> None:
     queue exists at the broker ``url``."""
     connection = connect(url, name="condmsg-queue-check")
     try:
-        try:
-            connection.channel().queue_declare(queue, passive=True)
-        except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code != 404:
-                raise
-            raise ConfigError(
-                f"queue {queue!r} does not exist at {describe_url(url)}; {hint}"
-            ) from None
+        if not queue_exists(connection, queue):
+            raise ConfigError(f"queue {queue!r} does not exist at {describe_url(url)}; {hint}")
     finally:
         if connection.is_open:
             connection.close()

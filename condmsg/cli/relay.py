@@ -131,7 +131,8 @@ def _create_tables(engine: sa.Engine, table: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
-    engine = sa.create_engine(named_db_url(args), pool_size=args.batches_in_flight + 2)
+    db_url = named_db_url(args, existing=not args.create_tables)
+    engine = sa.create_engine(db_url, pool_size=args.batches_in_flight + 2)
     try:
         if args.create_tables and not _create_tables(engine, args.table):
             return INTERRUPTED

@@ -79,10 +79,12 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from condmsg.runtime.amqp import connect
     from condmsg.runtime.settings import Settings
+    from condmsg.runtime.topology import checked_sender_name
     from condmsg.sending.sender import Sender
 
     if args.wait is not None and args.wait < 0:
         raise ConfigError("--wait must not be negative")
+    checked_sender_name(args.sender)
     exclusive_stdin(condition=args.condition, payload=args.payload)
     try:
         condition = parse_condition(condition_text(args.condition))
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--condition: {exc}") from None
     payload = read_bytes(args.payload) if args.payload else b""
     compensation = read_bytes(args.compensation) if args.compensation else None
-    db_url = named_db_url(args)
+    db_url = named_db_url(args, existing=not args.create_schema)
     broker = amqp_url(args)
     # The sender would record the CM with the broker down (its outbox holds the copies
     # until a relay can publish them) and only log that it could not declare the queues;

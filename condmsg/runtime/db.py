@@ -9,13 +9,14 @@ read-then-write transaction takes the write lock up front instead of failing to 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine.url import make_url
 
-from condmsg.core.errors import StoreError
+from condmsg.core.errors import ConfigError, StoreError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: A pooled PostgreSQL connection is pinged before it is handed out only if it sat in the
@@ -29,6 +30,22 @@ def describe_db_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
         return "<unparseable database URL>"
+
+
+def require_existing_file(url: str) -> str:
+    """``url``, or :class:`ConfigError` if it names a SQLite file that does not exist:
+    SQLite creates a missing file on the first connection, so a mistyped path would become
+    an empty store in whatever directory the command ran in. A store is created on
+    purpose, by ``condmsg db upgrade`` (or ``--create-schema``), never by a reader."""
+    parsed = make_url(url)
+    path = parsed.database or ""
+    a_file = path not in ("", ":memory:") and not path.startswith("file:")  # file: is a URI
+    if parsed.get_backend_name() == "sqlite" and a_file and not Path(path).exists():
+        raise ConfigError(
+            f"no store at {path} (a SQLite file that does not exist); check the path, "
+            "or create the store with: condmsg db upgrade --db-url ..."
+        )
+    return url
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:

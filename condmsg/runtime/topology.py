@@ -22,11 +22,20 @@ is.
 The sender's ack and outcome queues and the dead-letter queues are quorum queues: they need
 no priorities, are consumed with ``basic_consume``, and quorum queues replicate and outran
 classic ones on this kind of machine (see shared/BASELINES.md).
+
+The outcome queue is bounded by a message TTL (:data:`OUTCOME_TTL`): many applications
+never read it (they ask ``Sender.outcome(id)``, which reads the store), and a queue nobody
+reads would otherwise grow for ever. A notification that expires is dropped, and nothing
+is lost with it: the store keeps every outcome. A TTL rather than a length limit because a
+length limit drops the oldest notifications during a burst, also ones a live consumer is
+about to read, and ``reject-publish`` would turn a full queue into parked outbox rows.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from datetime import timedelta
 
 import pika
 import pika.exceptions
@@ -37,11 +46,23 @@ from condmsg.core.errors import ConfigError
 from condmsg.runtime.amqp import connected_address, server_version
 from condmsg.runtime.settings import DEFAULT_QUEUE_TYPE, ENV_DESTINATION_QUEUE_TYPE, QUEUE_TYPES
 
+log = logging.getLogger(__name__)
+
 QUORUM = {"x-queue-type": "quorum"}
+#: How long a notification waits on an outcome queue before RabbitMQ drops it. A policy
+#: with ``message-ttl`` (or ``max-length``) bounds it further without a redeclaration
+#: (the lower TTL wins): docs/sending.md, "The outcome queue".
+OUTCOME_TTL = timedelta(days=7)
+#: The longest sender name: its queue names (``condmsg.<sender>.outcome``) must fit
+#: RabbitMQ's 255 bytes.
+MAX_SENDER_BYTES = 255 - len("condmsg..outcome")
 #: The first RabbitMQ release whose quorum queues carry message priorities.
 QUORUM_PRIORITIES_SINCE = (4,)
 
 PRECONDITION_FAILED = 406
+_CURRENT_TTL = re.compile(
+    r"inequivalent arg 'x-message-ttl'.*current is (?:the value '(\d+)'|none)"
+)
 _CURRENT_TYPE = re.compile(r"inequivalent arg 'x-queue-type'.*current is (?:the value )?'(\w+)'")
 
 
@@ -104,3 +125,62 @@ def describe_mode(connection: pika.BlockingConnection, queue_type: str) -> str:
 def declare_service_queue(channel: BlockingChannel, name: str) -> None:
     """A durable quorum queue for acks, outcomes and dead letters."""
     channel.queue_declare(name, durable=True, arguments=dict(QUORUM))
+
+
+NOT_FOUND = 404
+
+
+def queue_exists(connection: pika.BlockingConnection, name: str) -> bool:
+    """Whether the queue ``name`` exists, asked without declaring it (a passive declare,
+    on a channel of its own: a missing queue closes the channel that asked)."""
+    channel = connection.channel()
+    try:
+        channel.queue_declare(name, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code != NOT_FOUND:
+            raise
+        return False
+    channel.close()
+    return True
+
+
+def declare_outcome_queue(connection: pika.BlockingConnection, name: str) -> None:
+    """A sender's outcome queue: a service queue whose notifications expire after
+    :data:`OUTCOME_TTL`. One that exists with another TTL, or none (declared by an earlier
+    release), is used as it is, with a warning that says how to bound it: RabbitMQ refuses
+    to change a queue's arguments, and refusing to start would stop the outcomes too."""
+    channel = connection.channel()  # a refused declaration closes the channel
+    arguments = dict(QUORUM, **{"x-message-ttl": int(OUTCOME_TTL.total_seconds() * 1000)})
+    try:
+        channel.queue_declare(name, durable=True, arguments=arguments)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        found = _CURRENT_TTL.search(str(exc.reply_text))
+        if exc.reply_code != PRECONDITION_FAILED or found is None:
+            raise
+        log.warning(
+            "outcome queue %s exists with %s, not %d ms, and RabbitMQ cannot "
+            "change it: it is used as it is. To bound it now, set a policy (rabbitmqctl "
+            "set_policy --apply-to queues condmsg-outcomes '^condmsg\\..+\\.outcome$' "
+            "'{\"message-ttl\":%d}'), or delete it while no one reads it and condmsg "
+            "declares it again (docs/sending.md, 'The outcome queue')",
+            name,
+            f"message TTL {found.group(1)} ms" if found.group(1) else "no message TTL",
+            arguments["x-message-ttl"],
+            arguments["x-message-ttl"],
+        )
+        return
+    channel.close()
+
+
+def checked_sender_name(name: str) -> str:
+    """``name``, or :class:`ConfigError` if it cannot name a sender's queues: empty, with
+    white space or control characters (queues named so are legal in RabbitMQ and a trap
+    for every shell and URL that names them), or too long for RabbitMQ."""
+    if not name or any(c.isspace() or not c.isprintable() for c in name):
+        raise ConfigError(
+            f"bad sender name {name!r}: use letters, digits and . _ - (no spaces); its "
+            "queues are named condmsg.<sender>.ack and .outcome"
+        )
+    if len(name.encode()) > MAX_SENDER_BYTES:
+        raise ConfigError(f"bad sender name: longer than {MAX_SENDER_BYTES} bytes")
+    return name

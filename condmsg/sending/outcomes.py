@@ -20,7 +20,7 @@ from condmsg.core.errors import BrokerAuthError, BrokerError, ProtocolError
 from condmsg.core.outcome import SPHERE_OUTCOME_TYPE, Outcome, SphereOutcome
 from condmsg.runtime.amqp import connect
 from condmsg.runtime.pausing import Pause
-from condmsg.runtime.topology import declare_service_queue
+from condmsg.runtime.topology import declare_outcome_queue
 
 #: Where the stream says that it pauses for a broker outage and resumes.
 OUTCOMES_LOG = logging.getLogger(__name__)
@@ -58,8 +58,8 @@ def _one_connection(
     """The documents of one connection to the outcome queue."""
     connection = connect(amqp_url, name=f"condmsg-outcomes-{sender}")
     try:
+        declare_outcome_queue(connection, protocol.outcome_queue(sender))
         channel = connection.channel()
-        declare_service_queue(channel, protocol.outcome_queue(sender))
         channel.basic_qos(prefetch_count=100)
         # Short waits, the caller's timeout counted here: pika's blocking consume tells
         # of a lost connection only when a wait ends, not while it waits.

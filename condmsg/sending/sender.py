@@ -42,6 +42,7 @@ from condmsg.runtime.relaying import OwnsOutbox
 from condmsg.runtime.settings import DEFAULT_QUEUE_TYPE, Settings
 from condmsg.runtime.topology import (
     declare_destination,
+    declare_outcome_queue,
     declare_service_queue,
     describe_mode,
     destination_arguments,
@@ -380,12 +381,9 @@ class Sender(OwnsOutbox):
         try:
             log.info("%s", describe_mode(connection, self.destination_queue_type))
             channel = connection.channel()
-            for queue in (
-                protocol.ack_queue(self.name),
-                protocol.outcome_queue(self.name),
-                protocol.dead_letter_queue(self.name),
-            ):
+            for queue in (protocol.ack_queue(self.name), protocol.dead_letter_queue(self.name)):
                 declare_service_queue(channel, queue)
+            declare_outcome_queue(connection, protocol.outcome_queue(self.name))
         finally:
             connection.close()
 

@@ -20,7 +20,11 @@ from condmsg.runtime import migrate
 from condmsg.runtime.amqp import connect
 from condmsg.runtime.db import make_engine
 from condmsg.runtime.exit_codes import EXIT_CODES
-from condmsg.runtime.topology import declare_destination, declare_service_queue
+from condmsg.runtime.topology import (
+    declare_destination,
+    declare_outcome_queue,
+    declare_service_queue,
+)
 from tests.integration.test_cli_commands import COMMAND, ROOT, cli, cli_env
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
@@ -127,8 +131,9 @@ def ctx(tmp_path: Path, amqp_url: str, unique_name: str) -> Ctx:
     connection = connect(amqp_url)
     try:
         declare_destination(connection, queue)
-        for kind in ("ack", "outcome", "dead"):
+        for kind in ("ack", "dead"):
             declare_service_queue(connection.channel(), f"condmsg.{sender}.{kind}")
+        declare_outcome_queue(connection, f"condmsg.{sender}.outcome")
     finally:
         connection.close()
     return Ctx(db=url, amqp=amqp_url, queue=queue, sender=sender, tmp=tmp_path)

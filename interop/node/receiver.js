@@ -20,7 +20,8 @@ const MAX_ATTEMPTS = Number(env.CONDMSG_MAX_ATTEMPTS || 5);
 const BACKOFF_MS = Number(env.CONDMSG_RETRY_BACKOFF_MS || 200);
 const BACKOFF_MAX_MS = 25 * BACKOFF_MS;
 const SEQ_TIMEOUT_MS = Number(env.CONDMSG_SEQUENCE_TIMEOUT_MS || 300000);
-const QUEUE_TYPE = env.CONDMSG_DESTINATION_QUEUE_TYPE || 'classic';
+// protocol.md, "Which type a receiver declares": classic when unset; case and blanks aside.
+const QUEUE_TYPE = env.CONDMSG_DESTINATION_QUEUE_TYPE === undefined ? 'classic' : env.CONDMSG_DESTINATION_QUEUE_TYPE.trim().toLowerCase();
 const RECEIVER_ID = `${os.hostname()}:${process.pid}:${RECIPIENT}`.slice(0, 255);
 const ACK_TYPE = 'application/vnd.condmsg.ack+json';
 
@@ -195,24 +196,42 @@ async function deliver(m, d, body, messageId, replyTo, readAt) {
 const poisonKey = (id) => ([...id].length <= 128 && !id.includes('\0') && !/\p{Cs}/u.test(id) ? id
   : `sha256:${crypto.createHash('sha256').update(id, 'utf8').digest('hex')}`);
 
+// The reason to move the message counted under `key` to the invalid-message queue if its
+// failed attempts reached max_attempts (their row is deleted), else null; `q` is the pool
+// or a transaction's client.
+async function exhausted(q, key) {
+  const { rows } = await q.query('SELECT attempts, last_error FROM condmsg_poison WHERE message_id = $1', [key]);
+  // DEFECT never-give-up: a message that failed max_attempts times is to be moved.
+  if (rows.length === 0 || rows[0].attempts < MAX_ATTEMPTS || broken('never-give-up')) return null;
+  await q.query('DELETE FROM condmsg_poison WHERE message_id = $1', [key]);
+  return `poison message: processing failed ${rows[0].attempts} times: ${rows[0].last_error}`;
+}
+
 // A redelivered message that failed max_attempts times goes to the invalid-message queue.
 async function poisoned(d) {
   if (!d.fields.redelivered || !d.properties.messageId) return false;
-  const key = poisonKey(d.properties.messageId);
-  const { rows } = await pool.query('SELECT attempts, last_error FROM condmsg_poison WHERE message_id = $1', [key]);
-  // DEFECT never-give-up: a message that failed max_attempts times is to be moved.
-  if (rows.length === 0 || rows[0].attempts < MAX_ATTEMPTS || broken('never-give-up')) return false;
-  await pool.query('DELETE FROM condmsg_poison WHERE message_id = $1', [key]);
-  await toInvalid(d.properties, d.content, `poison message: processing failed ${rows[0].attempts} times: ${rows[0].last_error}`);
+  const reason = await exhausted(pool, poisonKey(d.properties.messageId));
+  if (reason === null) return false;
+  await toInvalid(d.properties, d.content, reason);
   ch.ack(d);
   return true;
 }
 
-// The pause after the `attempts`-th failure: the message is held unacked meanwhile, so
-// that no consumer gets it again at once.
+// One more failed attempt of the message counted under `key`, in a transaction of its own
+// (the app's rolled back); returns the count.
+async function countFailure(key, error) {
+  const { rows } = await pool.query(
+    `INSERT INTO condmsg_poison (message_id, attempts, last_error, updated_at) VALUES ($1, 1, $2, $3)
+     ON CONFLICT (message_id) DO UPDATE SET attempts = condmsg_poison.attempts + 1, last_error = $2, updated_at = $3
+     RETURNING attempts`, [key, [...error.message].slice(0, 500).join(''), new Date()]);
+  return rows[0].attempts;
+}
+
+// The pause after the `attempts`-th failure: the message is held meanwhile, so that no
+// consumer gets it again at once. None after the last one: the next reading moves it.
 function pauseAfter(attempts) {
   // DEFECT no-retry-pause: a failed message waits before it goes back to its queue.
-  if (broken('no-retry-pause')) return 0;
+  if (attempts >= MAX_ATTEMPTS || broken('no-retry-pause')) return 0;
   return Math.min(BACKOFF_MS * 2 ** (attempts - 1), BACKOFF_MAX_MS);
 }
 
@@ -230,22 +249,41 @@ async function settle(d, work) {
       setTimeout(() => ch.nack(d, false, true), pauseAfter(1)); // uncounted: the store's fault, or no id
       return;
     }
-    const { rows } = await pool.query(
-      `INSERT INTO condmsg_poison (message_id, attempts, last_error, updated_at) VALUES ($1, 1, $2, $3)
-       ON CONFLICT (message_id) DO UPDATE SET attempts = condmsg_poison.attempts + 1, last_error = $2, updated_at = $3
-       RETURNING attempts`, [key, [...e.message].slice(0, 500).join(''), new Date()]);
-    setTimeout(() => ch.nack(d, false, true), pauseAfter(rows[0].attempts));
+    const attempts = await countFailure(key, e);
+    setTimeout(() => ch.nack(d, false, true), pauseAfter(attempts));
   }
 }
 
 // --- Message Sequences (protocol.md, "Message Sequences") ---------------------------------
+// protocol.md, "headers_json": the AMQP values that JSON cannot hold are stored as text.
+function jsonHeader(v) {
+  if (Buffer.isBuffer(v)) return v.toString('utf8');
+  if (Array.isArray(v)) return v.map(jsonHeader);
+  if (v === null || typeof v !== 'object') return v;
+  if (v['!'] === 'decimal') {
+    const digits = String(v.value.digits).padStart(v.value.places + 1, '0');
+    return v.value.places === 0 ? digits : `${digits.slice(0, -v.value.places)}.${digits.slice(-v.value.places)}`;
+  }
+  if (v['!'] === 'timestamp') return new Date(v.value * 1000).toISOString();
+  return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, jsonHeader(x)]));
+}
+// Stored headers read back; ones that cannot be are none (the reason alone goes with them).
+function storedHeaders(json) {
+  try {
+    const h = JSON.parse(json);
+    return h !== null && typeof h === 'object' && !Array.isArray(h) ? h : {};
+  } catch {
+    return {};
+  }
+}
+
 async function storePart(d, m) {
   const p = d.properties;
   const props = { content_type: p.contentType || null, message_id: p.messageId || null, correlation_id: p.correlationId || null, reply_to: p.replyTo || null };
   await pool.query(
     `INSERT INTO condmsg_sequence_part (seq_id, position, size, queue, headers_json, properties_json, body, received_at)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING`,
-    [m.seqId, m.pos, m.size, QUEUE, JSON.stringify(p.headers), JSON.stringify(props), d.content, new Date()]);
+    [m.seqId, m.pos, m.size, QUEUE, JSON.stringify(jsonHeader(p.headers)), JSON.stringify(props), d.content, new Date()]);
   // DEFECT ack-per-part: one ack goes out for the whole copy, none for a part.
   if (broken('ack-per-part')) await enqueueAck(pool, m, p.replyTo, new Date());
   ch.ack(d);
@@ -256,7 +294,10 @@ async function storePart(d, m) {
 // positions 0 to size - 1 of one size.
 function discord(seqId, parts) {
   const sizes = [...new Set(parts.map((r) => r.size))].sort((a, b) => a - b);
-  if (sizes.length === 1) return null;
+  if (sizes.length === 1) {
+    const whole = parts.length === sizes[0] && parts.every((r, i) => r.position === i);
+    return whole ? null : `incomplete sequence ${seqId}: ${parts.length} of ${sizes[0]} parts when taken`;
+  }
   const claims = sizes.map((size) => {
     const at = parts.filter((r) => r.size === size).map((r) => r.position + 1);
     return `${at.length > 1 ? 'parts' : 'part'} ${at.join(', ')}: ${size}`;
@@ -264,41 +305,64 @@ function discord(seqId, parts) {
   return `inconsistent sequence ${seqId}: its parts disagree on its size (${claims.join('; ')})`;
 }
 
+// Takes a complete sequence in transaction `c` and delivers its whole; returns what its
+// ack needs if the app got it, else null. Whatever the store holds only goes to the
+// invalid-message queue before the DELETE commits: a crash duplicates it, never loses it.
+async function takeSequence(c, seqId) {
+  // The DELETE is the claim: a competing consumer blocks on the rows, then finds none.
+  const parts = (await c.query(
+    'DELETE FROM condmsg_sequence_part WHERE seq_id = $1 RETURNING position, size, body, headers_json, properties_json', [seqId]))
+    .rows.sort((a, b) => a.position - b.position);
+  if (parts.length === 0) return null; // another consumer took it
+  const disagree = discord(seqId, parts);
+  if (disagree !== null) {
+    for (const r of parts) {
+      await toInvalid({ headers: storedHeaders(r.headers_json) }, r.body, `${disagree}; this is part ${r.position + 1} of ${r.size}`, false);
+    }
+    return null;
+  }
+  const headers = storedHeaders(parts[0].headers_json);
+  const props = JSON.parse(parts[0].properties_json);
+  const body = Buffer.concat(parts.map((r) => r.body));
+  const readAt = new Date();
+  // DEFECT wrong-sequence-id: the whole's message id is the sequence id, not part 0's.
+  const messageId = broken('wrong-sequence-id') ? props.message_id : seqId;
+  const d = { fields: { redelivered: false }, properties: { headers, messageId, replyTo: props.reply_to }, content: body };
+  let m;
+  try { // the whole is judged again: a whole that fails goes as one message
+    m = parse(d, { secret: SECRET, recipient: RECIPIENT });
+    checkPayload(body, props.content_type);
+  } catch (e) {
+    await toInvalid({ headers }, body, e.message, false);
+    return null;
+  }
+  const poison = await exhausted(c, poisonKey(seqId)); // its failed attempts go by its sequence id
+  if (poison !== null) {
+    await toInvalid({ headers }, body, poison, false);
+    return null;
+  }
+  return (await deliverIn(c, m, d, body, seqId, props.reply_to, readAt)) ? { m, replyTo: props.reply_to, readAt } : null;
+}
+
+// Sequences whose whole failed here wait out their pause: seq id -> when (ms since 1970).
+// There is no delivery to hold unacked, so the pause is this process's alone.
+const heldBack = new Map();
+
 async function completeSequences() {
   const { rows } = await pool.query(
     'SELECT seq_id FROM condmsg_sequence_part WHERE queue = $1 GROUP BY seq_id, size HAVING count(*) = size LIMIT 10', [QUEUE]);
   for (const { seq_id: seqId } of rows) {
-    const taken = await inTx(async (c) => {
-      // The DELETE is the claim: a competing consumer blocks on the rows, then finds none.
-      const parts = (await c.query(
-        'DELETE FROM condmsg_sequence_part WHERE seq_id = $1 RETURNING position, size, body, headers_json, properties_json', [seqId]))
-        .rows.sort((a, b) => a.position - b.position);
-      const disagree = discord(seqId, parts);
-      if (disagree !== null) { // published before the DELETE commits: a crash duplicates, never loses
-        for (const r of parts) {
-          const reason = `${disagree}; this is part ${r.position + 1} of ${r.size}`;
-          await toInvalid({ headers: JSON.parse(r.headers_json) }, r.body, reason, false);
-        }
-        return null;
-      }
-      if (parts.length === 0 || parts.length !== parts[0].size) return null; // another consumer took it
-      const headers = JSON.parse(parts[0].headers_json);
-      const props = JSON.parse(parts[0].properties_json);
-      // DEFECT wrong-sequence-id: the whole's message id is the sequence id, not part 0's.
-      const messageId = broken('wrong-sequence-id') ? props.message_id : seqId;
-      const d = { fields: { redelivered: false }, properties: { headers, messageId, replyTo: props.reply_to } };
-      const body = Buffer.concat(parts.map((r) => r.body));
-      const readAt = new Date();
-      let m;
-      try { // the whole is judged again: a whole that fails goes as one message
-        m = parse({ ...d, content: body }, { secret: SECRET, recipient: RECIPIENT });
-        checkPayload(body, props.content_type);
-      } catch (e) {
-        await toInvalid({ headers }, body, e.message, false);
-        return null;
-      }
-      return (await deliverIn(c, m, d, body, seqId, props.reply_to, readAt)) ? { m, replyTo: props.reply_to, readAt } : null;
-    }).catch((e) => console.error(`sequence ${seqId} stays stored: ${e.message}`));
+    if ((heldBack.get(seqId) || 0) > Date.now()) continue;
+    heldBack.delete(seqId);
+    let taken;
+    try {
+      taken = await inTx((c) => takeSequence(c, seqId));
+    } catch (e) { // rolled back: the parts stay stored
+      const attempts = e instanceof AppFailure ? await countFailure(poisonKey(seqId), e) : 1; // else the store's fault
+      heldBack.set(seqId, Date.now() + pauseAfter(attempts));
+      console.error(`sequence ${seqId} stays stored: ${e.message}`);
+      continue;
+    }
     if (taken) await ackApart(taken.m, taken.replyTo, taken.readAt);
   }
 }
@@ -313,7 +377,7 @@ async function expireSequences() {
          HAVING min(received_at) < $1 AND count(*) < size) RETURNING seq_id, position, size, body, headers_json`, [cutoff]);
     for (const r of rows) { // published before the DELETE commits: a crash duplicates, never loses
       const reason = `incomplete sequence ${r.seq_id}: part ${r.position + 1} of ${r.size}, others missing after ${SEQ_TIMEOUT_MS} ms`;
-      await toInvalid({ headers: JSON.parse(r.headers_json) }, r.body, reason, false);
+      await toInvalid({ headers: storedHeaders(r.headers_json) }, r.body, reason, false);
     }
   });
 }

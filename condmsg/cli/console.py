@@ -71,7 +71,25 @@ def register(subparsers: Any) -> None:
         default=outbox.DEFAULT_TABLE_NAME,
         help="the outbox table (default: %(default)s)",
     )
+    parser.add_argument(
+        "--db-timeout",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=5.0,
+        help="how long a page waits for a store before it answers 503: PostgreSQL's "
+        "connect and statement timeouts, SQLite's busy timeout (default: %(default)g)",
+    )
     parser.set_defaults(handler=run, schema_store="sender")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"not a number of seconds in (0, 3600]: {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from condmsg.console import ConsoleConfig, Store, create_app
-    from condmsg.runtime.db import describe_db_url, make_engine
+    from condmsg.console.deadline import console_engine
+    from condmsg.runtime.db import describe_db_url
     from condmsg.runtime.logging_setup import configure_logging
     from condmsg.runtime.settings import Settings
 
@@ -93,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     urls = [named_db_url(args, existing=True), *args.receiver_db_url]
     stores = []
     for index, url in enumerate(urls):
-        engine = make_engine(url)
+        engine = console_engine(url, args.db_timeout)
         outbox_table = None
         if sa.inspect(engine).has_table(args.table):
             import outbox
@@ -109,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
             sender=args.sender,
             amqp_url=args.amqp_url or os.environ.get(ENV_AMQP_URL) or None,
             token=token,
+            db_timeout_s=args.db_timeout,
         )
     )
     logging.getLogger("condmsg.console").info(

@@ -10,6 +10,7 @@ that allows only the page's own inline style and its one nonce-tagged refresh sc
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from collections.abc import Callable, Sequence
@@ -24,16 +25,17 @@ import sqlalchemy as sa
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from condmsg import tables
-from condmsg.console import dead_letters, detail, queries
+from condmsg.console import dead_letters, deadline, detail, queries
 from condmsg.console.auth import COOKIE, Sessions
 from condmsg.console.render import FILTERS, chart
 from condmsg.core.timeutil import utcnow
 from condmsg.runtime.db import describe_db_url
 from condmsg.runtime.settings import Settings
+from outbox.urls import redact_url
 
 log = logging.getLogger("condmsg.console")
 
@@ -61,19 +63,24 @@ class ConsoleConfig:
     amqp_url: str | None = None
     token: str | None = None
     refresh_s: float = 5.0
+    #: Seconds a page waits for a store before it answers 503 (see condmsg.console.deadline).
+    db_timeout_s: float = deadline.DEFAULT_DB_TIMEOUT_S
     clock: Callable[[], datetime] = field(default=utcnow)
 
 
 def create_app(config: ConsoleConfig) -> Starlette:
     console = _Console(config)
+    for store in config.stores:
+        deadline.watch_engine(store.engine)
+    read = console.read
     return Starlette(
         routes=[
-            Route("/", console.overview),
-            Route("/live/overview", console.overview_live),
-            Route("/cms", console.cm_list),
-            Route("/cms/{cm_id}", console.cm_page),
-            Route("/spheres/{sphere_id}", console.sphere_page),
-            Route("/outbox", console.outbox_page),
+            Route("/", read(console.overview)),
+            Route("/live/overview", read(console.overview_live, live=True)),
+            Route("/cms", read(console.cm_list)),
+            Route("/cms/{cm_id}", read(console.cm_page)),
+            Route("/spheres/{sphere_id}", read(console.sphere_page)),
+            Route("/outbox", read(console.outbox_page)),
             Route("/outbox/{action:str}", console.outbox_action, methods=["POST"]),
             Route("/login", console.login, methods=["GET", "POST"]),
             Route("/logout", console.logout, methods=["POST"]),
@@ -117,6 +124,39 @@ class _Console:
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "no-referrer"
         return response
+
+    def read(
+        self, handler: Callable[[Request], Response], live: bool = False
+    ) -> Callable[[Request], Any]:
+        """``handler`` as an endpoint that answers 503 with what is wrong, in one line,
+        when a store fails or does not answer within the timeout; a live fragment's 503
+        carries only that line (the overview shows it beside its stale figures)."""
+        limit = self.config.db_timeout_s
+
+        async def endpoint(request: Request) -> Response:
+            watch = deadline.Watch()
+            work = asyncio.ensure_future(run_in_threadpool(watch.run, handler, request))
+            try:
+                # Past the timeout plus a second the server's own statement timeout should
+                # have answered; if it did not, the server is unreachable.
+                return await asyncio.wait_for(asyncio.shield(work), limit + 1)
+            except TimeoutError:
+                watch.cut_all()  # frees the worker thread blocked on the dead connection
+                problem = f"no answer within {limit:g} s"
+            except sa.exc.DBAPIError as exc:
+                problem = _first_line(exc.orig or exc)
+            except sa.exc.TimeoutError:
+                problem = "every connection of the pool is busy"
+            return self.unavailable(request, problem, live)
+
+        return endpoint
+
+    def unavailable(self, request: Request, problem: str, live: bool) -> Response:
+        database = redact_url(self.sender_store.engine.url.render_as_string(False))
+        log.warning("console %s: database %s: %s", request.url.path, database, problem)
+        if live:
+            return PlainTextResponse(f"{database}: {problem}", status_code=503)
+        return self.page(request, "unavailable.html", 503, database=database, problem=problem)
 
     def overview_data(self, request: Request) -> dict[str, Any]:
         window_name = request.query_params.get("window", "24h")
@@ -305,6 +345,10 @@ def _refused(reason: str, status: int = 403) -> Response:
 
 def _escape(text: str) -> str:
     return str(markupsafe.escape(text))
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _choice(value: str | None, allowed: Sequence[str]) -> str | None:

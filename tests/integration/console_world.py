@@ -78,15 +78,17 @@ def in_schema(pg_url: str, name: str) -> str:
 
 
 @contextmanager
-def serve(db_url: str, amqp_url: str, token: str | None) -> Iterator[str]:
+def serve(
+    db_url: str, amqp_url: str, token: str | None, db_timeout_s: float = 5.0
+) -> Iterator[str]:
     """The console over ``db_url`` on a free port; yields its base URL."""
     import uvicorn
 
     import outbox
     from condmsg.console import ConsoleConfig, Store, create_app
-    from condmsg.runtime.db import make_engine
+    from condmsg.console.deadline import console_engine
 
-    engine = make_engine(db_url)
+    engine = console_engine(db_url, db_timeout_s)
     app = create_app(
         ConsoleConfig(
             stores=[Store("sender store", engine, outbox.outbox_table())],
@@ -94,6 +96,7 @@ def serve(db_url: str, amqp_url: str, token: str | None) -> Iterator[str]:
             amqp_url=amqp_url,
             token=token,
             refresh_s=1.0,
+            db_timeout_s=db_timeout_s,
         )
     )
     port = _free_port()

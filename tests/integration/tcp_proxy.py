@@ -1,6 +1,9 @@
 """A TCP forwarder a test can break, in front of RabbitMQ or PostgreSQL: ``cut()`` kills
 every open connection (a network failure mid-batch); ``down()`` refuses new ones (a service
-that is not running); ``up()`` accepts again. It listens only once ``up()`` is called."""
+that is not running); ``up()`` accepts again; ``hold()`` makes it a black hole: it accepts and
+takes every byte but never answers (a hung server, a route that drops packets while the
+kernel in between still acknowledges them) until ``release()``. It listens only once ``up()``
+is called."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._closed = False
         self.accepted = 0
+        self.holding = False
 
     @classmethod
     def to(cls, url: str) -> TcpProxy:
@@ -71,6 +75,15 @@ class TcpProxy:
                 conn.shutdown(socket.SHUT_RDWR)  # wakes the pump blocked on it
             conn.close()
 
+    def hold(self) -> None:
+        """From now on, swallow what either side sends and accept without forwarding."""
+        self.holding = True
+
+    def release(self) -> None:
+        """Forward again; the connections held (their streams broken) are cut."""
+        self.holding = False
+        self.cut()
+
     def close(self) -> None:
         self._closed = True
         self.down()
@@ -83,6 +96,12 @@ class TcpProxy:
                 continue
             except OSError:
                 return
+            if self.holding:
+                with self._lock:
+                    self._conns.append(client)
+                    self.accepted += 1
+                threading.Thread(target=self._swallow, args=(client,), daemon=True).start()
+                continue
             try:
                 upstream = socket.create_connection(self.target)
             except OSError:
@@ -95,11 +114,17 @@ class TcpProxy:
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _swallow(self, client: socket.socket) -> None:
+        client.settimeout(None)
+        with contextlib.suppress(OSError):
+            while client.recv(65536):
+                pass
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                if not self.holding:
+                    dst.sendall(data)
         except OSError:
             pass
         finally:

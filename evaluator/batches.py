@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from evaluator import decisions
 from evaluator.config import EvaluatorConfig
 from evaluator.failures import FIRST_RETRY_S, MAX_RETRY_S, first_line, is_transient
-from evaluator.intake import dead_letter, describe, ingest
+from evaluator.intake import dead_letter, dead_letter_anomaly, describe, ingest
 from evaluator.metrics import EvaluatorMetrics, batch_report
 from evaluator.store_setup import SenderStore
 from outbox.backoff import Backoff
@@ -102,7 +102,10 @@ class AckBatches:
         log.error("ack dead-lettered (%s): %r", reason, body[:200])
         try:
             with Session(self._store.engine) as session, session.begin():
-                enqueue_all(session, [dead_letter(body, self._config.sender, reason)])
+                message = dead_letter(body, self._config.sender, reason)
+                enqueue_all(session, [message])
+                anomaly = dead_letter_anomaly(message, self._clock())
+                self._store.decisions.record_anomalies(session, [anomaly])
         except Exception:
             # Not even the outbox takes the dead letter: the batch is handed back (and
             # retried with backoff) rather than the ack dropped.

@@ -3,10 +3,13 @@
 Nothing here raises on bad input. A body that is not a valid ack document (or whose
 decoding raises anything at all, or with a field longer than its column) goes to the
 sender's dead-letter queue (through the outbox, in the same transaction) with the reason
-in a header. A valid document that cannot count (unknown CM, bad token, wrong destination
-or recipient, implausible times, duplicate) is recorded as an anomaly. An ack after its
-CM's decision is stored and reported, and flagged if, with every late ack of the CM
-before it, it would have changed the verdict.
+in a header, and is recorded as a ``malformed`` anomaly (its reason and the start of its
+body) in that transaction too: the store keeps what the queue holds, so that looking at
+dead letters (the console) never has to take them from the queue, where every look would
+spend one of their delivery attempts. A valid document that cannot count (unknown CM,
+bad token, wrong destination or recipient, implausible times, duplicate) is recorded as
+an anomaly. An ack after its CM's decision is stored and reported, and flagged if, with
+every late ack of the CM before it, it would have changed the verdict.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ Kind = tables.AnomalyKind
 _NEVER = datetime.min.replace(tzinfo=UTC)
 #: Dead-letter reasons are cut to this many characters (``condmsg-reason``).
 MAX_REASON = 1000
+#: Body bytes of a dead letter its ``malformed`` anomaly keeps (as text).
+DEAD_EXCERPT = 160
 
 
 @dataclass(slots=True)
@@ -105,8 +110,31 @@ def dead_letter(body: bytes, sender: str, reason: str) -> OutboxMessage:
         routing_key=protocol.dead_letter_queue(sender),
         body=body,
         message_type="condmsg.malformed-ack",
-        headers={protocol.H_REASON: reason.replace("\x00", "\\x00")[:MAX_REASON]},
+        headers={protocol.H_REASON: _no_nul(reason)[:MAX_REASON]},
     )
+
+
+def dead_letter_anomaly(message: OutboxMessage, now: datetime) -> dict[str, Any]:
+    """The ``malformed`` anomaly row recording the dead letter ``message``: its reason,
+    its size and the start of its body as text (``detail``), at ``now`` (UTC)."""
+    body = message.body
+    reason = (message.headers or {}).get(protocol.H_REASON, "")
+    text = _no_nul(bytes(body[:DEAD_EXCERPT]).decode("utf-8", "replace"))
+    more = "…" if len(body) > DEAD_EXCERPT else ""
+    return {
+        "kind": Kind.MALFORMED.value,
+        "cm_id": None,
+        "ack_id": None,
+        "destination": None,
+        "recipient": None,
+        "detail": f"{reason}; body ({len(body)} bytes): {text}{more}",
+        "recorded_at": now,
+    }
+
+
+def _no_nul(text: str) -> str:
+    """``text`` with NUL, which no store's text column holds, spelled out."""
+    return text.replace("\x00", "\\x00")
 
 
 def ingest(
@@ -156,6 +184,7 @@ def ingest(
     inserted = store.insert_acks(session, rows)
     for row, received in zip(rows, accepted, strict=True):
         _count(intake, anomalies, received, row, inserted, cms, prior, late)
+    anomalies.rows += [dead_letter_anomaly(m, now) for m in batch.dead]
     store.record_anomalies(session, anomalies.rows)
     return intake
 

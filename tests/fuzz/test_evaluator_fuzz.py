@@ -173,7 +173,13 @@ def snapshot(rig: Rig, batch: Batch, dead: list[tuple[bytes, str | None]]) -> Se
             ).all()
         )
         anomalies = dict(
-            conn.execute(sa.select(tables.anomalies.c.ack_id, tables.anomalies.c.kind)).all()
+            conn.execute(
+                # A dead letter's ``malformed`` anomaly has no ack id: its body is judged
+                # by the dead-letter queue below.
+                sa.select(tables.anomalies.c.ack_id, tables.anomalies.c.kind).where(
+                    tables.anomalies.c.ack_id.is_not(None)
+                )
+            ).all()
         )
     while True:
         method, props, body = rig.channel.basic_get(

@@ -220,8 +220,8 @@ def test_bad_acks_are_anomalies_or_dead_letters_and_never_count(
             counts[kind] = counts.get(kind, 0) + 1
         return counts
 
-    wait_for(lambda: len(anomalies()) == 3, timeout=10)
-    assert anomalies() == {"bad_token": 1, "unknown_cm": 1, "wrong_destination": 1}
+    wait_for(lambda: len(anomalies()) == 4, timeout=10)
+    assert anomalies() == {"bad_token": 1, "unknown_cm": 1, "wrong_destination": 1, "malformed": 1}
     dead = get_all(channel, protocol.dead_letter_queue(w.name))
     assert [body for _, body in dead] == [b"{not json"]
     assert "not JSON" in dead[0][0].headers[protocol.H_REASON]

@@ -135,7 +135,15 @@ def test_one_batch_with_every_kind_of_ack(store: Store) -> None:
     assert all(states[c].next_check_at is None for c in (cms[0], cms[1], cms[4]))
     assert {states[c].state for c in (cms[2], cms[3], cms[5])} == {"pending"}
     kinds = Counter(r.kind for r in s.rows(tables.anomalies))
-    assert kinds == {"duplicate": 1, "bad_token": 1, "wrong_destination": 1, "unknown_cm": 1}
+    assert kinds == {
+        "duplicate": 1,
+        "bad_token": 1,
+        "wrong_destination": 1,
+        "unknown_cm": 1,
+        "malformed": 3,  # each dead letter, recorded beside its outbox row
+    }
+    malformed = [r.detail for r in s.rows(tables.anomalies) if r.kind == "malformed"]
+    assert any(d.endswith("; body (9 bytes): {not json") for d in malformed)
     stored = {r.cm_id: r for r in s.rows(tables.acks)}
     assert set(stored) == {cms[0], cms[1], cms[4]}
     assert stored[cms[1]].receiver == "rx-2" and stored[cms[0]].receiver == "rx-1"

@@ -34,7 +34,7 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
 ROOT = Path(__file__).resolve().parents[2]
-SECRET = "cli-test-secret"
+SECRET = "cli-test-secret-2c6f0a9e8b7d1345"
 COMMAND = (sys.executable, "-m", "condmsg.cli")
 #: A condition given on the command line.
 INLINE = "{type: destination, name: q, pickup_within_ms: 5}"
@@ -369,9 +369,11 @@ def test_consume_refuses_a_queue_that_does_not_exist(
         f"sqlite:///{store}",
         "--amqp-url",
         amqp_url,
+        "--create-schema",
     )
     fails_with(result, 2, repr(missing), "does not exist")
     assert not queue_exists(amqp_url, missing)
+    assert not store.exists()
 
 
 def test_consume_says_when_fewer_messages_came_than_counted(

@@ -25,6 +25,7 @@ from evaluator.metrics import EvaluatorMetrics, batch_report
 from evaluator.store_setup import SenderStore
 from outbox.backoff import Backoff
 from outbox.enqueueing import enqueue_all
+from outbox.repeated_failures import RepeatedFailures
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,9 @@ class AckBatches:
         self._on_decided = on_decided
         self._report = report
         self.retries = Backoff(FIRST_RETRY_S, MAX_RETRY_S, stop=stop)
+        # Every batch fails the same way while the database is away: said once, then a
+        # reminder a minute, as every service says a failure it retries.
+        self._failures = RepeatedFailures(log, "storing ack batches", traceback=False)
 
     def store(self, bodies: list[bytes]) -> bool:
         """Store and decide one batch (in a storing thread); False if it must be handed
@@ -67,13 +71,12 @@ class AckBatches:
         try:
             decided = self._store_in_halves(bodies)
         except Exception as exc:  # transient: _store_in_halves resolves the others
-            log.warning(
-                "batch of %d acks not stored (%s); handed back after %.1fs",
-                len(bodies),
-                first_line(exc),
-                self.retries.upcoming_s,
+            self._failures.failed(
+                f"{first_line(exc)} (each batch is handed back after a backoff)",
+                level=logging.WARNING,
             )
             return False
+        self._failures.succeeded()
         self.retries.reset()
         if decided:
             self._on_decided()

@@ -10,6 +10,7 @@ from typing import Any
 from ackd.attempts import DEFAULT_BACKOFF, DEFAULT_BACKOFF_MAX, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from condmsg.core import protocol
 from condmsg.core.errors import ConfigError
+from condmsg.runtime.credentials import checked_secret
 from condmsg.runtime.settings import Settings
 
 #: How long the first part of an incomplete Message Sequence waits for the others.
@@ -56,6 +57,8 @@ class ReceiverConfig:
             raise ConfigError("max_attempts must be at least 1")
         if self.retry_backoff < timedelta(0) or self.retry_backoff_max < self.retry_backoff:
             raise ConfigError("retry_backoff must be >= 0 and at most retry_backoff_max")
+        if self.secret is not None:
+            checked_secret(self.secret, "the receiver's secret")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ReceiverConfig:

@@ -39,7 +39,7 @@ from evaluator.service import Evaluator
 PG_URL = os.environ.get("CONDMSG_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 AMQP_URL = os.environ.get("CONDMSG_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 SCRIPT = Path(__file__).resolve().parents[1] / ".ci" / "rabbitmq-cluster"
-SECRET = b"bench-cluster-secret"
+SECRET = b"bench-cluster-secret-6a2e8c4f0b7d13"
 PICKUP = timedelta(seconds=60)
 
 

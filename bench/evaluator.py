@@ -53,7 +53,7 @@ from evaluator.service import Evaluator
 
 PG_URL = os.environ.get("CONDMSG_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 AMQP_URL = os.environ.get("CONDMSG_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
-SECRET = b"bench-evaluator-secret"
+SECRET = b"bench-evaluator-secret-9d3f7b1a5c2e"
 BATCH, PREFETCH = 500, 1000  # the evaluator's defaults; the raw baseline gets the same
 #: The evaluator's intake processes: one per core, as ``docs/evaluator.md`` recommends for
 #: ``condmsg evaluator --intake-processes``; the one-process figure is printed too.

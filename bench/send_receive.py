@@ -113,7 +113,7 @@ SEND_TARGET, RECEIVE_TARGET = 0.5, 0.7
 SINGLE_SEND_TARGET, SESSION_ADDED_TARGET_MS = 0.5, 0.3
 RAW_OUTBOX = "bench_raw_outbox"
 PICKUP = timedelta(seconds=60)
-SECRET = b"bench-send-receive-secret"
+SECRET = b"bench-send-receive-secret-3f7b9a1c"
 #: Which receiver store adapter the receive measurement uses.
 RECEIVER_STORE_ENV = "CONDMSG_BENCH_RECEIVER_STORE"
 RECEIVER_STORES: dict[str, Callable[[], ReceiverStore]] = {

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from condmsg.core.errors import ConfigError
-from condmsg.runtime.db import require_existing_file
+from condmsg.runtime.credentials import db_url_from_env
+from condmsg.runtime.db import describe_db_url, require_existing_file
 from condmsg.runtime.logging_setup import add_logging_arguments, configure_logging, log_banner
 from condmsg.runtime.settings import (
     ENV_AMQP_URL,
@@ -189,7 +189,7 @@ def _config(args: argparse.Namespace) -> EvaluatorConfig:
         given["ack_grace"] = timedelta(milliseconds=args.ack_grace_ms)
     # The store is named by the user, never guessed: a default SQLite file would appear in
     # whatever directory the service was started in.
-    db_url = args.db_url or os.environ.get(ENV_DB_URL)
+    db_url = args.db_url or db_url_from_env()
     if not db_url:
         raise ConfigError(f"name the sender's store: --db-url or {ENV_DB_URL}")
     given["db_url"] = checked_db_url(db_url)
@@ -229,7 +229,7 @@ def _banner(service: Evaluator, metrics_port: int | None) -> None:
             "writes": ", ".join(writes)
             + " and the destinations' notices and compensations"
             + ("" if config.relay else " (through `condmsg relay`)"),
-            "store": service.engine.url.render_as_string(hide_password=True),
+            "store": describe_db_url(service.engine.url),
             "broker": describe_url(config.amqp_url),
             "metrics_port": "-" if metrics_port is None else metrics_port,
         },

@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from condmsg.core.errors import ConfigError
+from condmsg.runtime.credentials import checked_secret
 from condmsg.runtime.settings import (
     DEFAULT_ACK_GRACE,
     DEFAULT_CLOCK_SKEW,
@@ -115,6 +116,8 @@ class EvaluatorConfig:
 
     def __post_init__(self) -> None:
         checked_sender_name(self.sender)
+        if self.secret is not None:
+            checked_secret(self.secret, "the evaluator's secret")
         if self.retention is not None:
             if self.retention_archive is None:
                 raise ConfigError(

@@ -15,6 +15,7 @@ from condmsg import tables
 from condmsg.core import protocol
 from condmsg.core.errors import ConfigError
 from condmsg.runtime import migrate
+from condmsg.runtime.db import describe_db_url
 from condmsg.tables import store_secret
 from evaluator.failures import FIRST_RETRY_S, MAX_RETRY_S, first_line
 from evaluator.store import DecisionStore
@@ -41,7 +42,7 @@ def check_new_sender(engine: Engine, sender: str) -> None:
     with engine.connect() as conn:
         other = another_sender(conn, sender)
     if other is not None:
-        where = engine.url.render_as_string(hide_password=True)
+        where = describe_db_url(engine.url)
         raise ConfigError(
             f"no sender {sender!r}: its ack queue {protocol.ack_queue(sender)} does not exist "
             f"and the store at {where} holds CMs of {other!r}, none of {sender!r}; check "
@@ -99,7 +100,7 @@ class SenderStore:
     @property
     def name(self) -> str:
         """The database URL without its password, for the log."""
-        return self.engine.url.render_as_string(hide_password=True)
+        return describe_db_url(self.engine.url)
 
     def prepare(self) -> None:
         """Make the store ready once (its tables, the secret); raises if the database

@@ -151,7 +151,7 @@ def sqlite_url(tmp_path: Path) -> str:
 @pytest.fixture
 def test_secret() -> bytes:
     """The deployment secret senders sign copies with (directories may override it)."""
-    return b"condmsg-test-secret"
+    return b"condmsg-test-secret-4f1c9e2ab7d03865"
 
 
 @pytest.fixture

@@ -45,6 +45,7 @@ from condmsg.archive.layout import (
 )
 from condmsg.core.errors import StoreError
 from condmsg.core.timeutil import stored_instant, utcnow
+from condmsg.runtime.db import describe_db_url
 
 BATCH_ROWS = 50_000
 #: The label of the instant naming a row's day partition, after the table's columns.
@@ -244,7 +245,7 @@ def export_store(
                 counts[table.name] = target.write(table, _by_day(result.partitions(), table))
                 say(f"exported {table.name}: {sum(counts[table.name].values())} rows")
     except sa.exc.SQLAlchemyError as exc:
-        safe = sa.engine.make_url(db_url).render_as_string(hide_password=True)
+        safe = describe_db_url(db_url)
         cause = getattr(exc, "orig", None) or exc
         raise StoreError(f"cannot export from {safe}: {type(exc).__name__}: {cause}") from None
     finally:

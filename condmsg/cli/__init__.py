@@ -33,6 +33,8 @@ from condmsg.runtime.exit_codes import INTERRUPTED, USAGE
 
 #: The services: a stop signal is how they end (exit 0); they install their own handlers.
 SERVICES = frozenset({"relay", "evaluator"})
+#: The commands that run without a deployment's settings (no secret is checked).
+NO_SECRET = frozenset({"version", "secret"})
 #: What a shell reports for a command that SIGPIPE ended (128 + 13).
 READER_GONE = 141
 
@@ -53,6 +55,7 @@ COMMANDS = {
     "export": "export",
     "audit": "audit",
     "conformance": "conformance",
+    "secret": "secret",
 }
 
 #: Each command's line in ``condmsg --help``. They are kept here, not read from the
@@ -75,6 +78,7 @@ SUMMARIES = {
     "export": "export a sender store to Parquet for the audit (no Spark needed)",
     "audit": "audit acks, latencies and verdicts with Spark",
     "conformance": "test a receiver in any language against the wire protocol",
+    "secret": "make a deployment secret (condmsg secret new)",
 }
 
 
@@ -127,6 +131,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         require_extra(args.command)
+        if args.command not in NO_SECRET:
+            # A deployment's environment goes to every command and service alike: a
+            # placeholder or short secret is refused by each, also one that signs nothing.
+            from condmsg.runtime.credentials import secret_from_env
+
+            secret_from_env()
         code = int(handler(args))
         sys.stdout.flush()  # a reader that went away is met here, not at exit
         return code

@@ -13,7 +13,6 @@ message naming the command that starts it instead of a wall of connection errors
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -28,9 +27,10 @@ from condmsg.core import protocol
 from condmsg.core.errors import CondmsgError
 from condmsg.runtime import migrate
 from condmsg.runtime.amqp import connect, describe_url
+from condmsg.runtime.credentials import db_url_from_env
 from condmsg.runtime.db import describe_db_url, require_existing_file
 from condmsg.runtime.exit_codes import FAILED, OK, add_command
-from condmsg.runtime.settings import ENV_DB_URL, ENV_TEST_PG_URL, Settings
+from condmsg.runtime.settings import ENV_TEST_PG_URL, Settings
 from condmsg.runtime.url_checks import checked_db_url
 
 
@@ -114,7 +114,7 @@ def _stuck_outbox(engine: sa.Engine) -> str | None:
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     amqp = amqp_url(args)
-    db = checked_db_url(args.db_url or os.environ.get(ENV_DB_URL) or settings.test_pg_url)
+    db = checked_db_url(args.db_url or db_url_from_env() or settings.test_pg_url)
     require_existing_file(db)  # a check creates nothing, not even an empty SQLite file
     problems = [p for p in (_broker(amqp, args.sender), _database(db, args.store)) if p]
     for problem in problems:

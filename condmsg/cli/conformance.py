@@ -4,14 +4,11 @@ judge it (docs/conformance.md). Exit codes: :mod:`condmsg.runtime.exit_codes`.""
 from __future__ import annotations
 
 import argparse
-import os
-import secrets
 import sys
 from typing import Any
 
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
 from condmsg.runtime.exit_codes import FAILED, OK, add_command
-from condmsg.runtime.settings import ENV_SECRET
 
 DESCRIPTION = (
     "Start a receiver under test with --receiver-cmd (its settings in CONDMSG_* variables), "
@@ -65,6 +62,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from condmsg.conformance import ConformanceConfig
     from condmsg.conformance import run as run_harness
+    from condmsg.conformance.config import harness_secret
 
     config = ConformanceConfig(
         amqp_url=amqp_url(args),
@@ -72,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         receiver_cmd=args.receiver_cmd,
         queue=args.queue,
         recipient=args.recipient,
-        secret=os.environ.get(ENV_SECRET) or f"conformance-{secrets.token_hex(16)}",
+        secret=harness_secret(),
         sender_db_url=args.sender_db_url,
         invalid_queue=args.invalid_queue,
         scale=args.scale,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 from condmsg.core.errors import ConfigError
 from condmsg.runtime.amqp import describe_url
+from condmsg.runtime.credentials import db_url_from_env
 from condmsg.runtime.db import require_existing_file
 from condmsg.runtime.settings import DEFAULT_AMQP_URL, ENV_AMQP_URL, ENV_DB_URL, Settings
 from condmsg.runtime.url_checks import checked_amqp_url, checked_db_url
@@ -53,7 +53,7 @@ def amqp_url(args: argparse.Namespace) -> str:
 
 def given_db_url(args: argparse.Namespace) -> str | None:
     """``--db-url``, else ``CONDMSG_DB_URL``, else None (for messages about a failure)."""
-    return getattr(args, "db_url", None) or os.environ.get(ENV_DB_URL) or None
+    return getattr(args, "db_url", None) or db_url_from_env() or None
 
 
 def named_db_url(args: argparse.Namespace, *, existing: bool = False) -> str:

@@ -21,6 +21,7 @@ import outbox
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
 from condmsg.runtime import migrate
 from condmsg.runtime.amqp import describe_url
+from condmsg.runtime.db import describe_db_url
 from condmsg.runtime.exit_codes import INTERRUPTED, OK, USAGE, add_command
 from condmsg.runtime.logging_setup import add_logging_arguments, configure_logging, log_banner
 from condmsg.runtime.ops_server import serve_ops
@@ -119,7 +120,7 @@ def _create_tables(engine: sa.Engine, table: str) -> bool:
                 reason = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
                 log.warning(
                     "waiting for the database at %s: %s; retrying in %.1fs",
-                    engine.url.render_as_string(hide_password=True),
+                    describe_db_url(engine.url),
                     reason,
                     retries.upcoming_s,
                 )
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             "relay",
             {
                 "table": args.table,
-                "store": engine.url.render_as_string(hide_password=True),
+                "store": describe_db_url(engine.url),
                 "broker": describe_url(config.amqp_url),
                 "consumes": "-",
                 "writes": "the exchanges and queues its rows name",

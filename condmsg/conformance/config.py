@@ -6,6 +6,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from condmsg.runtime.credentials import checked_secret, new_secret, secret_from_env
 from condmsg.runtime.settings import DEFAULT_QUEUE_TYPE, ENV_DESTINATION_QUEUE_TYPE
 
 #: The environment of the receiver under test (docs/conformance.md, *The contract*).
@@ -55,6 +56,9 @@ class ConformanceConfig:
     only: tuple[str, ...] = ()
     log_path: str | None = None
 
+    def __post_init__(self) -> None:
+        checked_secret(self.secret, "the conformance run's secret")
+
     @property
     def invalid(self) -> str:
         return self.invalid_queue or f"{self.queue}.invalid"
@@ -75,6 +79,13 @@ class ConformanceConfig:
             ENV_SEQUENCE_TIMEOUT_MS: str(SEQUENCE_TIMEOUT_MS),
             ENV_DESTINATION_QUEUE_TYPE: QUEUE_TYPE,
         }
+
+
+def harness_secret() -> str:
+    """The deployment secret of a run: ``CONDMSG_SECRET`` (or ``_FILE``), refused if it is
+    a placeholder or short, else a fresh one."""
+    secret = secret_from_env()
+    return new_secret() if secret is None else secret.decode()
 
 
 def libpq_url(url: str) -> str:

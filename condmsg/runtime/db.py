@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.engine.url import make_url
 
 from condmsg.core.errors import ConfigError, StoreError
+from outbox.urls import redact_url
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: A pooled PostgreSQL connection is pinged before it is handed out only if it sat in the
@@ -24,10 +25,13 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 PING_AFTER_IDLE_S = 1.0
 
 
-def describe_db_url(url: str) -> str:
-    """The URL without its password (for messages and logs)."""
+def describe_db_url(url: str | sa.URL) -> str:
+    """The URL without its credentials, for messages, logs and metrics labels: SQLAlchemy's
+    ``hide_password`` masks the user info's password but keeps a query string's
+    (``?password=``, ``sslpassword=``, which psycopg passes on to libpq), so the rendered URL
+    goes through :func:`outbox.urls.redact_url` too."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        return redact_url(make_url(url).render_as_string(hide_password=True))
     except Exception:
         return "<unparseable database URL>"
 

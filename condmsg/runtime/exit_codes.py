@@ -90,6 +90,7 @@ EXIT_CODES: dict[str, dict[int, str]] = {
         FAILED: "a scenario failed (the table and the JSON line say which)",
         USAGE: f"{_USAGE} (e.g. a store or broker it cannot use)",
     },
+    "secret": {OK: "printed", USAGE: _USAGE},
 }
 
 

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from condmsg.core.errors import ConfigError
+from condmsg.runtime.credentials import ENV_AMQP_URL as ENV_AMQP_URL
+from condmsg.runtime.credentials import ENV_DB_URL as ENV_DB_URL
+from condmsg.runtime.credentials import ENV_SECRET as ENV_SECRET
+from condmsg.runtime.credentials import amqp_url_from_env, db_url_from_env, secret_from_env
+from outbox.urls import redact_url
 
-ENV_AMQP_URL = "CONDMSG_AMQP_URL"
-ENV_DB_URL = "CONDMSG_DB_URL"
-ENV_SECRET = "CONDMSG_SECRET"
 ENV_ACK_GRACE_MS = "CONDMSG_ACK_GRACE_MS"
 ENV_TEST_PG_URL = "CONDMSG_TEST_PG_URL"
 ENV_RETENTION = "CONDMSG_RETENTION"
@@ -72,7 +74,7 @@ class Settings:
 
     def __repr__(self) -> str:  # never print the secret
         return (
-            f"Settings(amqp_url={_redact(self.amqp_url)!r}, db_url={_redact(self.db_url)!r}, "
+            f"Settings(amqp_url={redact_url(self.amqp_url)!r}, db_url={redact_url(self.db_url)!r}, "
             f"secret={'<set>' if self.secret else None}, ack_grace={self.ack_grace!r}, "
             f"destination_queue_type={self.destination_queue_type!r})"
         )
@@ -83,6 +85,9 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The settings of the environment. The secret and the URLs' passwords may come
+        from files (``CONDMSG_SECRET_FILE``, ``CONDMSG_DB_PASSWORD_FILE``, ...:
+        :mod:`condmsg.runtime.credentials`); a placeholder or short secret is refused."""
         env = os.environ if environ is None else environ
         grace_raw = env.get(ENV_ACK_GRACE_MS)
         ack_grace = DEFAULT_ACK_GRACE if grace_raw is None else _millis(grace_raw, ENV_ACK_GRACE_MS)
@@ -90,14 +95,13 @@ class Settings:
         clock_skew = (
             DEFAULT_CLOCK_SKEW if skew_raw is None else _millis(skew_raw, ENV_CLOCK_SKEW_MS)
         )
-        secret = env.get(ENV_SECRET)
         retention = env.get(ENV_RETENTION)
         archive_dir = env.get(ENV_ARCHIVE_DIR)
         interval = env.get(ENV_RETENTION_INTERVAL_S)
         return cls(
-            amqp_url=env.get(ENV_AMQP_URL, DEFAULT_AMQP_URL),
-            db_url=env.get(ENV_DB_URL, DEFAULT_DB_URL),
-            secret=secret.encode() if secret else None,
+            amqp_url=amqp_url_from_env(env) or DEFAULT_AMQP_URL,
+            db_url=db_url_from_env(env) or DEFAULT_DB_URL,
+            secret=secret_from_env(env),
             ack_grace=ack_grace,
             clock_skew=clock_skew,
             destination_queue_type=destination_queue_type(env),
@@ -160,15 +164,3 @@ def _positive_seconds(text: str, key: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise ConfigError(f"{key} must be a positive number of seconds, got {text!r}")
     return value
-
-
-def _redact(url: str) -> str:
-    """Hide the password of a URL (``scheme://user:***@host``), of each of a list."""
-    if "," in url:
-        return ",".join(_redact(u.strip()) for u in url.split(","))
-    head, sep, tail = url.partition("://")
-    if not sep or "@" not in tail:
-        return url
-    creds, _, rest = tail.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{head}://{user}:***@{rest}" if ":" in creds else url

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection, Engine, TwoPhaseTransaction
 from sqlalchemy.orm import Session
 
 from condmsg.core.errors import SphereError
+from condmsg.runtime.db import describe_db_url
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,8 @@ def check_participant_id(participant_id: object) -> str:
 
 
 def resource_name(engine: Engine) -> str:
-    """How the sphere log names a database: its URL without the password."""
-    return engine.url.render_as_string(hide_password=True)
+    """How the sphere log names a database: its URL without credentials (also in a query)."""
+    return describe_db_url(engine.url)
 
 
 def require_prepared_transactions(engine: Engine) -> None:

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from condmsg.core.errors import SphereError
 from condmsg.core.store_values import ParticipantState, SphereState
-from condmsg.runtime.db import make_engine
+from condmsg.runtime.db import describe_db_url, make_engine
 from condmsg.sending.outgoing import Outgoing
 from condmsg.spheres.participants import (
     Participant,
@@ -95,8 +95,7 @@ class SphereParticipants:
         engine = bind if isinstance(bind, Engine) else None
         name = resource_name(engine) if engine is not None else None
         if engine is None:
-            url = sa.engine.make_url(str(bind))
-            name = url.render_as_string(hide_password=True)
+            name = describe_db_url(str(bind))
         assert name is not None
         known = self._databases.get(name)
         if known is not None:

@@ -36,7 +36,7 @@ pytestmark = [
     pytest.mark.xdist_group("rabbitmq-cluster"),
 ]
 
-SECRET = b"condmsg-cluster-secret"
+SECRET = b"condmsg-cluster-secret-2e8c4a6f9b1d"
 
 
 @pytest.fixture

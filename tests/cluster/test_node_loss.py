@@ -42,7 +42,7 @@ pytestmark = [
 ]
 
 CMS = 1000
-SECRET = b"condmsg-cluster-secret"
+SECRET = b"condmsg-cluster-secret-2e8c4a6f9b1d"
 #: The CMs' processing window: far beyond the run, so only acks decide them.
 WINDOW = timedelta(minutes=10)
 #: Queues read in a transaction (COMMIT acks) and without one (READ acks).

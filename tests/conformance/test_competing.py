@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 CMS = 500
 #: Sequences of a few parts each, small enough to keep the run short.
 PART_BYTES = 1024
-SECRET = "competing-consumers-secret"
+SECRET = "competing-consumers-secret-5c9a1e7f"
 
 
 def test_node_and_python_consumers_share_one_queue_exactly_once(

@@ -17,7 +17,7 @@ from condmsg.core.protocol import AckMessage
 from condmsg.sending.copies import notice_message, plan_copies
 from outbox.message import OutboxMessage
 
-SECRET = b"integration-test-secret"
+SECRET = b"integration-test-secret-5b8d2e7f1a9c0346"
 
 
 class Clock:

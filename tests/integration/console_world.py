@@ -32,7 +32,7 @@ from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from tests.waiting import wait_for
 
-SECRET = b"console-test-secret"
+SECRET = b"console-test-secret-7a3e91c4d2b05f68"
 TOKEN = "console-test-token-0123456789"
 DAY = timedelta(seconds=1)
 

@@ -105,6 +105,7 @@ USAGE_ERRORS: dict[str, list[str]] = {
     "audit": ["audit"],
     "console": ["console"],  # no store named
     "conformance": ["conformance", "--queue", "q", "--recipient", "r", "--receiver-cmd", "true"],
+    "secret": ["secret", "old"],
 }
 
 

@@ -37,7 +37,7 @@ pytestmark = [
 ]
 
 VHOST = "condmsg-docs"
-SECRET = "docs-example-secret"
+SECRET = "docs-example-secret-9e4b1d7c3a6f0825"
 BLOCK_TIMEOUT_S = 120
 
 

@@ -24,7 +24,7 @@ from evaluator.service import Evaluator
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
 ROOT = Path(__file__).resolve().parents[2]
-SECRET = "readme-example-secret"
+SECRET = "readme-example-secret-0d5a8c3f6e2b9147"
 QUEUES = (
     "qcentral",
     protocol.ack_queue("scheduler"),

@@ -18,7 +18,7 @@ from condmsg.core import protocol
 from condmsg.core.conditions import Destination
 from condmsg.sending.copies import notice_message, plan_copies
 
-SECRET = b"unit-test-secret"
+SECRET = b"unit-test-secret-8f2a6d1c9b4e7035"
 SENT_AT = datetime(2026, 11, 21, 22, 13, 41, 123456, tzinfo=UTC)
 
 

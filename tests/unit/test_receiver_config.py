@@ -76,14 +76,21 @@ def test_keywords_and_a_config_are_the_same_settings() -> None:
 
 
 def test_from_env_reads_the_connection_settings_and_keeps_the_secret_out_of_the_repr() -> None:
-    environ = {"CONDMSG_DB_URL": "sqlite://", "CONDMSG_SECRET": "s3cret"}
+    secret = "s3cret-0f9e8d7c6b5a4f3e2d1c0b9a8f7e"
+    environ = {"CONDMSG_DB_URL": "sqlite://", "CONDMSG_SECRET": secret}
     config = ReceiverConfig.from_env(environ, invalid_queue="rejects")
     assert (config.db_url, config.secret, config.invalid_queue) == (
         "sqlite://",
-        b"s3cret",
+        secret.encode(),
         "rejects",
     )
-    assert "s3cret" not in repr(config)
+    assert secret not in repr(config)
+
+
+@pytest.mark.parametrize("secret", [b"changeme", b"s3cret", b"0123" * 10])
+def test_a_weak_secret_is_refused(secret: bytes) -> None:
+    with pytest.raises(ConfigError, match=r"the receiver's secret .*condmsg secret new"):
+        ReceiverConfig(amqp_url="amqp://unused", secret=secret)
 
 
 @pytest.mark.parametrize(

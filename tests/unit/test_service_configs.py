@@ -16,13 +16,14 @@ from outbox import RelayConfig
 
 AMQP = "amqp://user:pw@broker:5672/%2F"
 PG = "postgresql+psycopg://user:pw@db/condmsg"
+KEY = "a7f3c91e0b5d28e4f6a1c3b9d7e05f28"
 
 
 def test_the_evaluator_config_reads_the_condmsg_settings(tmp_path: Path) -> None:
     env = {
         "CONDMSG_AMQP_URL": AMQP,
         "CONDMSG_DB_URL": PG,
-        "CONDMSG_SECRET": "k",
+        "CONDMSG_SECRET": KEY,
         "CONDMSG_ACK_GRACE_MS": "300",
         "CONDMSG_CLOCK_SKEW_MS": "2000",
         "CONDMSG_RETENTION": "7d",
@@ -30,7 +31,7 @@ def test_the_evaluator_config_reads_the_condmsg_settings(tmp_path: Path) -> None
         "CONDMSG_RETENTION_INTERVAL_S": "60",
     }
     config = EvaluatorConfig.from_env(env, sender="orders")
-    assert (config.amqp_url, config.db_url, config.secret) == (AMQP, PG, b"k")
+    assert (config.amqp_url, config.db_url, config.secret) == (AMQP, PG, KEY.encode())
     assert config.ack_grace == timedelta(milliseconds=300)
     assert config.clock_skew == timedelta(seconds=2)
     assert config.retention_policy is not None
@@ -78,9 +79,15 @@ def test_the_evaluator_config_refuses_what_cannot_run(tmp_path: Path) -> None:
 
 
 def test_configs_never_print_urls_or_the_secret() -> None:
-    shown = repr(EvaluatorConfig(amqp_url=AMQP, sender="s", db_url=PG, secret=b"hush"))
+    shown = repr(EvaluatorConfig(amqp_url=AMQP, sender="s", db_url=PG, secret=KEY.encode()))
     shown += repr(RelayConfig(amqp_url=AMQP))
-    assert "pw" not in shown and "hush" not in shown
+    assert "pw" not in shown and KEY not in shown
+
+
+@pytest.mark.parametrize("secret", [b"change-me", b"hush", b"k" * 40])
+def test_the_evaluator_config_refuses_a_weak_secret(secret: bytes) -> None:
+    with pytest.raises(ConfigError, match=r"the evaluator's secret .*condmsg secret new"):
+        EvaluatorConfig(amqp_url=AMQP, sender="s", db_url=PG, secret=secret)
 
 
 def test_the_relay_config_reads_the_broker_url() -> None:

@@ -13,7 +13,7 @@ from html import escape
 from itertools import pairwise
 from typing import Any
 
-from spark_audit.report_checks import failing_checks, status_banner
+from spark_audit.report_checks import checked_columns, failing_checks, plural, status_banner
 from spark_audit.report_values import MISSING, cell, count, duration_ms, heading, instant
 from spark_audit.report_values import short_duration_ms as short
 from spark_audit.svg import diverging_bars, stacked_bars
@@ -45,8 +45,10 @@ td,th{border:1px solid #dee2e6;padding:3px 7px;vertical-align:top;text-align:lef
 th{background:#f1f3f5;font-weight:600;min-width:4em}
 td{white-space:nowrap}td.num,td.time{text-align:right;font-variant-numeric:tabular-nums}
 td.time{white-space:normal}
-td.text{white-space:normal;overflow-wrap:break-word;min-width:12em;max-width:40em}
+td.text{white-space:normal;overflow-wrap:anywhere;min-width:12em;max-width:40em}
 td.none{color:#adb5bd;text-align:center}
+th.checked.error{background:#ffc9c9}th.checked.warning{background:#ffec99}
+td.checked{background:#fff9f0}
 table.checks tr.error td:first-child{border-left:4px solid #c92a2a}
 table.checks tr.warning td:first-child{border-left:4px solid #e67700}
 .note{color:#495057;font-size:12.5px;margin:2px 0}
@@ -71,42 +73,82 @@ SECTIONS = (
 )
 
 
-def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """Rows as a table in its own scrolling box; values formatted by their column."""
+def _head(column: str, check: Mapping[str, Any] | None) -> str:
+    if check is None:
+        return f"<th>{heading(column)}</th>"
+    severity = "error" if check["severity"] == "error" else "warning"
+    return (
+        f"<th class='checked {severity}' title='failing check: {escape(check['name'])}'>"
+        f"{heading(column)}</th>"
+    )
+
+
+def table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str] | None = None,
+    checked: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str:
+    """Rows as a table in its own scrolling box; values formatted by their column.
+
+    ``checked`` maps the columns failing checks are about to their check: those come
+    right after the first column (which names the row) and are marked, so that a wide
+    table does not hide them behind its scrollbar."""
     if not rows:
         return "<p class='note'><em>none</em></p>"
     columns = list(columns or rows[0].keys())
-    head = "".join(f"<th>{heading(c)}</th>" for c in columns)
+    checked = {c: check for c, check in (checked or {}).items() if c in columns[1:]}
+    columns = [*columns[:1], *checked, *(c for c in columns[1:] if c not in checked)]
+    head = "".join(_head(c, checked.get(c)) for c in columns)
     body = []
     for row in rows:
         cells = (cell(c, row.get(c)) for c in columns)
-        body.append("<tr>" + "".join(f"<td class='{k}'>{v}</td>" for v, k in cells) + "</tr>")
+        marked = (
+            (v, f"{k} checked".strip() if c in checked else k)
+            for (v, k), c in zip(cells, columns, strict=True)
+        )
+        body.append("<tr>" + "".join(f"<td class='{k}'>{v}</td>" for v, k in marked) + "</tr>")
     return f"<div class='scroll'><table><tr>{head}</tr>{''.join(body)}</table></div>"
 
 
-def _sample(name: str, rows: list[dict[str, Any]], tables: Mapping[str, Any]) -> str:
+def _evidence(name: str, rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
+    """Table ``name``'s rows, the columns its failing checks are about first."""
+    return table(rows, checked=checked_columns(summary["checks"], name))
+
+
+def _sample(name: str, rows: list[dict[str, Any]], summary: Mapping[str, Any]) -> str:
     """A detail table's first rows, saying how many there are and where all of them are."""
-    total = tables.get(name, {}).get("rows")
+    total = summary["tables"].get(name, {}).get("rows")
     if total is None or not rows:
-        return table(rows)
+        return _evidence(name, rows, summary)
     where = f"<code>tables/{escape(name)}</code>"
     if len(rows) < total:
         note = f"The first {count(len(rows))} of {count(total)} rows; every row is in {where}."
     else:
         note = f"All {count(len(rows))} rows, also in {where}."
-    return f"<p class='note'>{note}</p>" + table(rows)
+    return f"<p class='note'>{note}</p>" + _evidence(name, rows, summary)
 
 
 def _bin_label(b: int) -> str:
     return "<0" if b < 0 else f"<{short(2.0**b)}"
 
 
+def _note(text: str) -> str:
+    """One line in place of a chart that would have nothing to draw."""
+    return f"<p class='note'>{escape(text)}</p>"
+
+
 def _histogram(rows: list[dict[str, Any]], metric: str) -> str:
-    mine = sorted((r for r in rows if r["metric"] == metric), key=lambda r: r["bin"])
+    counts = {int(r["bin"]): float(r["count"]) for r in rows if r["metric"] == metric}
+    if not counts:
+        return _note(f"No {metric} latency in the window: no histogram to draw.")
+    # Every bin between the smallest and the largest, an empty one as a zero-height bar:
+    # the bars are of one width and each bin is twice as wide as the one before, so a
+    # bin left out would squeeze the axis there.
+    bins = range(min(counts), max(counts) + 1)
     return stacked_bars(
         f"{metric} latency after sent_at",
-        [_bin_label(r["bin"]) for r in mine],
-        {"acks": [float(r["count"]) for r in mine]},
+        [_bin_label(b) for b in bins],
+        {"acks": [counts.get(b, 0.0) for b in bins]},
         x_title="latency, upper bound of each power-of-two bin (<0: receiver clock behind)",
         y_title="acks",
     )
@@ -127,7 +169,9 @@ def time_axis(starts: Sequence[datetime]) -> tuple[list[str], str]:
 
 
 def _over_time(rows: list[dict[str, Any]]) -> str:
-    labels, x_title = time_axis([r["bucket_start"] for r in rows]) if rows else ([], "")
+    if not rows:
+        return _note("No CM sent in the window: no outcomes to draw.")
+    labels, x_title = time_axis([r["bucket_start"] for r in rows])
     series = {k: [float(r[k] or 0) for r in rows] for k in ("satisfied", "violated", "pending")}
     return stacked_bars(
         "CM outcomes by the time they were sent",
@@ -140,15 +184,31 @@ def _over_time(rows: list[dict[str, Any]]) -> str:
 
 
 def _skew(rows: list[dict[str, Any]]) -> str:
-    values = [
+    """The receivers whose acks prove their clock off the sender's, and how far at least;
+    the others, whose bars would be empty, are only counted."""
+    if not rows:
+        return _note("No receiver acked in the window: no clock offset to draw.")
+    offsets = [
         (
             str(r["receiver"]),
             float(r["ahead_by_at_least_ms"] or 0) - float(r["behind_by_at_least_ms"] or 0),
         )
         for r in rows
     ]
-    return diverging_bars(
-        "proven receiver clock offset from the sender's (at least)", values, duration_ms
+    proven = [(receiver, ms) for receiver, ms in offsets if ms]
+    if not proven:
+        return _note(
+            f"The acks prove no receiver's clock ahead of or behind the sender's "
+            f"({plural(len(offsets), 'receiver')}): no clock offset to draw."
+        )
+    chart = diverging_bars(
+        "proven receiver clock offset from the sender's (at least)", proven, duration_ms
+    )
+    others = len(offsets) - len(proven)
+    if not others:
+        return chart
+    return chart + _note(
+        f"No offset proven for the other {plural(others, 'receiver')} (see the table)."
     )
 
 
@@ -215,20 +275,20 @@ def _sections(
         + table(collected.get("rates_by_sender", [])[:200])
         + "<h3>By condition shape</h3>"
         + table(collected.get("rates_by_shape", [])[:200]),
-        "destinations": table(collected.get("destinations", [])[:200]),
+        "destinations": _evidence("destinations", collected.get("destinations", [])[:200], summary),
         "receivers": _skew(collected.get("receivers", []))
-        + table(collected.get("receivers", [])[:200]),
-        "discrepancies": _sample("discrepancies", collected.get("discrepancies", []), tables),
-        "late-acks": _sample("late_ack_effects", late, tables),
+        + _evidence("receivers", collected.get("receivers", [])[:200], summary),
+        "discrepancies": _sample("discrepancies", collected.get("discrepancies", []), summary),
+        "late-acks": _sample("late_ack_effects", late, summary),
         "status-mismatches": _sample(
-            "status_mismatches", collected.get("status_mismatches", []), tables
+            "status_mismatches", collected.get("status_mismatches", []), summary
         ),
-        "stale-pending": _sample("stale_pending", collected.get("stale_pending", []), tables),
+        "stale-pending": _sample("stale_pending", collected.get("stale_pending", []), summary),
         "spheres": table([summary["spheres"]] if summary.get("spheres") else [])
         + "<h3>Spheres whose stored verdict disagrees with their members</h3>"
-        + _sample("sphere_discrepancies", collected.get("sphere_discrepancies", []), tables)
+        + _sample("sphere_discrepancies", collected.get("sphere_discrepancies", []), summary)
         + "<h3>Member compensations released before their sphere was decided</h3>"
-        + _sample("sphere_early_releases", collected.get("sphere_early_releases", []), tables),
+        + _sample("sphere_early_releases", collected.get("sphere_early_releases", []), summary),
         "anomalies": table(collected.get("anomaly_counts", [])),
         "tables": table([{"table": k, **v} for k, v in tables.items()]),
     }

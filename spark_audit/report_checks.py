@@ -52,7 +52,43 @@ EVIDENCE_TABLES = {
 }
 
 
-def _plural(n: int, word: str) -> str:
+#: The columns of a check's table that hold what the check measures, by its metric. A
+#: failing check's columns come first in the report's table (after the column naming the
+#: row), so that they are in view at 1280 px however wide the table is.
+EVIDENCE_COLUMNS = {
+    "discrepancies": ("stored_verdict", "recomputed_verdict", "python_verdict"),
+    "counted_after_decision": ("problem", "status"),
+    "not_counted_while_pending": ("problem", "status"),
+    "not_counted_before_decision": ("problem", "status"),
+    "late_acks_changing_verdict": ("changes_verdict", "verdict_counted", "verdict_with_late"),
+    "late_ack_flag_mismatches": ("changes_verdict", "flagged"),
+    "stale_pending": ("evaluation_deadline",),
+    "deadline_miss_rate": ("pickup_miss_rate", "process_miss_rate"),
+    "max_proven_skew_ms": ("behind_by_at_least_ms", "ahead_by_at_least_ms", "skew_proved"),
+    "relay_p99_ms": ("relay_p99_ms",),
+    "sphere_discrepancies": ("stored_verdict", "recomputed_verdict", "agrees"),
+    "sphere_member_mismatches": ("members_recorded", "members_found"),
+    "sphere_early_releases": ("released_at", "sphere_decided_at"),
+}
+
+
+def checked_columns(
+    checks: Sequence[Mapping[str, Any]], table: str
+) -> dict[str, Mapping[str, Any]]:
+    """The columns of ``table`` that failing checks are about, each with its check, in the
+    order they are to be shown: an error's before a warning's."""
+    failed = sorted(
+        (c for c in checks if not c["passed"] and EVIDENCE_TABLES.get(c["metric"]) == table),
+        key=lambda c: c["severity"] != "error",
+    )
+    found: dict[str, Mapping[str, Any]] = {}
+    for check in failed:
+        for column in EVIDENCE_COLUMNS.get(check["metric"], ()):
+            found.setdefault(column, check)
+    return found
+
+
+def plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
@@ -64,8 +100,8 @@ def status_banner(status: str, checks: Sequence[Mapping[str, Any]]) -> str:
     if not failed:
         detail = f"all {len(checks)} checks passed"
     else:
-        parts = [_plural(errors, "error check")] if errors else []
-        parts += [_plural(warnings, "warning")] if warnings else []
+        parts = [plural(errors, "error check")] if errors else []
+        parts += [plural(warnings, "warning")] if warnings else []
         detail = " and ".join(parts) + f" of {len(checks)} checks failed"
     label = STATUS_LABELS.get(status, status.upper())
     return (
@@ -83,7 +119,7 @@ def _where(check: Mapping[str, Any], tables: Mapping[str, Mapping[str, Any]]) ->
     name = EVIDENCE_TABLES.get(check["metric"])
     if name and name in tables:
         rows = tables[name].get("rows")
-        size = f" ({_plural(int(rows), 'row')})" if rows is not None else ""
+        size = f" ({plural(int(rows), 'row')})" if rows is not None else ""
         links.append(f"<code>tables/{escape(name)}</code>{size}")
     return "; ".join(links) or MISSING
 

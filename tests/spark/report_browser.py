@@ -14,7 +14,7 @@ import argparse
 import base64
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,21 @@ def browser(height: int = 2000) -> Iterator[Any]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
+@contextmanager
+def opened(report: Path, height: int = 2000) -> Iterator[Any]:
+    """``report`` open in :func:`browser`; a test fails where Chromium is not installed."""
+    if not available():
+        import pytest
+
+        pytest.fail(
+            "Chromium is not installed: `apt-get install chromium chromium-driver` "
+            "(`make test` installs them)"
+        )
+    with browser(height) as driver:
+        driver.get(report.resolve().as_uri())
+        yield driver
+
+
 def screenshot(driver: Any, out: Path, height: int, top: int = 0) -> None:
     """``height`` px of the open page from ``top`` down, ``WIDTH`` px wide, as PNG."""
     shot = driver.execute_cdp_cmd(
@@ -73,6 +88,39 @@ def screenshot(driver: Any, out: Path, height: int, top: int = 0) -> None:
         },
     )
     out.write_bytes(base64.b64decode(shot["data"]))
+
+
+def columns_out_of_view(driver: Any, section: str, headings: Iterable[str]) -> list[str]:
+    """The ``headings`` that no table of the page's ``section`` shows without scrolling it
+    sideways: missing, or past the right edge of the table's scrolling box."""
+    in_view = driver.execute_script(
+        "return [...document.querySelectorAll(`#${arguments[0]} .scroll`)].flatMap(box => {"
+        "  const edge = box.getBoundingClientRect().left + box.clientWidth;"
+        "  return [...box.querySelector('table').rows[0].cells]"
+        "    .filter(c => c.getBoundingClientRect().right <= edge + 0.5)"
+        "    .map(c => c.textContent.trim());"
+        "})",
+        section,
+    )
+    return [h for h in headings if h not in in_view]
+
+
+def failing_columns_out_of_view(
+    driver: Any, checks: Iterable[Mapping[str, Any]]
+) -> dict[str, list[str]]:
+    """For each failing check with rows in a section of the page, the columns it is about
+    that the section's tables hide behind their scrollbar (none is the goal)."""
+    from spark_audit.report_checks import EVIDENCE_COLUMNS, EVIDENCE_SECTIONS
+    from spark_audit.report_values import heading
+
+    hidden = {}
+    for check in checks:
+        section = EVIDENCE_SECTIONS.get(check["metric"])
+        if check["passed"] or section is None:
+            continue
+        headings = [heading(c) for c in EVIDENCE_COLUMNS[check["metric"]]]
+        hidden[check["name"]] = columns_out_of_view(driver, section, headings)
+    return hidden
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,13 +46,7 @@ def audited_report(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict
 
 @pytest.fixture
 def page(audited_report: dict[str, Any]) -> Iterator[Any]:
-    if not report_browser.available():
-        pytest.fail(
-            "Chromium is not installed: `apt-get install chromium chromium-driver` "
-            "(`make test` installs them)"
-        )
-    with report_browser.browser() as driver:
-        driver.get(Path(audited_report["report"]).as_uri())
+    with report_browser.opened(Path(audited_report["report"])) as driver:
         yield driver
 
 
@@ -123,6 +117,14 @@ def test_the_status_and_the_failing_checks_come_before_everything_else(
     assert by_name["clock_skew"][3] == "1.00 s"
 
 
+def test_the_columns_of_each_failing_check_are_in_view(
+    page: Any, audited_report: dict[str, Any]
+) -> None:
+    hidden = report_browser.failing_columns_out_of_view(page, audited_report["summary"]["checks"])
+    assert {"verdicts_reproducible", "deadline_miss_rate", "clock_skew"} <= set(hidden)
+    assert {name: columns for name, columns in hidden.items() if columns} == {}
+
+
 def test_values_carry_separators_and_units(page: Any, audited_report: dict[str, Any]) -> None:
     summary = audited_report["summary"]
     acks = summary["totals"]["acks"]
@@ -143,7 +145,8 @@ def test_values_carry_separators_and_units(page: Any, audited_report: dict[str, 
         assert DURATION.match(first[name]), (name, first[name])
 
     # Rates as percentages; instants in ISO 8601 UTC.
-    rates = _texts(page, "#destinations td:nth-child(11)")
+    column = _texts(page, "#destinations tr:first-child th").index("success rate") + 1
+    rates = _texts(page, f"#destinations td:nth-child({column})")
     assert rates and all(re.fullmatch(r"\d+(\.\d+)? %|\u2013", r) for r in rates), rates
     instants = _texts(page, "td.time")
     assert instants and all(INSTANT.match(t) for t in instants), instants

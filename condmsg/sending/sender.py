@@ -41,6 +41,7 @@ from condmsg.runtime.db import make_engine
 from condmsg.runtime.relaying import OwnsOutbox
 from condmsg.runtime.settings import DEFAULT_QUEUE_TYPE, Settings
 from condmsg.runtime.topology import (
+    checked_sender_name,
     declare_destination,
     declare_outcome_queue,
     declare_service_queue,
@@ -106,6 +107,7 @@ class Sender(OwnsOutbox):
             raise ConfigError("Sender needs db_url (CONDMSG_DB_URL) or an engine")
         if not name or not isinstance(name, str):
             raise ConfigError("Sender needs a non-empty name")
+        checked_sender_name(name)  # it names queues: no spaces, within RabbitMQ's length
         self.name = name
         self.amqp_url = amqp_url
         self.destination_queue_type = destination_queue_type

@@ -15,6 +15,7 @@ import pytest
 
 from condmsg import Destination
 from condmsg.core import protocol
+from condmsg.core.errors import ConfigError
 from condmsg.runtime.db import make_engine
 from condmsg.runtime.migrate import SchemaError
 from condmsg.runtime.topology import OUTCOME_TTL, declare_service_queue
@@ -115,11 +116,17 @@ def test_an_evaluator_with_a_mistyped_sender_is_refused_and_creates_no_queue(
     engine.dispose()
 
 
-def test_a_sender_name_with_spaces_is_refused(store: str, amqp_url: str) -> None:
-    for command in ("evaluator", "outcomes"):
+def test_a_sender_name_with_spaces_is_refused(store: str, amqp_url: str, make_sender: Any) -> None:
+    with pytest.raises(ConfigError, match="bad sender name 'a b'"):
+        make_sender(store, "a b")
+    with pytest.raises(ConfigError, match="bad sender name 'a.tb'"):
+        _config(amqp_url, store, "a\tb")
+    for command in ("evaluator", "outcomes", "send"):
         args = [command, "--sender", "a b", "--db-url", store, "--amqp-url", amqp_url]
         if command == "outcomes":
             args.append("--follow")
+        if command == "send":
+            args += ["--condition", "{type: destination, name: q, pickup_within_ms: 5}"]
         fails_with(cli(*args), 2, "bad sender name 'a b'", "no spaces")
     for kind in SERVICE_QUEUES:
         assert not queue_exists(amqp_url, f"condmsg.a b.{kind}")

@@ -99,3 +99,9 @@ def test_the_relay_config_reads_the_broker_url() -> None:
     for field in ("batch_size", "max_batches_in_flight"):
         with pytest.raises(ValueError, match="at least 1"):
             RelayConfig(amqp_url=AMQP, **{field: 0})
+
+
+def test_settings_mask_a_password_in_a_urls_query_string() -> None:
+    settings = Settings(db_url="postgresql+psycopg://u@db/x?sslpassword=hush&password=hush")
+    shown = repr(settings)
+    assert "hush" not in shown and "sslpassword=***&password=***" in shown

@@ -101,12 +101,12 @@ def table(
     head = "".join(_head(c, checked.get(c)) for c in columns)
     body = []
     for row in rows:
-        cells = (cell(c, row.get(c)) for c in columns)
-        marked = (
-            (v, f"{k} checked".strip() if c in checked else k)
-            for (v, k), c in zip(cells, columns, strict=True)
-        )
-        body.append("<tr>" + "".join(f"<td class='{k}'>{v}</td>" for v, k in marked) + "</tr>")
+        tds = []
+        for column in columns:
+            value, kind = cell(column, row.get(column))
+            kind = f"{kind} checked".strip() if column in checked else kind
+            tds.append(f"<td class='{kind}'>{value}</td>")
+        body.append("<tr>" + "".join(tds) + "</tr>")
     return f"<div class='scroll'><table><tr>{head}</tr>{''.join(body)}</table></div>"
 
 

@@ -14,9 +14,13 @@ from typing import Any
 
 from condmsg.cli.extras import MissingExtraError, missing
 from condmsg.cli.options import add_db_url, named_db_url
+from condmsg.core.errors import ConfigError
 from condmsg.runtime.exit_codes import OK, add_command
+from outbox.urls import redact_url
 
 ENV_TOKEN = "CONDMSG_CONSOLE_TOKEN"
+#: More ``Host`` names to answer, comma-separated (as ``--allowed-host``, which adds to it).
+ENV_ALLOWED_HOSTS = "CONDMSG_CONSOLE_ALLOWED_HOSTS"
 #: What installs the ``console`` extra (quoted, since shells expand square brackets).
 CONSOLE_INSTALL = "pip install 'condmsg[console]'"
 #: The modules of the extra the console imports.
@@ -54,7 +58,31 @@ def register(subparsers: Any) -> None:
         "--sender", metavar="NAME", help="whose dead-letter queue (default: the latest CM's)"
     )
     parser.add_argument(
-        "--host", default="127.0.0.1", help="the address to bind (default: %(default)s)"
+        "--host",
+        default="127.0.0.1",
+        help="the address to bind (default: %(default)s); an address other than loopback "
+        "needs a token, or --insecure",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a Host name clients reach the console by, e.g. the TLS proxy's (repeatable; "
+        f"also ${ENV_ALLOWED_HOSTS}, comma-separated); the bind address and, on loopback, "
+        "localhost are always answered, every other name gets 400",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow binding an address other than loopback without a token (anyone who "
+        "reaches it reads every page)",
+    )
+    parser.add_argument(
+        "--secure-cookies",
+        action="store_true",
+        help="mark the session cookie Secure: for a console reached over HTTPS (a TLS "
+        "proxy in front of it)",
     )
     parser.add_argument(
         "--port", type=int, default=8465, help="the port to listen on (default: %(default)s)"
@@ -104,11 +132,13 @@ def run(args: argparse.Namespace) -> int:
 
     from condmsg.console import ConsoleConfig, Store, create_app
     from condmsg.console.deadline import console_engine
+    from condmsg.console.hosts import is_loopback
     from condmsg.runtime.db import describe_db_url
     from condmsg.runtime.logging_setup import configure_logging
     from condmsg.runtime.settings import Settings
 
     configure_logging()
+    token, allowed_hosts = _access(args)
     urls = [named_db_url(args, existing=True), *args.receiver_db_url]
     stores = []
     for index, url in enumerate(urls):
@@ -119,8 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
             outbox_table = outbox.outbox_table(args.table)
         label = "sender store" if index == 0 else f"receiver store {index}"
-        stores.append(Store(f"{label} ({describe_db_url(url)})", engine, outbox_table))
-    token = args.token or os.environ.get(ENV_TOKEN) or None
+        stores.append(Store(f"{label} ({redact_url(describe_db_url(url))})", engine, outbox_table))
     app = create_app(
         ConsoleConfig(
             stores=stores,
@@ -129,14 +158,50 @@ def run(args: argparse.Namespace) -> int:
             amqp_url=args.amqp_url or os.environ.get(ENV_AMQP_URL) or None,
             token=token,
             db_timeout_s=args.db_timeout,
+            allowed_hosts=allowed_hosts,
+            secure_cookies=args.secure_cookies,
         )
     )
-    logging.getLogger("condmsg.console").info(
-        "condmsg console on http://%s:%d/ over %s; actions %s",
+    log = logging.getLogger("condmsg.console")
+    log.info(
+        "condmsg console on http://%s:%d/ over %s; actions %s; answers Host %s",
         args.host,
         args.port,
-        describe_db_url(urls[0]),
+        redact_url(describe_db_url(urls[0])),
         "enabled (token set)" if token else "disabled (no token)",
+        ", ".join(sorted(allowed_hosts)),
     )
+    if not is_loopback(args.host) and not args.secure_cookies:
+        log.warning(
+            "serving plain HTTP on %s: put a TLS proxy in front and start the console with "
+            "--secure-cookies (docs/console.md, Security)",
+            args.host,
+        )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return OK
+
+
+def _access(args: argparse.Namespace) -> tuple[str | None, frozenset[str]]:
+    """The token (checked) and the Host names to answer, or :class:`ConfigError` for a
+    bind that would expose the console without a token, or answer no name at all."""
+    from condmsg.console.auth import check_token
+    from condmsg.console.hosts import allowed_names, is_loopback
+
+    token = args.token or os.environ.get(ENV_TOKEN) or None
+    if token is not None:
+        check_token(token)
+    if not is_loopback(args.host) and token is None and not args.insecure:
+        raise ConfigError(
+            f"--host {args.host} is not a loopback address: a console reachable from other "
+            f"machines needs a token ({ENV_TOKEN}) and a TLS proxy in front; pass "
+            "--insecure to serve it without a token anyway"
+        )
+    given = [*os.environ.get(ENV_ALLOWED_HOSTS, "").split(","), *args.allowed_host]
+    names = allowed_names(args.host, given)
+    if not names:
+        raise ConfigError(
+            f"--host {args.host or '(empty)'} listens on every address but no client names "
+            "that in its Host header: give the names clients use with --allowed-host NAME "
+            f"(or {ENV_ALLOWED_HOSTS})"
+        )
+    return token, names

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,14 +26,17 @@ import markupsafe
 import sqlalchemy as sa
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from condmsg import tables
 from condmsg.console import dead_letters, deadline, detail, queries
-from condmsg.console.auth import COOKIE, Sessions
+from condmsg.console.auth import COOKIE, LoginThrottle, Sessions
+from condmsg.console.hosts import LOOPBACK_NAMES, AllowedHosts
 from condmsg.console.render import FILTERS, chart
+from condmsg.core import protocol
 from condmsg.core.timeutil import utcnow
 from condmsg.runtime.db import describe_db_url
 from condmsg.runtime.settings import Settings
@@ -66,6 +71,12 @@ class ConsoleConfig:
     #: Seconds a page waits for a store before it answers 503 (see condmsg.console.deadline).
     db_timeout_s: float = deadline.DEFAULT_DB_TIMEOUT_S
     clock: Callable[[], datetime] = field(default=utcnow)
+    #: The ``Host`` names answered (condmsg.console.hosts); others get 400.
+    allowed_hosts: Collection[str] = LOOPBACK_NAMES
+    #: Mark the session cookie ``Secure`` (the console is reached over TLS, via a proxy).
+    secure_cookies: bool = False
+    #: Monotonic seconds, for sessions' lifetimes and the login throttle.
+    monotonic: Callable[[], float] = field(default=time.monotonic)
 
 
 def create_app(config: ConsoleConfig) -> Starlette:
@@ -74,6 +85,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         deadline.watch_engine(store.engine)
     read = console.read
     return Starlette(
+        middleware=[Middleware(AllowedHosts, names=config.allowed_hosts)],
         routes=[
             Route("/", read(console.overview)),
             Route("/live/overview", read(console.overview_live, live=True)),
@@ -84,7 +96,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
             Route("/outbox/{action:str}", console.outbox_action, methods=["POST"]),
             Route("/login", console.login, methods=["GET", "POST"]),
             Route("/logout", console.logout, methods=["POST"]),
-        ]
+        ],
     )
 
 
@@ -99,7 +111,8 @@ class _Console:
             undefined=jinja2.StrictUndefined,
         )
         self.env.filters.update(FILTERS)
-        self.sessions = Sessions(config.token)
+        self.sessions = Sessions(config.token, config.monotonic)
+        self.throttle = LoginThrottle(config.monotonic)
         self.sender_store = config.stores[0]
 
     def page(self, request: Request, template: str, status: int = 200, **context: Any) -> Response:
@@ -109,7 +122,7 @@ class _Console:
         html = self.env.get_template(template).render(
             request=request,
             nonce=nonce,
-            store=describe_db_url(str(self.sender_store.engine.url)),
+            store=redact_url(describe_db_url(self.sender_store.engine.url)),
             actions_enabled=self.sessions.enabled,
             logged_in=session is not None,
             csrf=session.csrf if session else "",
@@ -233,12 +246,11 @@ class _Console:
         more = len(rows) > PARKED_PAGE
         rows = rows[:PARKED_PAGE]
         dead = None
-        if self.config.amqp_url and index == 0:
-            sender = self.config.sender or _latest_sender(self.sender_store.engine)
-            if sender is not None:
-                dead = dead_letters.peek(self.config.amqp_url, sender, DEAD_LETTERS_SHOWN)
-        with self.sender_store.engine.connect() as conn:
-            anomalies = queries.recent_anomalies(conn, 50) if index == 0 else []
+        anomalies = []
+        if index == 0:
+            dead = self.dead_letters()
+            with self.sender_store.engine.connect() as conn:
+                anomalies = queries.recent_anomalies(conn, 50)
         return self.page(
             request,
             "outbox.html",
@@ -252,18 +264,46 @@ class _Console:
             done=request.query_params.get("done"),
         )
 
+    def dead_letters(self) -> dead_letters.DeadLetters | None:
+        """The dead letters the store recorded, and the queue's depth if there is a broker
+        to ask (nothing is taken from the queue: condmsg.console.dead_letters)."""
+        sender = self.config.sender or _latest_sender(self.sender_store.engine)
+        if sender is None:
+            return None
+        found = dead_letters.DeadLetters(protocol.dead_letter_queue(sender))
+        with self.sender_store.engine.connect() as conn:
+            found.recorded = dead_letters.recorded(conn, DEAD_LETTERS_SHOWN)
+        if self.config.amqp_url:
+            found.count, found.problem = dead_letters.depth(self.config.amqp_url, sender)
+        return found
+
     async def login(self, request: Request) -> Response:
         if request.method == "GET":
-            return self.page(request, "login.html", failed=False)
+            return self.page(request, "login.html", failed=False, wait_s=None)
+        client = request.client.host if request.client else "?"
+        wait = self.throttle.retry_after(client)
+        if wait is not None:
+            log.warning("console login from %s refused unchecked: too many failures", client)
+            response = self.page(request, "login.html", 429, failed=False, wait_s=math.ceil(wait))
+            response.headers["Retry-After"] = str(math.ceil(wait))
+            return response
         form = await _form(request)
         session_id = self.sessions.login(form.get("token", ""))
-        client = request.client.host if request.client else "?"
         if session_id is None:
+            self.throttle.failed(client)
             log.warning("console login refused from %s", client)
-            return self.page(request, "login.html", 403, failed=True)
+            return self.page(request, "login.html", 403, failed=True, wait_s=None)
+        self.throttle.succeeded(client)
         log.info("console login from %s", client)
         response = RedirectResponse("/outbox", status_code=303)
-        response.set_cookie(COOKIE, session_id, httponly=True, samesite="strict", path="/")
+        response.set_cookie(
+            COOKIE,
+            session_id,
+            httponly=True,
+            samesite="strict",
+            secure=self.config.secure_cookies,
+            path="/",
+        )
         return response
 
     async def logout(self, request: Request) -> Response:
@@ -295,6 +335,17 @@ class _Console:
         ids = sorted({i for i in (_int(v) for v in form.get_all("id")) if i is not None})
         if not everything and not ids:
             return _refused("choose the rows (or all of them)", 400)
+        if action == "purge" and form.get("confirm") != "yes":
+            # Purging deletes for good: the button shows what it would delete, and only
+            # the confirmation page's own form (confirm=yes) deletes.
+            return self.page(
+                request,
+                "confirm_purge.html",
+                index=index,
+                chosen=chosen,
+                everything=everything,
+                ids=ids,
+            )
         done = await run_in_threadpool(_act, chosen, action, None if everything else ids)
         log.info(
             "console %s of %s parked row(s) in %s (%s) from %s: %d done",

@@ -79,9 +79,10 @@ def in_schema(pg_url: str, name: str) -> str:
 
 @contextmanager
 def serve(
-    db_url: str, amqp_url: str, token: str | None, db_timeout_s: float = 5.0
+    db_url: str, amqp_url: str, token: str | None, db_timeout_s: float = 5.0, **config: Any
 ) -> Iterator[str]:
-    """The console over ``db_url`` on a free port; yields its base URL."""
+    """The console over ``db_url`` on a free port (``config``: more ConsoleConfig fields);
+    yields its base URL."""
     import uvicorn
 
     import outbox
@@ -97,6 +98,7 @@ def serve(
             token=token,
             refresh_s=1.0,
             db_timeout_s=db_timeout_s,
+            **config,
         )
     )
     port = _free_port()

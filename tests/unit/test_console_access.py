@@ -1,0 +1,60 @@
+"""Who the console answers and lets in: Host names, the token's length, the login throttle."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_host_names_are_read_without_port_brackets_or_case() -> None:
+    from condmsg.console.hosts import host_name
+
+    assert host_name("LocalHost:8465") == "localhost"
+    assert host_name("[::1]:8465") == "::1"
+    assert host_name("console.example.com.") == "console.example.com"
+    assert host_name("") == ""
+
+
+def test_the_names_answered_follow_the_bind() -> None:
+    from condmsg.console.hosts import LOOPBACK_NAMES, allowed_names, is_loopback
+
+    assert allowed_names("127.0.0.1") == LOOPBACK_NAMES
+    assert allowed_names("::1", ["Console.Test"]) == LOOPBACK_NAMES | {"console.test"}
+    assert allowed_names("192.0.2.7") == {"192.0.2.7"}
+    assert allowed_names("0.0.0.0") == frozenset()
+    assert allowed_names("0.0.0.0", ["", "a.test"]) == {"a.test"}
+    assert is_loopback("127.0.0.2") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("console.test")
+
+
+def test_a_short_token_is_refused_without_being_repeated() -> None:
+    from condmsg.console.auth import MIN_TOKEN_CHARS, check_token
+    from condmsg.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="condmsg secret new") as refused:
+        check_token("hunter2-hunter2")
+    assert "hunter2" not in str(refused.value)
+    assert check_token("t" * MIN_TOKEN_CHARS) == "t" * MIN_TOKEN_CHARS
+
+
+def test_the_throttle_counts_each_address_within_its_window() -> None:
+    from condmsg.console.auth import FAILURE_WINDOW_S, LOCKOUT_S, MAX_FAILURES, LoginThrottle
+
+    now = [0.0]
+    throttle = LoginThrottle(lambda: now[0])
+    for _ in range(MAX_FAILURES - 1):
+        throttle.failed("10.0.0.1")
+    throttle.failed("10.0.0.2")
+    assert throttle.retry_after("10.0.0.1") is None
+    throttle.failed("10.0.0.1")
+    assert throttle.retry_after("10.0.0.1") == LOCKOUT_S
+    assert throttle.retry_after("10.0.0.2") is None  # another address is not locked out
+    now[0] += LOCKOUT_S
+    assert throttle.retry_after("10.0.0.1") is None
+    # Failures older than the window start the count again.
+    now[0] += FAILURE_WINDOW_S + 1
+    throttle.failed("10.0.0.1")
+    assert throttle.retry_after("10.0.0.1") is None
+    throttle.succeeded("10.0.0.1")
+    for _ in range(MAX_FAILURES - 1):
+        throttle.failed("10.0.0.1")
+    assert throttle.retry_after("10.0.0.1") is None

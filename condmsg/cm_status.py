@@ -23,6 +23,7 @@ from condmsg.core.conditions import Condition
 from condmsg.core.evaluation import EvaluationResult, evaluate
 from condmsg.core.store_values import AckStatus
 from condmsg.core.timeutil import describe_duration, iso, stored_instant, utcnow
+from condmsg.core.wording import plural
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,9 +98,9 @@ def contradiction(stored_state: str, with_late: EvaluationResult, late_acks: int
     if with_late.verdict.value == stored_state:
         return None
     return (
-        f"contradicted by late acks: with the {late_acks} ack(s) received after the decision "
-        f"the verdict would be {with_late.verdict.value}, not {stored_state} "
-        "(the ack grace was too short for them)"
+        f"contradicted by late acks: with the {plural(late_acks, 'ack')} received after the "
+        f"decision the verdict would be {with_late.verdict.value}, not {stored_state} "
+        f"(the ack grace was too short for {'it' if late_acks == 1 else 'them'})"
     )
 
 

@@ -1,6 +1,7 @@
 """What the console's CM, sphere and outbox pages read (SELECT only).
 
-A CM is judged as ``condmsg status`` judges it (:mod:`condmsg.cm_status`).
+A CM is judged as ``condmsg status`` judges it (:mod:`condmsg.cm_status`); a CM whose
+stored condition cannot be decoded is still shown, with what is wrong in place of its tree.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import sqlalchemy as sa
 
 from condmsg import tables
 from condmsg.cm_status import ack_line, cm_status, node_notes
-from condmsg.console.queries import utc
+from condmsg.console.queries import overdue, utc
 from condmsg.core.acks import Ack
 from condmsg.core.conditions import Condition, Destination
-from condmsg.core.evaluation import EvaluationResult, Truth
+from condmsg.core.errors import CondmsgError
+from condmsg.core.evaluation import EvaluationResult, Truth, Verdict
 from condmsg.core.protocol import H_CM_ID
 from condmsg.core.store_values import AckStatus
-from condmsg.core.timeutil import iso
+from condmsg.core.timeutil import iso, utcnow
+from condmsg.core.wording import plural
 from condmsg.runtime.settings import Settings
 from condmsg.spheres.store import SPHERES, ParticipantRow, SphereRow
 
@@ -45,24 +48,47 @@ class TreeNode:
 class CmDetail:
     row: Any
     sent_at: datetime
-    judged_at: datetime
-    result: EvaluationResult
-    tree: TreeNode
+    #: The instant it was judged at; None with ``result`` and ``tree`` if it could not be.
+    judged_at: datetime | None
+    result: EvaluationResult | None
+    tree: TreeNode | None
     contradiction: str | None
     stored_reasons_differ: bool
     timeline: list[tuple[datetime, str]]
     copies: list[Any]
     outbox: list[dict[str, Any]]
+    #: Why its stored condition cannot be judged, if it cannot.
+    undecodable: str | None = None
+
+    @property
+    def standing(self) -> tuple[str, str]:
+        """(state, words) of the CM as both its pill and its verdict show it: the stored
+        verdict once decided; while pending, ``pending`` and, if the acks so far already
+        decide it, the verdict the evaluator will record (it has not yet: its sweep is
+        due, or the ack grace has not passed)."""
+        state = str(self.row.state)
+        if state != "pending":
+            return state, state
+        if self.result is None or self.result.verdict is Verdict.PENDING:
+            return state, state
+        return state, f"pending, would be {self.result.verdict.value}"
 
 
 def cm_detail(
-    conn: sa.Connection, cm_id: str, settings: Settings, outbox_table: sa.Table | None
+    conn: sa.Connection,
+    cm_id: str,
+    settings: Settings,
+    outbox_table: sa.Table | None,
+    now: datetime | None = None,
 ) -> CmDetail | None:
+    """The CM ``cm_id`` as its page shows it at ``now`` (default: the clock), or None."""
+    now = utcnow() if now is None else now
     cms = tables.cms
-    row = conn.execute(sa.select(cms).where(cms.c.cm_id == cm_id)).first()
+    row = conn.execute(
+        sa.select(cms, overdue(now).label("overdue")).where(cms.c.cm_id == cm_id)
+    ).first()
     if row is None:
         return None
-    status = cm_status(conn, row, settings.ack_grace)
     copy_rows = conn.execute(
         sa.select(tables.copies)
         .where(tables.copies.c.cm_id == cm_id)
@@ -71,18 +97,36 @@ def cm_detail(
     comp_rows = conn.execute(
         sa.select(tables.compensations).where(tables.compensations.c.cm_id == cm_id)
     ).all()
-    return CmDetail(
+    shown = CmDetail(
         row=row,
-        sent_at=status.sent_at,
-        judged_at=status.judged_at,
-        result=status.result,
-        tree=_tree(status.condition, status.result, [*status.counted, *status.late]),
-        contradiction=status.contradiction,
-        stored_reasons_differ=status.stored_reasons_differ,
-        timeline=_timeline(row, status.sent_at, copy_rows, status.ack_rows, comp_rows),
+        sent_at=utc(row.sent_at),  # type: ignore[arg-type]
+        judged_at=None,
+        result=None,
+        tree=None,
+        contradiction=None,
+        stored_reasons_differ=False,
+        timeline=[],
         copies=list(copy_rows),
         outbox=[] if outbox_table is None else outbox_rows_of(conn, outbox_table, cm_id),
     )
+    try:
+        status = cm_status(conn, row, settings.ack_grace)
+    except CondmsgError as exc:
+        # Everything but its tree and verdict can still be shown.
+        acks = tables.acks
+        ack_rows = conn.execute(
+            sa.select(acks).where(acks.c.cm_id == cm_id).order_by(acks.c.received_at)
+        ).all()
+        shown.undecodable = f"its stored condition cannot be decoded: {exc}"
+        shown.timeline = _timeline(row, shown.sent_at, copy_rows, ack_rows, comp_rows)
+        return shown
+    shown.judged_at = status.judged_at
+    shown.result = status.result
+    shown.tree = _tree(status.condition, status.result, [*status.counted, *status.late])
+    shown.contradiction = status.contradiction
+    shown.stored_reasons_differ = status.stored_reasons_differ
+    shown.timeline = _timeline(row, status.sent_at, copy_rows, status.ack_rows, comp_rows)
+    return shown
 
 
 def _tree(condition: Condition, result: EvaluationResult, acks: list[Ack]) -> TreeNode:
@@ -110,7 +154,11 @@ def _timeline(
     """The CM's events in time order: its copies, every ack's read and commit (and when
     the evaluator received it), its decision, success notices and compensations."""
     events: list[tuple[datetime, str]] = [
-        (sent_at, f"sent: {len(copy_rows)} copies ({', '.join(c.destination for c in copy_rows)})")
+        (
+            sent_at,
+            f"sent: {plural(len(copy_rows), 'copy', 'copies')} "
+            f"({', '.join(c.destination for c in copy_rows)})",
+        )
     ]
     for a in ack_rows:
         who = f" ({a.recipient})" if a.recipient else ""
@@ -194,3 +242,34 @@ def sphere_detail(conn: sa.Connection, sphere_id: str) -> SphereDetail | None:
         .order_by(cms.c.sent_at, cms.c.cm_id)
     ).all()
     return SphereDetail(sphere, SPHERES.participants(conn, sphere_id), list(members))
+
+
+@dataclass(slots=True)
+class SphereList:
+    #: The newest spheres (begun last first), at most the list's limit.
+    rows: list[dict[str, Any]]
+    #: Spheres in the store by state.
+    by_state: dict[str, int]
+
+
+def sphere_list(conn: sa.Connection, state: str | None, limit: int) -> SphereList:
+    """The newest spheres, of one state or of any, with how many there are by state."""
+    s = tables.spheres.c
+    query = (
+        sa.select(s.sphere_id, s.sender, s.begun_at, s.deadline, s.members, s.state, s.decided_at)
+        .order_by(s.begun_at.desc(), s.sphere_id.desc())
+        .limit(limit)
+    )
+    if state is not None:
+        query = query.where(s.state == state)
+    rows = [
+        {
+            **r._asdict(),
+            "begun_at": utc(r.begun_at),
+            "deadline": utc(r.deadline),
+            "decided_at": utc(r.decided_at),
+        }
+        for r in conn.execute(query)
+    ]
+    counts = conn.execute(sa.select(s.state, sa.func.count()).group_by(s.state)).all()
+    return SphereList(rows, {str(k): int(n) for k, n in counts})

@@ -30,6 +30,8 @@ LATENCY_SAMPLE = 2000
 #: behind or failing (the evaluator's own gauge uses one sweep interval; a console cannot
 #: know it, so it allows a few).
 OVERDUE_AFTER = timedelta(seconds=10)
+#: The CM list counts the CMs its filter matches up to this many (a count is a scan).
+COUNT_CAP = 10_000
 
 STATES = ("pending", "decided", "overdue")
 VERDICTS = (CmState.SATISFIED.value, CmState.VIOLATED.value)
@@ -42,6 +44,14 @@ anomalies = tables.anomalies
 
 def utc(value: datetime | None) -> datetime | None:
     return None if value is None else stored_instant(value)
+
+
+def overdue(now: datetime) -> sa.ColumnElement[bool]:
+    """Whether a CM is overdue at ``now``: the one definition every page uses (the list's
+    filter and marks, the overview's count, a CM's page). Pending CMs are found through
+    the sweeps' partial index on ``next_check_at``, which holds every pending row."""
+    c = cms.c
+    return sa.and_(c.state == CmState.PENDING.value, c.next_check_at <= now - OVERDUE_AFTER)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,30 +79,77 @@ class Cursor:
 
     @classmethod
     def decode(cls, text: str) -> Cursor:
+        """The cursor ``text`` encodes; ValueError if it encodes none."""
         instant, _, cm_id = text.partition("|")
-        return cls(stored_instant(datetime.fromisoformat(instant)), cm_id)
+        try:
+            return cls(stored_instant(datetime.fromisoformat(instant)), cm_id)
+        except OverflowError:  # year 1 or 9999 once in UTC
+            raise ValueError(f"instant out of range: {instant}") from None
 
 
 @dataclass(slots=True)
 class CmPage:
     rows: list[dict[str, Any]]
     next_cursor: Cursor | None
+    #: CMs the filter matches, counted up to COUNT_CAP + 1.
+    matching: int = 0
+
+    @property
+    def matching_text(self) -> str:
+        """``1 CM matches``, ``1,234 CMs match``, ``more than 10,000 CMs match``."""
+        if self.matching > COUNT_CAP:
+            return f"more than {COUNT_CAP:,} CMs match"
+        return (
+            f"{self.matching:,} CM matches"
+            if self.matching == 1
+            else f"{self.matching:,} CMs match"
+        )
 
 
 def list_query(flt: ListFilter, after: Cursor | None, now: datetime, limit: int) -> sa.Select[Any]:
     """The SELECT of one page: the plain SQL the console runs (bench/console.py times it)."""
     c = cms.c
-    query = sa.select(
-        c.cm_id, c.sender, c.sent_at, c.state, c.decided_at, c.sphere_id, c.evaluation_deadline
+    query = _filtered(
+        sa.select(
+            c.cm_id,
+            c.sender,
+            c.sent_at,
+            c.state,
+            c.decided_at,
+            c.sphere_id,
+            overdue(now).label("overdue"),
+        ),
+        flt,
+        now,
     )
+    if after is not None:
+        # The first condition is redundant but lets the planner start the index range at
+        # the cursor; the OR alone would make it read the index from the top.
+        query = query.where(
+            c.sent_at <= after.sent_at,
+            sa.or_(
+                c.sent_at < after.sent_at,
+                sa.and_(c.sent_at == after.sent_at, c.cm_id < after.cm_id),
+            ),
+        )
+    return query.order_by(c.sent_at.desc(), c.cm_id.desc()).limit(limit)
+
+
+def count_query(flt: ListFilter, now: datetime) -> sa.Select[Any]:
+    """How many CMs ``flt`` matches, counted up to ``COUNT_CAP + 1``: the count reads what
+    the list's index range holds, so a cap keeps it as cheap as a few pages."""
+    matching = _filtered(sa.select(cms.c.cm_id), flt, now).limit(COUNT_CAP + 1).subquery()
+    return sa.select(sa.func.count()).select_from(matching)
+
+
+def _filtered(query: sa.Select[Any], flt: ListFilter, now: datetime) -> sa.Select[Any]:
+    c = cms.c
     if flt.state == "pending":
         query = query.where(c.state == CmState.PENDING.value)
     elif flt.state == "decided":
         query = query.where(c.state != CmState.PENDING.value)
     elif flt.state == "overdue":
-        query = query.where(
-            c.state == CmState.PENDING.value, c.next_check_at <= now - OVERDUE_AFTER
-        )
+        query = query.where(overdue(now))
     if flt.verdict:
         query = query.where(c.state == flt.verdict)
     if flt.destination:
@@ -107,17 +164,7 @@ def list_query(flt: ListFilter, after: Cursor | None, now: datetime, limit: int)
     if flt.cm_id:
         # A prefix as a range, so that the primary key's index serves it in any collation.
         query = query.where(c.cm_id >= flt.cm_id, c.cm_id < flt.cm_id + "\uffff")
-    if after is not None:
-        # The first condition is redundant but lets the planner start the index range at
-        # the cursor; the OR alone would make it read the index from the top.
-        query = query.where(
-            c.sent_at <= after.sent_at,
-            sa.or_(
-                c.sent_at < after.sent_at,
-                sa.and_(c.sent_at == after.sent_at, c.cm_id < after.cm_id),
-            ),
-        )
-    return query.order_by(c.sent_at.desc(), c.cm_id.desc()).limit(limit)
+    return query
 
 
 def cm_page(
@@ -148,14 +195,13 @@ def cm_page(
             "decided_at": utc(r.decided_at),
             "sphere_id": r.sphere_id,
             "destinations": dests[r.cm_id],
-            "overdue": r.state == CmState.PENDING.value
-            and (utc(r.evaluation_deadline) or now) < now - OVERDUE_AFTER,
+            "overdue": bool(r.overdue),
         }
         for r in found
     ]
     last = found[-1] if more and found else None
     cursor = Cursor(utc(last.sent_at), last.cm_id) if last is not None else None  # type: ignore[arg-type]
-    return CmPage(rows, cursor)
+    return CmPage(rows, cursor, int(conn.scalar(count_query(flt, now)) or 0))
 
 
 @dataclass(slots=True)
@@ -189,14 +235,7 @@ def overview(
     view.pending = (
         conn.scalar(sa.select(sa.func.count()).where(c.state == CmState.PENDING.value)) or 0
     )
-    view.overdue = (
-        conn.scalar(
-            sa.select(sa.func.count()).where(
-                c.state == CmState.PENDING.value, c.next_check_at <= now - OVERDUE_AFTER
-            )
-        )
-        or 0
-    )
+    view.overdue = conn.scalar(sa.select(sa.func.count()).where(overdue(now))) or 0
     step = window / BUCKETS
     for index in range(BUCKETS):
         low, high = start + step * index, start + step * (index + 1)

@@ -6,7 +6,8 @@ from datetime import datetime
 from typing import Any
 
 from condmsg.console.queries import Overview
-from condmsg.core.timeutil import iso
+from condmsg.core.timeutil import iso, stored_instant
+from condmsg.core.wording import plural
 
 #: The chart's series, bottom to top, with their colours.
 SERIES = (("satisfied", "#2e7d32"), ("violated", "#c62828"), ("pending", "#f9a825"))
@@ -16,7 +17,7 @@ DASH = "\u2013"  # an en dash: no value
 
 def instant(value: datetime | None) -> str:
     """ISO 8601 UTC with milliseconds, or an en dash."""
-    return DASH if value is None else iso(value)
+    return DASH if value is None else iso(stored_instant(value))
 
 
 def seconds(value: float | None) -> str:
@@ -36,7 +37,7 @@ def count(value: int | None) -> str:
     return DASH if value is None else f"{value:,}"
 
 
-FILTERS = {"instant": instant, "seconds": seconds, "count": count}
+FILTERS = {"instant": instant, "seconds": seconds, "count": count, "plural": plural}
 
 
 def chart(view: Overview) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from condmsg.core.acks import Ack, AckKind
 from condmsg.core.conditions import Condition, Destination, Kind
 from condmsg.core.errors import ConditionError
 from condmsg.core.timeutil import RESOLUTION, as_utc, is_aware, iso
+from condmsg.core.wording import plural
 
 
 class Truth(Enum):
@@ -278,7 +279,7 @@ class _Judge:
             rule = _describe_counts(node.min_count(kind), node.max_count(kind), len(values))
         else:
             value = all_of(v for _, v in values)
-            rule = f"all {len(values)} members"
+            rule = "its only member" if len(values) == 1 else f"all {len(values)} members"
         return value, f"{rule}: {_tally(held, failed, unknown)}"
 
     def _destination(
@@ -395,7 +396,7 @@ def _describe_counts(low: int | None, high: int | None, size: int | None) -> str
         )
         if text
     )
-    of = f"of {size} members" if size is not None else "distinct recipients"
+    of = f"of {plural(size, 'member')}" if size is not None else "distinct recipients"
     return f"{bounds} {of}"
 
 

@@ -114,6 +114,87 @@ def serve(
         engine.dispose()
 
 
+#: CMs and a sphere that ``seed`` writes straight into a store (no evaluator runs there).
+UNDECODABLE_CM = "cm-with-an-undecodable-condition"
+OVERDUE_CM = "cm-pending-and-overdue"
+SEEDED_SPHERE = "sphere-open-seeded"
+#: Names as long as a store takes, without a place to break a line.
+LONG_DESTINATION = "seeded." + "d" * 248
+LONG_SENDER = "s" * 255
+
+
+def seed(url: str) -> str:
+    """Migrate the sender store at ``url`` and write into it, as if an evaluator had
+    stopped an hour ago: a CM whose stored condition cannot be decoded, a pending CM whose
+    deadline and next check passed an hour ago (overdue; its acks, none, already decide
+    it), and an open sphere. Returns ``url``."""
+    from condmsg.core.condition_codec import condition_to_json
+    from condmsg.runtime.migrate import upgrade
+
+    engine = sa.create_engine(url)
+    upgrade(engine, "sender")
+    now = utcnow()
+    hour = timedelta(hours=1)
+    condition = condition_to_json(Destination(LONG_DESTINATION, pickup_within=timedelta(seconds=1)))
+    common = {"sender": LONG_SENDER, "payload_size": 0, "notify_success": False, "state": "pending"}
+    with engine.begin() as conn:
+        conn.execute(
+            tables.cms.insert(),
+            [
+                {
+                    **common,
+                    "cm_id": UNDECODABLE_CM,
+                    "sent_at": now,
+                    "condition_json": '{"kind": "nonsense"',
+                    "evaluation_deadline": now + hour,
+                    "next_check_at": now + hour,
+                },
+                {
+                    **common,
+                    "cm_id": OVERDUE_CM,
+                    "sent_at": now - hour,
+                    "condition_json": condition,
+                    "evaluation_deadline": now - hour + timedelta(seconds=1),
+                    "next_check_at": now - hour + timedelta(seconds=1),
+                },
+            ],
+        )
+        conn.execute(
+            tables.copies.insert().values(
+                cm_id=OVERDUE_CM,
+                destination=LONG_DESTINATION,
+                message_id="seeded-copy-1",
+                exchange="",
+                routing_key=LONG_DESTINATION,
+                requires="pickup",
+                parts=1,
+            )
+        )
+        conn.execute(
+            tables.spheres.insert().values(
+                sphere_id=SEEDED_SPHERE,
+                sender=LONG_SENDER,
+                begun_at=now,
+                deadline=now + hour,
+                members=0,
+                state="open",
+            )
+        )
+    engine.dispose()
+    return url
+
+
+@contextmanager
+def seeded(kind: str, pg_url: str, directory: Any) -> Iterator[str]:
+    """A seeded store, SQLite (a file in ``directory``) or PostgreSQL (a schema of
+    ``pg_url``), as a URL."""
+    if kind == "sqlite":
+        yield seed(f"sqlite:///{directory / 'store.db'}")
+        return
+    with schema(pg_url) as name:
+        yield seed(in_schema(pg_url, name))
+
+
 def _forged_ack(cm_id: str, destination: str, read_at: Any, token: bytes = SECRET) -> bytes:
     return protocol.AckMessage(
         ack_id=uuid.uuid4().hex,

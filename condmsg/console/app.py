@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote_to_bytes
 
 import jinja2
 import markupsafe
@@ -30,6 +30,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from condmsg import tables
 from condmsg.console import dead_letters, deadline, detail, queries
@@ -37,6 +38,7 @@ from condmsg.console.auth import COOKIE, LoginThrottle, Sessions
 from condmsg.console.hosts import LOOPBACK_NAMES, AllowedHosts
 from condmsg.console.render import FILTERS, chart
 from condmsg.core import protocol
+from condmsg.core.store_values import SphereState
 from condmsg.core.timeutil import utcnow
 from condmsg.runtime.db import describe_db_url
 from condmsg.runtime.settings import Settings
@@ -44,9 +46,14 @@ from outbox.urls import redact_url
 
 log = logging.getLogger("condmsg.console")
 
+#: Actions on parked rows (``POST /outbox/ACTION``).
+ACTIONS = ("requeue", "purge")
 #: Parked rows and dead letters the outbox page lists at once.
 PARKED_PAGE = 100
 DEAD_LETTERS_SHOWN = 50
+#: Spheres the sphere list shows (the newest).
+SPHERES_SHOWN = 100
+SPHERE_STATES = tuple(s.value for s in SphereState)
 WINDOWS = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 
 
@@ -85,12 +92,17 @@ def create_app(config: ConsoleConfig) -> Starlette:
         deadline.watch_engine(store.engine)
     read = console.read
     return Starlette(
-        middleware=[Middleware(AllowedHosts, names=config.allowed_hosts)],
+        middleware=[
+            # The Host check first: a request for a foreign name gets no other answer.
+            Middleware(AllowedHosts, names=config.allowed_hosts),
+            Middleware(_RejectNul),
+        ],
         routes=[
             Route("/", read(console.overview)),
             Route("/live/overview", read(console.overview_live, live=True)),
             Route("/cms", read(console.cm_list)),
             Route("/cms/{cm_id}", read(console.cm_page)),
+            Route("/spheres", read(console.sphere_list)),
             Route("/spheres/{sphere_id}", read(console.sphere_page)),
             Route("/outbox", read(console.outbox_page)),
             Route("/outbox/{action:str}", console.outbox_action, methods=["POST"]),
@@ -222,10 +234,18 @@ class _Console:
     def cm_page(self, request: Request) -> Response:
         cm_id = request.path_params["cm_id"]
         with self.sender_store.engine.connect() as conn:
-            found = detail.cm_detail(conn, cm_id, self.config.settings, self.sender_store.outbox)
+            found = detail.cm_detail(
+                conn, cm_id, self.config.settings, self.sender_store.outbox, self.config.clock()
+            )
         if found is None:
             return self.page(request, "missing.html", 404, what="conditional message", ident=cm_id)
         return self.page(request, "cm.html", cm=found)
+
+    def sphere_list(self, request: Request) -> Response:
+        state = _choice(request.query_params.get("state"), SPHERE_STATES)
+        with self.sender_store.engine.connect() as conn:
+            found = detail.sphere_list(conn, state, SPHERES_SHOWN)
+        return self.page(request, "spheres.html", found=found, state=state, states=SPHERE_STATES)
 
     def sphere_page(self, request: Request) -> Response:
         sphere_id = request.path_params["sphere_id"]
@@ -317,6 +337,8 @@ class _Console:
 
     async def outbox_action(self, request: Request) -> Response:
         action = request.path_params["action"]
+        if action not in ACTIONS:
+            return _refused(f"no such action; one of: {', '.join(ACTIONS)}", 404)
         form = await _form(request)
         session_id = request.cookies.get(COOKIE)
         client = request.client.host if request.client else "?"
@@ -407,10 +429,12 @@ def _choice(value: str | None, allowed: Sequence[str]) -> str | None:
 
 
 def _int(value: str | None) -> int | None:
+    """A 64-bit integer (what the stores' ids are), or None for anything else."""
     try:
-        return int(value) if value else None
+        number = int(value) if value else None
     except ValueError:
         return None
+    return number if number is None or -(2**63) <= number < 2**63 else None
 
 
 def _store_index(value: str | None, stores: Sequence[Store]) -> int:
@@ -423,11 +447,28 @@ def _instant(value: str | None, name: str, problems: list[str]) -> datetime | No
     if not value:
         return None
     try:
-        parsed = datetime.fromisoformat(value.strip())
-    except ValueError:
-        problems.append(f"{name}: not an ISO 8601 instant; ignored")
+        return queries.utc(datetime.fromisoformat(value.strip()))
+    except (ValueError, OverflowError):  # OverflowError: year 1 or 9999 once in UTC
+        problems.append(f"{name}: not an ISO 8601 instant between the years 1 and 9999; ignored")
         return None
-    return queries.utc(parsed)
+
+
+class _RejectNul:
+    """Answers 400 to a request with a NUL byte in its path or query: no name, id or
+    filter of the console holds one, PostgreSQL refuses it in text, and an error from the
+    depths of a driver is no way to say so."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (
+            "\x00" in scope["path"] or b"\x00" in unquote_to_bytes(scope["query_string"])
+        ):
+            response = PlainTextResponse("bad request: a NUL byte in the path or query", 400)
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _latest_sender(engine: sa.Engine) -> str | None:

@@ -16,9 +16,11 @@ from enum import Enum
 from typing import Any
 
 import pika
+import pika.data
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
+from ackd import field_types
 from condmsg.core import protocol
 from condmsg.core.errors import BrokerError
 from condmsg.runtime.amqp import connect
@@ -72,6 +74,26 @@ def _delivery(
     )
 
 
+def invalid_headers(headers: dict[str, Any], reason: str) -> dict[str, Any]:
+    """The headers of a copy on the invalid-message queue: ``headers`` and the reason (cut
+    to 1,000 characters), a float written as its text. Headers that cannot be encoded
+    even so are replaced by the reason, saying so, and the original queue if ``headers``
+    names it: pika marshals a message whole before it sends anything, so they would
+    otherwise keep the message out of the invalid queue for good."""
+    try:
+        kept = field_types.encodable(headers)
+        kept[protocol.H_REASON] = reason[:1000]
+        pika.data.encode_table([], kept)
+        return dict(kept)
+    except Exception as exc:  # whatever a sender put in them costs the headers only
+        dropped = f"{reason} (its headers could not be encoded: {type(exc).__name__})"
+        fallback: dict[str, Any] = {protocol.H_REASON: dropped[:1000]}
+        queue = headers.get(protocol.H_ORIGINAL_QUEUE)
+        if isinstance(queue, str):
+            fallback[protocol.H_ORIGINAL_QUEUE] = queue
+        return fallback
+
+
 #: At most this many acks are owed at once (fewer with a small prefetch).
 ACK_BATCH = 64
 #: An owed ack waits at most about this long (seconds) while deliveries keep coming.
@@ -84,6 +106,8 @@ class Broker:
     def __init__(
         self, amqp_url: str, *, name: str, invalid_queue: str, queue_type: str | None = None
     ) -> None:
+        # A header sent as a double must not pass for an integer (docs/protocol.md).
+        field_types.install()
         #: One broker or a cluster's nodes, comma-separated: each (re)connection goes to the
         #: first that answers, so a consumer whose node went resumes on another one.
         self.amqp_url = amqp_url
@@ -326,29 +350,14 @@ class Broker:
             self.requeue(delivery, after_s=disposal.after_s)
 
     def move_to_invalid(self, delivery: Delivery, reason: str) -> None:
-        """Republish to the invalid-message queue with the reason, then ack the original.
-
-        Headers that cannot be encoded again (pika marshals a message whole before it
-        sends anything) are dropped: the message still goes, with its body and the reason.
-        """
+        """Republish to the invalid-message queue with the reason, then ack the original."""
         if not self._owns(delivery) or self._channel is None or not self._channel.is_open:
             # Its channel is gone and RabbitMQ gives it again: copying it now would leave
             # two copies in the invalid queue.
             raise BrokerError("lost the connection to RabbitMQ before moving a message")
-        props = delivery.properties
-        headers = dict(props.headers or {})
-        headers[protocol.H_REASON] = reason[:1000]
-        headers["condmsg-original-queue"] = delivery.queue
-        try:
-            self._publish_invalid_copy(delivery, headers)
-        except BrokerError:
-            raise
-        except Exception as exc:
-            dropped = f"{reason} (its headers could not be encoded: {type(exc).__name__})"
-            self._publish_invalid_copy(
-                delivery,
-                {protocol.H_REASON: dropped[:1000], "condmsg-original-queue": delivery.queue},
-            )
+        headers = dict(delivery.properties.headers or {})
+        headers[protocol.H_ORIGINAL_QUEUE] = delivery.queue
+        self._publish_invalid_copy(delivery, invalid_headers(headers, reason))
         self.ack(delivery)
 
     def _publish_invalid_copy(self, delivery: Delivery, headers: dict[str, Any]) -> None:
@@ -379,8 +388,7 @@ class Broker:
         self._publish_to_invalid_queue(
             body,
             pika.BasicProperties(
-                headers={**headers, protocol.H_REASON: reason[:1000]},
-                delivery_mode=pika.DeliveryMode.Persistent,
+                headers=invalid_headers(headers, reason), delivery_mode=pika.DeliveryMode.Persistent
             ),
         )
 

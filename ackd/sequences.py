@@ -21,10 +21,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from ackd import stored_headers
 from ackd.broker import Delivery
 from ackd.context import ReceiveContext
 from ackd.message import Message
 from ackd.rlog import RlogDecisions
+from ackd.tables import rlog
 from ackd.tables import sequence_parts as parts
 from ackd.transaction import Incoming, ReceiverTransaction, TakenMessage
 from ackd.validation import (
@@ -35,6 +37,7 @@ from ackd.validation import (
     invalid_reason,
     parse,
 )
+from condmsg.core import protocol
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +51,8 @@ class Assembled:
     body: bytes
     headers_json: str
     properties_json: str
-
-
-def _json_safe(headers: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: (v.decode("utf-8", "replace") if isinstance(v, bytes) else v) for k, v in headers.items()
-    }
+    #: The queue its first part was read from.
+    queue: str = ""
 
 
 def part_row(
@@ -68,7 +67,7 @@ def part_row(
         "position": position,
         "size": size,
         "queue": delivery.queue,
-        "headers_json": json.dumps(_json_safe(delivery.headers), default=str),
+        "headers_json": stored_headers.to_json(delivery.headers),
         "properties_json": json.dumps(
             {
                 "content_type": props.content_type,
@@ -124,6 +123,7 @@ def take(session: Session, seq_id: str) -> Assembled | Discordant | None:
             parts.c.body,
             parts.c.headers_json,
             parts.c.properties_json,
+            parts.c.queue,
         )
     )
     rows = sorted(session.execute(stmt).all(), key=lambda r: r.position)
@@ -134,13 +134,14 @@ def take(session: Session, seq_id: str) -> Assembled | Discordant | None:
         return Discordant(
             seq_id,
             _discord(seq_id, [(r.position, r.size) for r in rows]),
-            [(r.position, r.size, r.body, _stored_headers(r.headers_json)) for r in rows],
+            [(r.position, r.size, r.body, _invalid_headers(r.headers_json, r.queue)) for r in rows],
         )
     return Assembled(
         seq_id=seq_id,
         body=b"".join(r.body for r in rows),
         headers_json=first.headers_json,
         properties_json=first.properties_json,
+        queue=first.queue,
     )
 
 
@@ -169,7 +170,8 @@ def take_expired(
     session: Session, older_than: datetime
 ) -> list[tuple[str, int, int, bytes, dict[str, Any]]]:
     """Delete and return the parts of sequences with a part older than ``older_than`` that
-    are still incomplete: ``(seq_id, position, size, body, headers)``."""
+    are still incomplete: ``(seq_id, position, size, body, headers)``, the headers those
+    of the part for the invalid-message queue."""
     stale = (
         sa.select(parts.c.seq_id)
         .group_by(parts.c.seq_id, parts.c.size)
@@ -183,23 +185,30 @@ def take_expired(
         sa.delete(parts)
         .where(parts.c.seq_id.in_(ids))
         .returning(
-            parts.c.seq_id, parts.c.position, parts.c.size, parts.c.body, parts.c.headers_json
+            parts.c.seq_id,
+            parts.c.position,
+            parts.c.size,
+            parts.c.body,
+            parts.c.headers_json,
+            parts.c.queue,
         )
     )
     return [
-        (r.seq_id, r.position, r.size, r.body, _stored_headers(r.headers_json))
+        (r.seq_id, r.position, r.size, r.body, _invalid_headers(r.headers_json, r.queue))
         for r in session.execute(stmt)
     ]
 
 
-def _stored_headers(headers_json: str) -> dict[str, Any]:
-    """A part's headers for the invalid queue; none if they cannot be decoded (the part
-    still goes there, with its body, rather than stopping the expiry of the others)."""
-    try:
-        headers = json.loads(headers_json)
-    except (ValueError, RecursionError):
-        return {}
-    return headers if isinstance(headers, dict) else {}
+def _invalid_headers(headers_json: str, queue: str) -> dict[str, Any]:
+    """A stored part's headers for the invalid queue: those stored (none if they cannot be
+    read back: the part still goes, rather than stopping the expiry of the others) and
+    the queue it was read from, as a message moved straight from a delivery has."""
+    return {**stored_headers.from_json(headers_json), protocol.H_ORIGINAL_QUEUE: queue}
+
+
+def _with_queue(headers: dict[str, Any], assembled: Assembled) -> dict[str, Any]:
+    """A whole's headers for the invalid queue: part 0's, and the queue it was read from."""
+    return {**headers, protocol.H_ORIGINAL_QUEUE: assembled.queue}
 
 
 class SequenceReassembly:
@@ -219,8 +228,9 @@ class SequenceReassembly:
     ) -> None:
         """Keep a judged part in the store: inside a transaction with it (the transaction
         settles its delivery, so a rollback requeues it), otherwise at once (the caller
-        then acks it). Raises :class:`InvalidMessage` before storing anything if its
-        headers cannot be kept (a table nested too deep for JSON)."""
+        then acks it); a part whose sequence was taken already is dropped the same way,
+        unstored. Raises :class:`InvalidMessage` before storing anything if its headers
+        cannot be kept (a table nested too deep for JSON)."""
         assert inbound.seq_id is not None and inbound.seq_pos is not None and inbound.seq_size
         try:
             row = part_row(
@@ -233,16 +243,44 @@ class SequenceReassembly:
         except Exception as exc:  # what a sender put in the headers costs this part only
             raise InvalidMessage(invalid_reason(exc)) from exc
         if tx is not None:
-            self._ctx.store.store_part(tx.session, row)
+            stored = self._store_unless_taken(tx.session, inbound, row)
             incoming = Incoming(
                 delivery.queue, b"", None, None, delivery.headers, delivery.redelivered, delivery
             )
             tx.taken_messages.append(TakenMessage(incoming, inbound, received_at, delivered=False))
         else:
             with Session(self._ctx.engine) as session, session.begin():
-                self._ctx.store.store_part(session, row)
-        self._ctx.stats.parts += 1
-        self._ctx.pending.maybe_complete = True
+                stored = self._store_unless_taken(session, inbound, row)
+        if stored:
+            self._ctx.stats.parts += 1
+            self._ctx.pending.maybe_complete = True
+
+    def _store_unless_taken(self, session: Session, inbound: Inbound, row: dict[str, Any]) -> bool:
+        """Store the part, unless its whole was taken already; True if it was stored.
+
+        A part whose sequence was taken (delivered or discarded: the receiver log row of
+        its CM and destination holds the sequence id) comes again when the broker ack of
+        its delivery was lost after the commit that stored it, or when it was published
+        twice. It can never complete a sequence: it is a duplicate, dropped, and its
+        delivery is acked like a stored part's. (A transaction taking the whole that has
+        not committed yet is not seen here: such a part is stored, and expires.)
+        """
+        taken = sa.select(rlog.c.cm_id).where(
+            rlog.c.cm_id == inbound.cm_id,
+            rlog.c.destination == inbound.destination,
+            rlog.c.message_id == inbound.seq_id,
+        )
+        if session.execute(taken).first() is not None:
+            log.info(
+                "dropping part %s of sequence %s from %r: its sequence was taken already",
+                row["position"] + 1,
+                inbound.seq_id,
+                row["queue"],
+            )
+            self._ctx.stats.duplicates += 1
+            return False
+        self._ctx.store.store_part(session, row)
+        return True
 
     def deliver_complete(self, queue: str, tx: ReceiverTransaction | None) -> Message | None:
         """Deliver a complete sequence of ``queue`` from the store, if there is one."""
@@ -277,7 +315,9 @@ class SequenceReassembly:
                     session, seq_id, self._ctx.config.max_attempts
                 )
                 if reason is not None:
-                    self._ctx.broker.publish_invalid(assembled.body, headers, reason)
+                    self._ctx.broker.publish_invalid(
+                        assembled.body, _with_queue(headers, assembled), reason
+                    )
                     self._ctx.stats.invalid += 1
                     continue
             incoming = Incoming(
@@ -332,7 +372,9 @@ class SequenceReassembly:
                 self._ctx.config.invalid_queue,
                 reason,
             )
-            self._ctx.broker.publish_invalid(assembled.body, headers, reason)
+            self._ctx.broker.publish_invalid(
+                assembled.body, _with_queue(headers, assembled), reason
+            )
             self._ctx.stats.invalid += 1
             return None
         return inbound, headers, properties

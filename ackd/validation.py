@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from condmsg.core import protocol
 from condmsg.core.errors import CondmsgError, ProtocolError
@@ -86,17 +86,26 @@ def _text(headers: dict[str, Any], name: str, *, required: bool = True) -> str |
     return value
 
 
+def _is_integer(value: object) -> TypeGuard[int]:
+    """An AMQP integer field of any width: pika hands a 64-bit one over as its own ``int``
+    subclass; a boolean is not one, nor a double (``ackd.field_types`` keeps it a float)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _int(headers: dict[str, Any], name: str) -> int:
     value = headers.get(name)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not _is_integer(value):
         raise InvalidMessage(f"header {name} must be an integer, got {_show(value)}")
-    return value
+    return int(value)
 
 
 def _show(value: object) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return "a large integer"
-    return repr(value)[:40] if isinstance(value, str | int | float | None) else type(value).__name__
+    if _is_integer(value):
+        number = int(value)
+        return "a large integer" if number.bit_length() > 64 else str(number)
+    return (
+        repr(value)[:40] if isinstance(value, str | bool | float | None) else type(value).__name__
+    )
 
 
 def parse(headers: dict[str, Any] | None, reply_to: str | None) -> Inbound:
@@ -117,7 +126,7 @@ def _parse(headers: dict[str, Any], reply_to: str | None) -> Inbound:
     if protocol.H_VERSION not in headers:
         return Inbound(kind=None)
     version = headers[protocol.H_VERSION]
-    if type(version) is not int or version != protocol.PROTOCOL_VERSION:  # not True, not 1.0
+    if not _is_integer(version) or version != protocol.PROTOCOL_VERSION:  # not True, not 1.0
         raise InvalidMessage(f"unsupported {protocol.H_VERSION} {_show(version)}")
     raw_kind = _text(headers, protocol.H_KIND)
     try:
@@ -175,10 +184,19 @@ def _parse(headers: dict[str, Any], reply_to: str | None) -> Inbound:
 
 
 def check_message_id(message_id: str | None, inbound: Inbound) -> None:
-    """Reject an original copy whose AMQP message id its RLOG row could not hold (other
-    messages' ids are only keys of the redelivery counts, which take any id)."""
-    if message_id is None or inbound.kind is not protocol.MessageKind.ORIGINAL:
+    """Reject a whole original copy without an AMQP message id, or with one that its RLOG
+    row could not hold. Its failed attempts are counted under that id, so without one a
+    copy that keeps failing could never reach ``max_attempts`` and would be retried
+    forever. A part's id is not checked: the store keeps it only in the part's
+    ``properties_json`` (text), and the whole is known by its sequence id, a header
+    checked as such. Other messages' ids are only keys of the redelivery counts, which
+    take any id."""
+    if inbound.kind is not protocol.MessageKind.ORIGINAL or inbound.seq_id is not None:
         return
+    if not message_id:
+        raise InvalidMessage(
+            "an original copy needs a message_id (its failed attempts are counted under it)"
+        )
     if "\x00" in message_id:
         raise InvalidMessage("message_id contains a NUL character")
     if len(message_id) > LONGEST_COPY_MESSAGE_ID:

@@ -52,6 +52,8 @@ H_SEQ_POS = "condmsg-seq-pos"
 H_SEQ_SIZE = "condmsg-seq-size"
 #: Set on messages moved to a dead-letter / invalid-message queue: why they are there.
 H_REASON = "condmsg-reason"
+#: Set on messages a receiver moves to its invalid-message queue: the queue it read them from.
+H_ORIGINAL_QUEUE = "condmsg-original-queue"
 
 ACK_CONTENT_TYPE = "application/vnd.condmsg.ack+json"
 ACK_TYPE = "condmsg.ack"

@@ -93,8 +93,10 @@ function parse(d, { secret, recipient }) {
   const { replyTo, messageId: id } = d.properties;
   check(replyTo === undefined || !replyTo.includes('\0'), 'reply_to holds a NUL');
   check(kind !== 'original' || (typeof replyTo === 'string' && replyTo.length > 0), 'an original needs reply_to');
-  check(kind !== 'original' || !id || (!id.includes('\0') && [...id].length <= 64),
-    'an original\'s message id holds a NUL or is longer than 64 characters');
+  // A whole original's failed attempts are counted under its id (so it needs one); a part's
+  // id is kept in no length-bound column: its whole is known by condmsg-seq-id.
+  check(kind !== 'original' || m.seqId !== null || (!!id && !id.includes('\0') && [...id].length <= 64),
+    'an original needs a message id without NUL, of at most 64 characters');
   if (m.seqId !== null) {
     m.pos = integer(h, 'condmsg-seq-pos');
     m.size = integer(h, 'condmsg-seq-size');

@@ -174,25 +174,39 @@ def publish_original(
     queue: str,
     cm_id: str | None = None,
     body: bytes = b"original",
+    **options: Any,
+) -> str:
+    """Publish the copy of a CM of sender ``s`` for ``queue`` alone, sent now (``options``:
+    those of :func:`copy_messages`); its CM id (``cm_id``, or a new one)."""
+    cm_id = str(uuid.uuid4()) if cm_id is None else cm_id
+    for message in copy_messages(queue, body, cm_id=cm_id, **options):
+        publish(channel, message)
+    return cm_id
+
+
+def copy_messages(
+    queue: str,
+    body: bytes = b"original",
     *,
+    cm_id: str | None = None,
     content_type: str = "application/octet-stream",
     part_bytes: int = 1 << 20,
     pickup_within: timedelta = timedelta(seconds=30),
-) -> str:
-    """Publish the copy of a CM of sender ``s`` for ``queue`` alone, sent now; its CM id
-    (``cm_id``, or a new one)."""
-    cm_id = str(uuid.uuid4()) if cm_id is None else cm_id
-    publish_copy(
-        channel,
-        cm_id=cm_id,
+) -> list[OutboxMessage]:
+    """The outbox messages of the copy of a CM of sender ``s`` for ``queue`` alone, sent
+    now (its parts, if ``body`` exceeds ``part_bytes``), signed with :data:`SECRET`."""
+    (plan,) = plan_copies(
+        cm_id=str(uuid.uuid4()) if cm_id is None else cm_id,
         condition=Destination(queue, pickup_within=pickup_within),
         sender="s",
         sent_at=datetime.now(UTC),
+        secret=SECRET,
         body=body,
         content_type=content_type,
+        app_headers={},
         part_bytes=part_bytes,
     )
-    return cm_id
+    return list(plan.messages)
 
 
 def sender_name(unique_name: str) -> str:

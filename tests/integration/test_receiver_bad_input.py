@@ -235,7 +235,9 @@ def test_malformed_messages_go_to_the_invalid_queue_with_the_reason(
         "",
         queue,
         body,
-        pika.BasicProperties(headers=headers, content_type=content_type, reply_to="acks"),
+        pika.BasicProperties(
+            headers=headers, content_type=content_type, reply_to="acks", message_id="m1"
+        ),
     )
     channel.basic_publish("", queue, b"fine")  # the receiver keeps going after it
     message = wait_for(lambda: receiver.read(queue, timeout=0.5))
@@ -255,7 +257,9 @@ def test_a_receiver_with_the_secret_rejects_a_forged_copy(
     receiver = make_receiver(sqlite_url, secret=SECRET)
     queue = receiver_queue(receiver, unique_name)
     forged = _condmsg_headers(**{protocol.H_DESTINATION: queue, protocol.H_TOKEN: "ab" * 32})
-    channel.basic_publish("", queue, b"x", pika.BasicProperties(headers=forged, reply_to="a"))
+    channel.basic_publish(
+        "", queue, b"x", pika.BasicProperties(headers=forged, reply_to="a", message_id="m1")
+    )
     publish_original(channel, queue, body=b"genuine")
     message = wait_for(lambda: receiver.read(queue, timeout=0.5))
     assert message.kind is MessageKind.ORIGINAL

@@ -15,10 +15,9 @@ import logging
 import random
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -27,11 +26,9 @@ from sqlalchemy.orm import Session
 
 from ackd import Message, Receiver
 from ackd.tables import RlogState, rlog
-from condmsg import Destination
 from condmsg.core import protocol
 from condmsg.core.acks import AckKind
 from condmsg.core.protocol import AckMessage
-from condmsg.sending.copies import plan_copies
 from outbox.message import OutboxMessage
 from outbox.table import outbox_table
 from tests.waiting import wait_for
@@ -39,6 +36,7 @@ from tests.waiting import wait_for
 from .condmsg_helpers import (
     SECRET,
     app_metadata,
+    copy_messages,
     get_all,
     handled_rows,
     publish,
@@ -70,18 +68,9 @@ def _copy(
     queue: str, *, content_type: str = "application/octet-stream", body: bytes = b"x"
 ) -> OutboxMessage:
     """The one message of a new CM's copy for ``queue``, signed with :data:`SECRET`."""
-    (plan,) = plan_copies(
-        cm_id=str(uuid.uuid4()),
-        condition=Destination(queue, pickup_within=timedelta(minutes=5)),
-        sender="s",
-        sent_at=datetime.now(UTC),
-        secret=SECRET,
-        body=body,
-        content_type=content_type,
-        app_headers={},
-        part_bytes=1 << 20,
+    (message,) = copy_messages(
+        queue, body, content_type=content_type, pickup_within=timedelta(minutes=5)
     )
-    (message,) = plan.messages
     return message
 
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import pika.data
 import pytest
 
+from ackd import field_types
 from ackd.validation import (
     Inbound,
     InvalidMessage,
@@ -38,6 +39,8 @@ from condmsg import (
 from condmsg.core import protocol
 from condmsg.core.payloads import decode_payload
 
+field_types.install()  # as every Receiver's broker does
+
 VECTORS = resources.files("condmsg") / "schema" / "vectors"
 FILES = (
     "tokens.json",
@@ -53,18 +56,9 @@ T = TypeVar("T")
 #: Capabilities a vector may need (docs/protocol.md, Test vectors).
 KNOWN_CAPABILITIES = frozenset({"field-types", "raw-strings"})
 #: Those of condmsg's receiver: pika hands over the bytes of a long string that is not
-#: UTF-8, but decodes a double or a float into the integer type of a 64-bit integer,
-#: truncated (pika issue #599), so it cannot tell ``1.0`` from ``1``.
-CAPABILITIES = frozenset({"raw-strings"})
-#: Vectors condmsg's receiver gets wrong, for the reason given (strict: each fails until
-#: the receiver is fixed, and then this entry must go).
-KNOWN_DEFECTS = {
-    "version as a 64-bit integer": "pika decodes an AMQP 'l' into pika.compat.long, "
-    "which ackd.validation takes for a non-integer",
-    "part position as the double 1.5": "pika truncates a double header to an integer "
-    "(pika issue #599): 1.5 is read as 1",
-    "sequence of 2^31 parts": "the reason shows pika's 64-bit integer as '2147483648L'",
-}
+#: UTF-8, tells a decimal from an integer, and (with ``ackd.field_types``, which the
+#: receiver installs) decodes a double or a float as a float, not as an integer.
+CAPABILITIES = frozenset({"field-types", "raw-strings"})
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -78,12 +72,10 @@ def _vectors(name: str) -> list[Any]:
 
 def _marks(vector: dict[str, Any]) -> list[pytest.MarkDecorator]:
     """Skip a vector that needs what condmsg's receiver lacks (as any implementation
-    does); expect the known defects to fail."""
+    does)."""
     lacking = set(vector.get("needs", [])) - CAPABILITIES
     if lacking:
         return [pytest.mark.skip(reason=f"needs {', '.join(sorted(lacking))}")]
-    if vector["name"] in KNOWN_DEFECTS:
-        return [pytest.mark.xfail(reason=KNOWN_DEFECTS[vector["name"]], strict=True)]
     return []
 
 
@@ -144,8 +136,8 @@ def _table(table: dict[str, Any]) -> bytes:
 
 def _headers(table: dict[str, Any]) -> dict[str, Any]:
     """What pika hands a receiver for a headers table written as the files write it: the
-    table is encoded as it travels and decoded by pika's own codec (which, for one, hands
-    a double over as a truncated integer)."""
+    table is encoded as it travels and decoded by pika's own codec, with the receiver's
+    decoding of floating-point fields installed."""
     decoded, _ = pika.data.decode_table(_table(table), 0)
     return {str(name): value for name, value in decoded.items()}
 

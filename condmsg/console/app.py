@@ -40,6 +40,7 @@ from condmsg.console.render import FILTERS, chart
 from condmsg.core import protocol
 from condmsg.core.store_values import SphereState
 from condmsg.core.timeutil import utcnow
+from condmsg.core.wording import plural
 from condmsg.runtime.db import describe_db_url
 from condmsg.runtime.settings import Settings
 from outbox.urls import redact_url
@@ -281,7 +282,7 @@ class _Console:
             next_after=rows[-1]["id"] if more and rows else None,
             dead=dead,
             anomalies=anomalies,
-            done=request.query_params.get("done"),
+            done=_done(request.query_params.get("done")),
         )
 
     def dead_letters(self) -> dead_letters.DeadLetters | None:
@@ -435,6 +436,15 @@ def _int(value: str | None) -> int | None:
     except ValueError:
         return None
     return number if number is None or -(2**63) <= number < 2**63 else None
+
+
+def _done(value: str | None) -> str | None:
+    """What the action that redirected here did (``done=purge+3``), in words."""
+    action, _, count = (value or "").partition(" ")
+    number = _int(count)
+    if action not in ACTIONS or number is None:
+        return None
+    return f"{action}d {plural(number, 'row')}"  # requeued, purged
 
 
 def _store_index(value: str | None, stores: Sequence[Store]) -> int:

@@ -186,7 +186,7 @@ def test_a_parked_row_is_requeued_and_leaves_the_list(
     connection.close()
     browser.find_element("css selector", f"input[name=id][value='{row_id}']").click()
     browser.find_element("id", "requeue").click()
-    wait_for(lambda: "requeue 1 row(s)" in _text(browser, "#done"), timeout=10)
+    wait_for(lambda: "requeued 1 row" in _text(browser, "#done"), timeout=10)
     assert browser.find_elements("css selector", f"#parked tr[data-id='{row_id}']") == []
 
     def published() -> bool:

@@ -56,6 +56,18 @@ def register(subparsers: Any) -> None:
         "--only", action="append", default=[], metavar="SCENARIO", help="run this scenario only"
     )
     parser.add_argument("--receiver-log", metavar="FILE", help="append the receiver's output here")
+    parser.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="stop at the first failed scenario (scenarios still running are cut short)",
+    )
+    parser.add_argument(
+        "--kills",
+        type=_kills,
+        metavar="N",
+        help="how often kill-anywhere SIGKILLs the receiver "
+        "(default: 200; fewer for a receiver that is slow to start)",
+    )
     parser.set_defaults(handler=run, schema_store="receiver")
 
 
@@ -76,9 +88,21 @@ def run(args: argparse.Namespace) -> int:
         scale=args.scale,
         only=tuple(args.only),
         log_path=args.receiver_log,
+        fail_fast=args.fail_fast,
+        **({} if args.kills is None else {"kills": args.kills}),
     )
     report = run_harness(config)
     print(report.table())
     print(report.json_line())
     sys.stdout.flush()
     return OK if report.passed else FAILED
+
+
+def _kills(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of kills >= 1, got {text!r}")
+    return value

@@ -42,3 +42,10 @@ def rows(engine: Engine) -> list[sa.Row[tuple[object, ...]]]:
     """Every row handed over so far, oldest first."""
     with engine.connect() as conn:
         return list(conn.execute(sa.select(received).order_by(received.c.id)))
+
+
+def count(engine: Engine, kind: str) -> int:
+    """How many rows of ``kind`` were handed over so far."""
+    query = sa.select(sa.func.count()).select_from(received).where(received.c.kind == kind)
+    with engine.connect() as conn:
+        return int(conn.execute(query).scalar_one())

@@ -29,8 +29,12 @@ CRASH_AFTER_COMMIT = b"conformance:crash-after-commit"
 
 #: What the receiver under test is told, kept small so that a run takes about a minute.
 MAX_ATTEMPTS = 3
-RETRY_BACKOFF_MS = 100
+#: Long enough that a receiver which does not pause (or does not fail when told to) is
+#: seen committing well before it, even on a loaded machine.
+RETRY_BACKOFF_MS = 500
 SEQUENCE_TIMEOUT_MS = 2000
+#: SIGKILLs of the receiver in the ``kill-anywhere`` scenario (``--kills``).
+DEFAULT_KILLS = 200
 #: The type of the queue under test: the harness declares it so (``declare_destination``'s
 #: default) and tells the receiver, whose own declaration must match it.
 QUEUE_TYPE = DEFAULT_QUEUE_TYPE
@@ -42,7 +46,9 @@ class ConformanceConfig:
     ``store_url`` (a SQLAlchemy URL the harness reads and prepares); ``receiver_cmd`` is
     the shell command that starts it. ``sender_db_url`` is the harness's own sender store
     (default: a SQLite file in a temporary directory). ``scale`` multiplies every deadline
-    (seconds) for a slow machine. ``only`` names the scenarios to run (all when empty)."""
+    (seconds) for a slow machine. ``only`` names the scenarios to run (all when empty).
+    ``fail_fast`` stops at the first failed scenario; ``kills`` is how often the
+    ``kill-anywhere`` scenario SIGKILLs the receiver."""
 
     amqp_url: str = field(repr=False)
     store_url: str = field(repr=False)
@@ -55,6 +61,8 @@ class ConformanceConfig:
     scale: float = 1.0
     only: tuple[str, ...] = ()
     log_path: str | None = None
+    fail_fast: bool = False
+    kills: int = DEFAULT_KILLS
 
     def __post_init__(self) -> None:
         checked_secret(self.secret, "the conformance run's secret")

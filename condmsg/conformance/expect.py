@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from condmsg import Destination, Verdict
-from condmsg.conformance.world import NotMet, World, wait_for
+from condmsg.conformance.world import ORIGINAL_QUEUE, Invalid, NotMet, World
 from condmsg.core import protocol
 from condmsg.core.protocol import MessageKind
 from condmsg.sending.copies import notice_message
@@ -27,7 +27,7 @@ def seconds(w: World, value: float) -> timedelta:
 
 
 def expect_kinds(w: World, cm_id: str, kinds: list[str], what: str) -> None:
-    wait_for(lambda: w.kinds(cm_id) == sorted(kinds), w.scaled(DELIVERY_S), what)
+    w.wait_for(lambda: w.kinds(cm_id) == sorted(kinds), w.scaled(DELIVERY_S), what)
 
 
 def expect_only(w: World, cm_id: str, kinds: list[str]) -> None:
@@ -44,14 +44,33 @@ def expect_verdict(w: World, cm_id: str, verdict: Verdict, why: str) -> None:
         raise NotMet(f"the evaluator decided {got or 'nothing'}, expected {verdict}: {why}")
 
 
+def expect_acks(w: World, cm_id: str, count: int, what: str) -> None:
+    """Once every ack the receiver committed so far has reached the evaluator, it holds
+    exactly ``count`` acks for ``cm_id`` (``what``: why that many)."""
+    w.flush_acks()
+    got = len(w.ack_ids([cm_id])[cm_id])
+    if got != count:
+        raise NotMet(f"the receiver sent {got} acks for the CM, expected {count}: {what}")
+
+
+def expect_moved(w: World, found: Invalid, what: str) -> None:
+    """``found``, a delivery moved to the invalid-message queue, says why and whence."""
+    if not found.reason:
+        raise NotMet(f"{what} reached the invalid-message queue without {protocol.H_REASON}")
+    if found.original_queue != w.config.queue:
+        raise NotMet(
+            f"{what} reached the invalid-message queue with {ORIGINAL_QUEUE} "
+            f"{found.original_queue!r}, expected {w.config.queue!r}"
+        )
+
+
 def expect_refused(w: World, cm_id: str, what: str, kinds: list[str] | None = None) -> str:
-    """``what`` reaches the invalid-message queue with a reason; the app then holds
-    ``kinds`` (nothing by default) for the CM."""
-    found = wait_for(
+    """``what`` reaches the invalid-message queue with a reason and the queue it came
+    from; the app then holds ``kinds`` (nothing by default) for the CM."""
+    found = w.wait_for(
         lambda: w.invalid_of(cm_id), w.scaled(DELIVERY_S), f"{what} in the invalid-message queue"
     )
-    if not found[0].reason:
-        raise NotMet(f"{what} reached the invalid-message queue without {protocol.H_REASON}")
+    expect_moved(w, found[0], what)
     expect_only(w, cm_id, kinds or [])
     return f"refused: {found[0].reason[:60]}"
 

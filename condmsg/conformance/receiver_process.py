@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from contextlib import suppress
 from typing import IO
 
 from condmsg.conformance.config import ConformanceConfig
@@ -22,6 +23,8 @@ class ReceiverProcess:
         self.starts = 0
 
     def start(self) -> None:
+        if self.exited() is None and self._proc is not None:
+            raise RuntimeError("the receiver under test is running already")
         self._proc = subprocess.Popen(
             self._config.receiver_cmd,
             shell=True,
@@ -34,6 +37,15 @@ class ReceiverProcess:
 
     def exited(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
+
+    def kill(self) -> None:
+        """SIGKILL the process group at once (no chance to finish anything) and reap it."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``."""

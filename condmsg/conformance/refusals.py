@@ -4,6 +4,7 @@ incomplete), and an application that fails (a poison message, a retry)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from condmsg import Destination, Verdict
@@ -19,7 +20,9 @@ from condmsg.conformance.expect import (
     FORGED_SECRET,
     consumed_original,
     direct_original,
+    expect_acks,
     expect_kinds,
+    expect_moved,
     expect_only,
     expect_refused,
     expect_verdict,
@@ -28,10 +31,13 @@ from condmsg.conformance.expect import (
     with_header,
     without,
 )
-from condmsg.conformance.world import PART_BYTES, NotMet, World, wait_for
+from condmsg.conformance.world import PART_BYTES, NotMet, World
 from condmsg.core import protocol
 from condmsg.core.protocol import MessageKind
 from outbox.message import OutboxMessage
+
+#: The share of a pause that must have passed: a receiver's timer may fire a little early.
+PAUSE_SHARE = 0.9
 
 # -- tokens ------------------------------------------------------------------------------
 
@@ -96,7 +102,11 @@ def sequence_complete(w: World) -> str:
     if got != body:
         raise NotMet(f"the app got {len(got)} bytes, {len(body)} were sent")
     expect_verdict(w, cm_id, Verdict.SATISFIED, "one COMMIT ack for the whole copy")
-    return f"{len(body)} bytes in {-(-len(body) // PART_BYTES)} parts, delivered once"
+    seq_id, got_id = w.copy_message_id(cm_id), w.received(cm_id=cm_id)[0].message_id
+    if got_id != seq_id:
+        raise NotMet(f"the app got the whole as message {got_id!r}, not its sequence id {seq_id!r}")
+    expect_acks(w, cm_id, 1, "one for the whole copy, none for a part")
+    return f"{len(body)} bytes in {-(-len(body) // PART_BYTES)} parts, delivered once, one ack"
 
 
 def _sequence(w: World) -> tuple[str, list[OutboxMessage]]:
@@ -112,8 +122,10 @@ def sequence_bad_part(w: World) -> str:
     parts[1] = with_header(parts[1], protocol.H_TOKEN, forged)
     for part in parts:
         w.publish(part)
-    wait_for(lambda: w.invalid_of(cm_id), w.scaled(DELIVERY_S), "the bad part in the invalid queue")
-    wait_for(
+    w.wait_for(
+        lambda: w.invalid_of(cm_id), w.scaled(DELIVERY_S), "the bad part in the invalid queue"
+    )
+    w.wait_for(
         lambda: len(w.invalid_of(cm_id)) >= len(parts),
         w.scaled(DELIVERY_S) + SEQUENCE_TIMEOUT_MS / 1000,
         "the other parts in the invalid queue once the sequence timed out",
@@ -126,7 +138,7 @@ def sequence_timed_out(w: World) -> str:
     cm_id, parts = _sequence(w)
     for part in parts[:-1]:
         w.publish(part)
-    wait_for(
+    w.wait_for(
         lambda: len(w.invalid_of(cm_id)) == len(parts) - 1,
         w.scaled(DELIVERY_S) + SEQUENCE_TIMEOUT_MS / 1000,
         f"the {len(parts) - 1} parts sent in the invalid queue after the sequence timeout",
@@ -139,20 +151,42 @@ def sequence_timed_out(w: World) -> str:
 
 
 def poison_message(w: World) -> str:
-    cm_id = w.send(FAIL_ALWAYS, Destination(w.config.queue, pickup_within=seconds(w, 60)))
+    cm_id, messages = direct_original(w, FAIL_ALWAYS)
+    sent = time.monotonic()
+    for message in messages:
+        w.publish(message)
     bound = MAX_ATTEMPTS * (2**MAX_ATTEMPTS) * RETRY_BACKOFF_MS / 1000
-    found = wait_for(
+    found = w.wait_for(
         lambda: w.invalid_of(cm_id),
         w.scaled(DELIVERY_S) + bound,
         f"the message failing every attempt in the invalid queue after {MAX_ATTEMPTS} attempts",
     )
+    took = time.monotonic() - sent
+    pauses = sum(RETRY_BACKOFF_MS * 2**n for n in range(MAX_ATTEMPTS - 1)) / 1000
+    if took < PAUSE_SHARE * pauses:
+        raise NotMet(
+            f"moved {took:.2f}s after it was sent: its {MAX_ATTEMPTS - 1} pauses after failed "
+            f"attempts ({RETRY_BACKOFF_MS} ms, doubling) take {pauses:.1f}s"
+        )
+    expect_moved(w, found[0], "the message failing every attempt")
     expect_only(w, cm_id, [])
-    return f"moved after its attempts: {found[0].reason[:50]}"
+    expect_acks(w, cm_id, 0, "no attempt committed")
+    return f"moved after its attempts and pauses ({took:.1f}s): {found[0].reason[:50]}"
 
 
 def poison_retry(w: World) -> str:
-    cm_id = w.send(FAIL_ONCE, Destination(w.config.queue, process_within=seconds(w, 20)))
+    cm_id, messages = direct_original(w, FAIL_ONCE)
+    sent = time.monotonic()
+    for message in messages:
+        w.publish(message)
     expect_kinds(w, cm_id, ["original"], "the message failing once to reach the app")
+    took = time.monotonic() - sent
+    pause = RETRY_BACKOFF_MS / 1000
+    if took < PAUSE_SHARE * pause:
+        raise NotMet(
+            f"the app had it {took:.2f}s after it was sent: its first attempt must fail "
+            f"and the retry come after a pause of {pause:.1f}s"
+        )
     expect_only(w, cm_id, ["original"])
-    expect_verdict(w, cm_id, Verdict.SATISFIED, "the retry commits")
-    return "rolled back once, delivered on the retry"
+    expect_acks(w, cm_id, 1, "one COMMIT ack, of the retry that committed")
+    return f"rolled back once, delivered on the retry {took:.1f}s after it was sent"

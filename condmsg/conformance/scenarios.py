@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from condmsg.conformance import delivery, refusals
+from condmsg.conformance import delivery, kills, malformed, refusals
 from condmsg.conformance.world import World
 
 Scenario = Callable[[World], str]
@@ -33,6 +33,7 @@ CONCURRENT: dict[str, Scenario] = {
     "unsigned-compensation": refusals.unsigned_compensation,
     "kind-swapped-token": refusals.kind_swapped_token,
     "undecodable-payload": refusals.undecodable_payload,
+    "malformed-headers": malformed.malformed_headers,
     "sequence-complete": refusals.sequence_complete,
     "sequence-bad-part": refusals.sequence_bad_part,
     "sequence-timed-out": refusals.sequence_timed_out,
@@ -44,6 +45,7 @@ CONCURRENT: dict[str, Scenario] = {
 SERIAL: dict[str, Scenario] = {
     "crash-before-commit": delivery.crash_before_commit,
     "crash-after-commit": delivery.crash_after_commit,
+    "kill-anywhere": kills.kill_anywhere,
     "acks-well-formed": delivery.acks_well_formed,
 }
 ALL = {**CONCURRENT, **SERIAL}

@@ -9,7 +9,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pika
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from ackd.tables import metadata as receiver_metadata
-from condmsg import Condition, CondmsgError, Sender, Verdict
+from condmsg import Condition, CondmsgError, Destination, Sender, Verdict
+from condmsg import tables as sender_tables
 from condmsg.conformance import app_table
 from condmsg.conformance.config import ConformanceConfig
 from condmsg.conformance.receiver_process import ReceiverProcess
@@ -34,15 +36,25 @@ from evaluator.service import Evaluator
 from outbox.config import RelayConfig
 from outbox.message import OutboxMessage
 from outbox.relay import Relay
+from outbox.table import DEFAULT_TABLE_NAME as OUTBOX_TABLE
 
 T = TypeVar("T")
 
 #: Bodies larger than this travel as Message Sequences in the harness's sends.
 PART_BYTES = 4096
+#: The header naming the queue a message was moved from (docs/protocol.md).
+ORIGINAL_QUEUE = "condmsg-original-queue"
 
 
 class NotMet(CondmsgError):
     """A scenario's expectation did not hold; the message says what was seen."""
+
+
+class Stopped(NotMet):
+    """The run stopped (at another scenario's failure) before this one was judged."""
+
+    def __init__(self) -> None:
+        super().__init__("not judged: the run stopped at the first failure (--fail-fast)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +78,16 @@ class Invalid:
 
     @property
     def reason(self) -> str:
-        value = self.headers.get(protocol.H_REASON, "")
-        return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+        return _text(self.headers.get(protocol.H_REASON, ""))
+
+    @property
+    def original_queue(self) -> str | None:
+        value = self.headers.get(ORIGINAL_QUEUE)
+        return None if value is None else _text(value)
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class World:
@@ -112,6 +132,8 @@ class World:
         self._connection = pika.BlockingConnection(pika.URLParameters(config.amqp_url))
         self._channel = self._connection.channel()
         self._invalid: list[Invalid] = []
+        #: Set to stop every scenario's waiting at once (the run stops at a failure).
+        self.abort = threading.Event()
         log_path = Path(config.log_path) if config.log_path else workdir / "receiver.log"
         self.receiver_log_path = log_path
         self._log = log_path.open("ab")
@@ -154,17 +176,29 @@ class World:
         self.receiver.start()
         self.probe(timeout_s=60.0)
 
+    def kill_receiver(self) -> None:
+        """SIGKILL the receiver's process group now, wherever it is, and reap it."""
+        self.receiver.kill()
+
     def wait_receiver_exit(self, timeout_s: float) -> int:
-        code = wait_for(self.receiver.exited, self.scaled(timeout_s), "the receiver to exit")
+        code = self.wait_for(self.receiver.exited, self.scaled(timeout_s), "the receiver to exit")
         return int(code) if code is not None else 0
 
     def probe(self, timeout_s: float = 15.0) -> None:
         """Publish a plain message and wait for the app to get it: the receiver has read
-        (or is reading) what was queued before it."""
+        (or is reading) what was queued before it. A receiver process that has ended
+        fails the wait at once, with its exit status."""
         marker = f"probe-{uuid.uuid4().hex}"
         self.publish_plain(marker.encode(), message_id=marker)
-        wait_for(
-            lambda: any(r.message_id == marker for r in self.received(kind="plain")),
+
+        def arrived() -> bool:
+            code = self.receiver.exited()
+            if code is not None:
+                raise NotMet(f"the receiver process ended with status {code} before it was ready")
+            return any(r.message_id == marker for r in self.received(kind="plain"))
+
+        self.wait_for(
+            arrived,
             self.scaled(timeout_s),
             "a plain probe message to reach the app (is the receiver under test running?)",
         )
@@ -173,7 +207,12 @@ class World:
         """Let the receiver finish what is queued, for expectations that something did
         not happen: a probe behind it, then a short grace."""
         self.probe()
-        time.sleep(self.scaled(extra_s))
+        if self.abort.wait(self.scaled(extra_s)):
+            raise Stopped()
+
+    def wait_for(self, predicate: Callable[[], T | None], timeout_s: float, what: str) -> T:
+        """:func:`wait_for`, cut short by :attr:`abort`."""
+        return wait_for(predicate, timeout_s, what, self.abort)
 
     # -- sending -----------------------------------------------------------------------
 
@@ -201,8 +240,65 @@ class World:
             self._channel.queue_unbind(self.config.queue, "amq.topic", routing_key)
 
     def outcome(self, cm_id: str, timeout_s: float) -> Verdict | None:
-        outcome = self.sender.outcome(cm_id, timeout=self.scaled(timeout_s))
-        return None if outcome is None else outcome.verdict
+        """The CM's verdict, waiting up to ``timeout_s`` (scaled) for it; None if none."""
+        deadline = time.monotonic() + self.scaled(timeout_s)
+        while True:
+            left = deadline - time.monotonic()
+            outcome = self.sender.outcome(cm_id, timeout=max(0.0, min(left, 0.5)))
+            if outcome is not None:
+                return outcome.verdict
+            if left <= 0:
+                return None
+            if self.abort.is_set():
+                raise Stopped()
+
+    def ack_ids(self, cm_ids: Iterable[str]) -> dict[str, set[str]]:
+        """The ids of the acks the evaluator received for each of ``cm_ids``, counted or
+        not (an ack for an unknown CM, a duplicate, a wrong recipient is an anomaly)."""
+        wanted = list(cm_ids)
+        found: dict[str, set[str]] = {cm_id: set() for cm_id in wanted}
+        with self.sender.engine.connect() as conn:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                for table in (sender_tables.acks, sender_tables.anomalies):
+                    query = sa.select(table.c.cm_id, table.c.ack_id).where(
+                        table.c.cm_id.in_(chunk), table.c.ack_id.is_not(None)
+                    )
+                    for cm_id, ack_id in conn.execute(query):
+                        found[cm_id].add(ack_id)
+        return found
+
+    def acks_in(self) -> int:
+        """Acks the receiver wrote that are still in its outbox, not yet relayed."""
+        with self.store.connect() as conn:
+            query = sa.text(f"SELECT count(*) FROM {OUTBOX_TABLE} WHERE state = 'pending'")
+            return int(conn.execute(query).scalar_one())
+
+    def flush_acks(self) -> None:
+        """Wait until every ack the receiver committed so far has reached the evaluator:
+        its outbox is empty, then the ack of a fresh original published behind them is in
+        (the relay publishes in order, the evaluator stores in order)."""
+        self.settle(0.0)
+        self.wait_for(
+            lambda: self.acks_in() == 0, self.scaled(15), "the receiver's outbox to drain"
+        )
+        cm_id = str(uuid.uuid4())
+        condition = Destination(self.config.queue, pickup_within=timedelta(minutes=5))
+        for message in self.copies(cm_id, condition, b"flush"):
+            self.publish(message)
+        self.wait_for(
+            lambda: self.ack_ids([cm_id])[cm_id],
+            self.scaled(15),
+            "the ack of an original sent behind the others to reach the evaluator",
+        )
+
+    def copy_message_id(self, cm_id: str) -> str:
+        """The message id the sender gave the CM's copy (a sequence's id)."""
+        with self.sender.engine.connect() as conn:
+            query = sa.select(sender_tables.copies.c.message_id).where(
+                sender_tables.copies.c.cm_id == cm_id
+            )
+            return str(conn.execute(query).scalar_one())
 
     def publish(self, message: OutboxMessage) -> None:
         """Publish as the relay would (persistent, the message's own properties)."""
@@ -219,6 +315,11 @@ class World:
         )
         with self._broker_lock:
             self._channel.basic_publish(message.exchange, message.routing_key, message.body, props)
+
+    def publish_raw(self, body: bytes, properties: pika.BasicProperties) -> None:
+        """Publish ``body`` to the queue under test with ``properties`` exactly as given."""
+        with self._broker_lock:
+            self._channel.basic_publish("", self.config.queue, body, properties)
 
     def publish_plain(self, body: bytes, *, message_id: str) -> None:
         self.publish(
@@ -269,6 +370,10 @@ class World:
             if (cm_id is None or r.cm_id == cm_id) and (kind is None or r.kind == kind)
         ]
 
+    def count_received(self, kind: str) -> int:
+        """How many rows of ``kind`` the app table holds (cheaper than :meth:`received`)."""
+        return app_table.count(self.store, kind)
+
     def kinds(self, cm_id: str) -> list[str]:
         return sorted(r.kind for r in self.received(cm_id=cm_id))
 
@@ -300,17 +405,24 @@ class World:
         return seconds * self.scale
 
 
-def wait_for(predicate: Callable[[], T | None], timeout_s: float, what: str) -> T:
+def wait_for(
+    predicate: Callable[[], T | None],
+    timeout_s: float,
+    what: str,
+    abort: threading.Event | None = None,
+) -> T:
     """Poll ``predicate`` until it returns something truthy; :class:`NotMet` naming
-    ``what`` after ``timeout_s`` seconds."""
+    ``what`` after ``timeout_s`` seconds, :class:`Stopped` as soon as ``abort`` is set."""
     deadline = time.monotonic() + timeout_s
+    abort = abort or threading.Event()
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
             raise NotMet(f"timed out after {timeout_s:.1f}s waiting for {what}")
-        time.sleep(0.05)
+        if abort.wait(0.05):
+            raise Stopped()
 
 
 @contextmanager

@@ -173,12 +173,15 @@ class _Console:
                 problem = _first_line(exc.orig or exc)
             except sa.exc.TimeoutError:
                 problem = "every connection of the pool is busy"
-            return self.unavailable(request, problem, live)
+            engine = watch.engine or self.sender_store.engine
+            return self.unavailable(request, engine, problem, live)
 
         return endpoint
 
-    def unavailable(self, request: Request, problem: str, live: bool) -> Response:
-        database = redact_url(self.sender_store.engine.url.render_as_string(False))
+    def unavailable(
+        self, request: Request, engine: sa.Engine, problem: str, live: bool
+    ) -> Response:
+        database = redact_url(engine.url.render_as_string(False))
         log.warning("console %s: database %s: %s", request.url.path, database, problem)
         if live:
             return PlainTextResponse(f"{database}: {problem}", status_code=503)

@@ -62,16 +62,23 @@ def console_engine(url: str, timeout_s: float = DEFAULT_DB_TIMEOUT_S) -> sa.Engi
 
 
 def watch_engine(engine: sa.Engine) -> None:
-    """Let a :class:`Watch` see the connections ``engine`` hands to its thread."""
-    if engine.dialect.name != "postgresql" or getattr(engine, "_console_watched", False):
+    """Let a :class:`Watch` see the connections ``engine`` opens and hands to its thread."""
+    if getattr(engine, "_console_watched", False):
         return
     engine._console_watched = True  # type: ignore[attr-defined]
+
+    def _connecting(*_args: Any) -> None:
+        watch = getattr(_current, "watch", None)
+        if watch is not None:
+            watch.engine = engine
 
     def _checked_out(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
         watch = getattr(_current, "watch", None)
         if watch is not None:
+            watch.engine = engine
             watch.add(dbapi_conn)
 
+    sa.event.listen(engine, "do_connect", _connecting)
     # First among the checkout listeners: make_engine's ping of an idle connection is one,
     # and it is what blocks when the server stopped answering.
     sa.event.listen(engine, "checkout", _checked_out, insert=True)
@@ -84,6 +91,8 @@ class Watch:
         self._lock = threading.Lock()
         self._conns: list[Any] = []
         self.cut = False
+        #: The engine the page used last: the one to blame if the page failed.
+        self.engine: sa.Engine | None = None
 
     def run(self, work: Any, *args: Any) -> Any:
         """``work(*args)`` in this thread, watched."""

@@ -6,7 +6,9 @@ answers again."""
 
 from __future__ import annotations
 
+import sys
 import time
+import traceback
 from collections.abc import Iterator
 from typing import Any
 from urllib.error import HTTPError
@@ -74,8 +76,18 @@ def test_a_black_holed_database_gives_a_503_within_the_timeout(
         assert PASSWORD not in body and "***" in body, body
     status, body, _ = _get(base + "/cms")
     assert "The database is not answering" in body
+    # No page is left blocked in the driver on the silent connection (it was shut down).
+    wait_for(lambda: _threads_in_the_driver() == 0, timeout=TIMEOUT_S + MARGIN_S)
     proxy.release()
     wait_for(lambda: _get(base + "/cms")[0] == 200, timeout=10, what="the console recovers")
+
+
+def _threads_in_the_driver() -> int:
+    """Threads of this process (the console's workers among them) inside psycopg."""
+    return sum(
+        any("/psycopg/" in f.f_code.co_filename for f, _ in traceback.walk_stack(frame))
+        for frame in sys._current_frames().values()
+    )
 
 
 def _shown(driver: Any, element_id: str) -> str | None:

@@ -5,14 +5,18 @@ check, and what it writes when it moves a message it holds only in its store."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import struct
+from datetime import timedelta
 from typing import Any, cast
 
 import pika
 import pika.compat
 import pika.data
 import pytest
+import sqlalchemy as sa
 
+from ackd.tables import sequence_parts
 from condmsg.core import protocol
 from outbox.message import OutboxMessage
 from tests.waiting import wait_for
@@ -142,3 +146,71 @@ def test_parts_whose_ids_exceed_64_characters_make_their_whole(
     assert message.payload == b"abcdefghij" * 3
     assert message.message_id == seq_id
     assert invalid_reasons(channel, receiver) == []
+
+
+def _part_rows(receiver: Any) -> list[Any]:
+    with receiver.engine.connect() as conn:
+        return list(conn.execute(sa.select(sequence_parts).order_by(sequence_parts.c.position)))
+
+
+def test_parts_moved_from_the_store_keep_their_headers_and_name_their_queue(
+    pg_url: str, unique_name: str, make_receiver: Any, channel: Any
+) -> None:
+    """Byte strings are written to ``headers_json`` as UTF-8 text at any depth; the parts
+    of a sequence incomplete at its timeout reach the invalid queue with the headers read
+    back from there and the queue they were read from."""
+    receiver = make_receiver(pg_url, sequence_timeout=timedelta(seconds=1))
+    queue = receiver_queue(receiver, unique_name)
+    app: dict[str, Any] = {"blob": b"caf\xc3\xa9\xff", "nested": {"list": [b"x", 1]}}
+    for part in copy_messages(queue, b"a" * 30, part_bytes=10)[:2]:  # part 3 never comes
+        headers = {**(part.headers or {}), **app}  # bytes: more than an outbox row holds
+        properties = pika.BasicProperties(
+            message_id=part.message_id, reply_to=part.reply_to, headers=headers
+        )
+        channel.basic_publish("", queue, part.body, properties)
+    assert receiver.read(queue, timeout=0.5) is None
+    stored = [json.loads(row.headers_json) for row in _part_rows(receiver)]
+    assert [(h["blob"], h["nested"]) for h in stored] == [
+        ("caf\u00e9\ufffd", {"list": ["x", 1]}),
+        ("caf\u00e9\ufffd", {"list": ["x", 1]}),
+    ]
+
+    moved = wait_for(
+        lambda: receiver.read(queue, timeout=0.3) or get_all(channel, receiver.invalid_queue),
+        timeout=15,
+    )
+    assert sorted(props.headers[protocol.H_REASON] for props, _ in moved) == [
+        f"incomplete sequence {stored[0]['condmsg-seq-id']}: part {n} of 3, "
+        "others missing after 0:00:01"
+        for n in (1, 2)
+    ]
+    for props, _ in moved:
+        assert props.headers[protocol.H_ORIGINAL_QUEUE] == queue
+        assert props.headers["nested"] == {"list": ["x", 1]}
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["read", "transaction"])
+def test_a_part_of_a_sequence_taken_already_is_dropped(
+    pg_url: str, unique_name: str, make_receiver: Any, channel: Any, transactional: bool
+) -> None:
+    """Its broker ack was lost after the commit that stored it (or it was published
+    twice): the receiver log shows its whole was taken, so it is acked and not stored,
+    instead of reaching the invalid queue as an incomplete sequence at the timeout."""
+    receiver = make_receiver(pg_url)
+    queue = receiver_queue(receiver, unique_name)
+    parts = copy_messages(queue, b"abcdefghij" * 3, part_bytes=10)
+    for part in parts:
+        publish(channel, part)
+    whole = wait_for(lambda: receiver.read(queue, timeout=0.5))
+    assert whole.payload == b"abcdefghij" * 3
+
+    publish(channel, parts[1])
+    if transactional:
+        with receiver.transaction() as tx:
+            assert tx.read(queue, timeout=0.5) is None
+    else:
+        assert receiver.read(queue, timeout=0.5) is None
+    assert _part_rows(receiver) == []
+    assert receiver.stats.duplicates == 1
+    assert channel.queue_declare(queue, passive=True).method.message_count == 0
+    assert get_all(channel, receiver.invalid_queue) == []

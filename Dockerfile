@@ -9,24 +9,28 @@
 # The services serve /metrics, /healthz and /readyz on --metrics-port (compose.yaml uses
 # 9464); the image has no curl, so a healthcheck asks with Python's urllib.
 
-ARG PYTHON_VERSION=3.12
+# Pinned to a patch release on a Debian release, as compose.yaml pins its images: a rebuild
+# next year starts from the same interpreter. Python's dependencies are pinned by
+# requirements.lock (tools/lock_requirements.py), given to pip as constraints.
+ARG PYTHON_VERSION=3.12.8
 # Optional extras of the condmsg package, comma-separated: "" or "audit".
 ARG EXTRAS=""
 
 # -- build: the wheel, then a virtualenv with it and its dependencies ------------------------
-FROM python:${PYTHON_VERSION}-slim AS build
+FROM python:${PYTHON_VERSION}-slim-bookworm AS build
 ARG EXTRAS
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-# .dockerignore lets in only what the wheel is built from (no .env, .venv, tests or .git).
+# .dockerignore lets in only what the wheel is built from and the lock (no .env, secrets,
+# .venv, tests or .git).
 COPY . .
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/condmsg \
  && wheel="$(ls /wheels/condmsg-*.whl)" \
- && /opt/condmsg/bin/pip install "${wheel}${EXTRAS:+[${EXTRAS}]}"
+ && /opt/condmsg/bin/pip install --constraint requirements.lock "${wheel}${EXTRAS:+[${EXTRAS}]}"
 
 # -- runtime: the virtualenv on a clean slim image, run as an unprivileged user --------------
-FROM python:${PYTHON_VERSION}-slim
+FROM python:${PYTHON_VERSION}-slim-bookworm
 ARG EXTRAS
 # PySpark needs a Java runtime; the audit's JDBC reader Debian's PostgreSQL driver
 # (spark_audit.session.DEFAULT_JDBC_JAR). Only when the audit extra is asked for.

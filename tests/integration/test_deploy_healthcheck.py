@@ -1,6 +1,6 @@
 """compose.yaml's sequence run here without Docker: the migration's command, then the relay's
 and the evaluator's commands, each judged by the very healthcheck compose runs in their
-containers (Python's urllib against /readyz; the image has no curl), on a free port in
+containers (Python's urllib against /healthz and /readyz; the image has no curl), on a free port in
 place of the containers' 9464 (the services are run as tests/integration/test_ops_services.py
 runs them)."""
 
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINER_PORT = "9464"
-CONTAINER_READYZ = f"http://127.0.0.1:{CONTAINER_PORT}/readyz"
+CONTAINER_BASE = f'"http://127.0.0.1:{CONTAINER_PORT}"'
 CLOSED_AMQP_URL = "amqp://guest:guest@127.0.0.1:1/"
 
 
@@ -38,8 +38,8 @@ def _healthcheck(service: str, port: int) -> subprocess.CompletedProcess[str]:
     """The service's compose healthcheck (``CMD python -c SCRIPT``), asking ``port``."""
     test = _services()[service]["healthcheck"]["test"]
     assert test[:3] == ["CMD", "python", "-c"]
-    assert test[3].count(CONTAINER_READYZ) == 1
-    script = test[3].replace(CONTAINER_READYZ, f"http://127.0.0.1:{port}/readyz")
+    assert test[3].count(CONTAINER_BASE) == 1
+    script = test[3].replace(CONTAINER_BASE, f'"http://127.0.0.1:{port}"')
     return subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=30
     )

@@ -369,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             "console-overview.png": "/",
             "console-cms.png": "/cms",
             "console-cm.png": f"/cms/{w.cms['violated']}",
+            "console-spheres.png": "/spheres",
             "console-sphere.png": f"/spheres/{w.sphere_id}",
             "console-outbox.png": "/outbox",
         }

@@ -19,7 +19,7 @@ import pytest
 
 from tests.waiting import wait_for
 
-SECRET = b"e2e-test-secret"
+SECRET = b"e2e-test-secret-7f3a9c1e5b2d8064"
 ROOT = Path(__file__).resolve().parents[2]
 
 

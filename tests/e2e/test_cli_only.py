@@ -34,7 +34,7 @@ def env(pg_url: str, amqp_url: str) -> dict[str, str]:
         "PYTHONPATH": str(ROOT),
         "CONDMSG_DB_URL": pg_url,
         "CONDMSG_AMQP_URL": amqp_url,
-        "CONDMSG_SECRET": "cli-only-secret",
+        "CONDMSG_SECRET": "cli-only-secret-4d8b2f6a0c9e7153",
     }
 
 

@@ -136,7 +136,9 @@ def test_the_wheel_without_the_extra_upgrades_sends_and_relays(
     venv: Path, pg_url: str, amqp_url: str, unique_name: str, tmp_path: Path
 ) -> None:
     env = _outside_env(
-        CONDMSG_DB_URL=pg_url, CONDMSG_AMQP_URL=amqp_url, CONDMSG_SECRET="wheel-test-secret"
+        CONDMSG_DB_URL=pg_url,
+        CONDMSG_AMQP_URL=amqp_url,
+        CONDMSG_SECRET="wheel-test-secret-1a7d3f9c5e8b2046",
     )
 
     def condmsg(*args: str) -> subprocess.CompletedProcess[str]:

@@ -22,7 +22,7 @@ from tests.spark.conftest import SPARK_MARKS
 
 pytestmark = [*SPARK_MARKS, pytest.mark.rabbitmq, pytest.mark.postgres]
 
-SECRET = b"real-run-secret"
+SECRET = b"real-run-secret-6c1e4a9d7f3b2058"
 
 
 def test_the_audit_of_a_real_run_finds_no_discrepancy(

@@ -15,7 +15,7 @@ from condmsg.core import protocol
 from condmsg.core.acks import AckKind
 from evaluator import intake
 
-SECRET = b"unit-secret"
+SECRET = b"unit-secret-3e9c7a1f5d2b8064a9c1"
 
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)

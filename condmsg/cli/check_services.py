@@ -25,6 +25,7 @@ from condmsg.cli.failures import database_problem
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url
 from condmsg.core import protocol
 from condmsg.core.errors import CondmsgError
+from condmsg.core.wording import plural
 from condmsg.runtime import migrate
 from condmsg.runtime.amqp import connect, describe_url
 from condmsg.runtime.credentials import db_url_from_env
@@ -105,7 +106,8 @@ def _stuck_outbox(engine: sa.Engine) -> str | None:
     if age is None or age <= STALE_AFTER_S:
         return None
     return (
-        f"{status.pending} message(s) have waited up to {age:.0f} s in the outbox of "
+        f"{plural(status.pending, 'message')} {'has' if status.pending == 1 else 'have'} "
+        f"waited up to {age:.0f} s in the outbox of "
         f"{describe_db_url(str(engine.url))}: no relay publishes this store (run condmsg "
         "relay --db-url with it, or the owner's start_relay())"
     )

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.core.errors import ConfigError
+from condmsg.core.wording import plural
 from condmsg.runtime.exit_codes import FAILED, OK, add_command
 
 
@@ -79,13 +80,13 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "requeue":
             done = store.requeue_failed(ids)
             print(
-                f"requeued {done} parked row(s); the relay publishes them again"
+                f"requeued {plural(done, 'parked row')}; the relay publishes them again"
                 if done
                 else "requeued nothing"
             )
         else:
             done = store.delete_failed(ids)
-            print(f"deleted {done} parked row(s)" if done else "deleted nothing")
+            print(f"deleted {plural(done, 'parked row')}" if done else "deleted nothing")
     finally:
         engine.dispose()
     if unparked is not None:

@@ -89,15 +89,27 @@ def judge_sphere(facts: SphereFacts, at: datetime) -> SphereJudgement:
         assert facts.committed_at is not None
         return SphereJudgement(
             Verdict.SATISFIED,
-            (f"committed with all {len(facts.members)} members satisfied",),
+            (_all_satisfied(len(facts.members)),),
             max([facts.committed_at, *in_time]),
         )
     if at >= facts.deadline:
         waiting = len(facts.members) - len(in_time)
-        missing = "not committed" if not committed else f"{waiting} member(s) not satisfied"
+        missing = "not committed" if not committed else f"{_members(waiting)} not satisfied"
         return SphereJudgement(
             Verdict.VIOLATED,
             (f"sphere timeout at {format_instant(facts.deadline)}: {missing}",),
             facts.deadline,
         )
     return SphereJudgement(Verdict.PENDING, (), None)
+
+
+def _all_satisfied(members: int) -> str:
+    """The reason of a sphere committed with every member satisfied in time."""
+    if members == 1:
+        return "committed with its only member satisfied"
+    return f"committed with all {_members(members)} satisfied"
+
+
+def _members(count: int) -> str:
+    """``1 member``, ``2 members``: digits without grouping, as the Spark audit writes them."""
+    return f"{count} member" if count == 1 else f"{count} members"

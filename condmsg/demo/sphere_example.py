@@ -213,7 +213,7 @@ def _check(
     committed = spec.abort_at is None
     verdict = Verdict.SATISFIED if committed else Verdict.VIOLATED
     reason = (
-        "committed with all 1 members satisfied"
+        "committed with its only member satisfied"
         if committed
         else f"sphere aborted: {spec.abort_reason}"
     )

@@ -92,8 +92,13 @@ def _reason() -> Column:
         )
         .when(
             waiting > 0,
-            F.format_string("%d member(s) not satisfied by the deadline", waiting),
+            F.format_string(
+                "%d %s not satisfied by the deadline",
+                waiting,
+                F.when(waiting == 1, F.lit("member")).otherwise(F.lit("members")),
+            ),
         )
+        .when(F.col("members_found") == 1, F.lit("committed with its only member satisfied"))
         .otherwise(F.format_string("committed with all %d members satisfied", "members_found"))
     )
 

@@ -418,6 +418,7 @@ def test_outbox_lists_requeues_and_purges_parked_rows(
 
         requeued = cli("outbox", "requeue", "--ids", str(ids[0]), env=env)
         assert requeued.returncode == 0, requeued.stderr
+        assert requeued.stdout.startswith("requeued 1 parked row;"), requeued.stdout
         assert store.status().pending == 1 and store.status().failed == 2
         fails_with(cli("outbox", "requeue", "--ids", str(ids[0]), env=env), 1, "not parked")
 
@@ -425,7 +426,7 @@ def test_outbox_lists_requeues_and_purges_parked_rows(
         fails_with(cli("outbox", "requeue", env=env), 2, "--ids", "--all")
         purged = cli("outbox", "purge", "--all", "--yes", "--db-url", pg_url)
         assert purged.returncode == 0, purged.stderr
-        assert "deleted 2" in purged.stdout
+        assert purged.stdout.strip() == "deleted 2 parked rows"
         assert store.status().failed == 0 and store.status().pending == 1
     finally:
         engine.dispose()

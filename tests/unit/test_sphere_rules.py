@@ -93,7 +93,7 @@ def test_a_member_satisfied_after_the_deadline_does_not_save_it() -> None:
     facts = sphere(member("a", "satisfied", 11), state="committed", committed=2)
     judged = judge_sphere(facts, T0 + 12 * S)
     assert judged.verdict is Verdict.VIOLATED
-    assert "1 member(s) not satisfied" in judged.reasons[0]
+    assert judged.reasons[0].endswith(": 1 member not satisfied")
 
 
 def test_an_empty_committed_sphere_is_satisfied() -> None:
@@ -138,3 +138,16 @@ def test_the_outcome_document_round_trips() -> None:
     assert SphereOutcome.from_json(outcome.to_json()) == outcome
     with pytest.raises(ProtocolError, match="malformed sphere outcome"):
         SphereOutcome.from_json(b'{"sphere_id": "x"}')
+
+
+def test_the_reasons_count_members_in_words() -> None:
+    one = sphere(member("a", "satisfied", 1), state="committed", committed=2)
+    assert judge_sphere(one, T0 + 3 * S).reasons == ("committed with its only member satisfied",)
+    two = sphere(
+        member("a", "satisfied", 1), member("b", "satisfied", 1), state="committed", committed=2
+    )
+    assert judge_sphere(two, T0 + 3 * S).reasons == ("committed with all 2 members satisfied",)
+    late = sphere(
+        member("a", "satisfied", 11), member("b", "pending"), state="committed", committed=2
+    )
+    assert judge_sphere(late, DEADLINE).reasons[0].endswith(": 2 members not satisfied")

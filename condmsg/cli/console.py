@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from condmsg.console import ConsoleConfig, Store, create_app
     from condmsg.console.deadline import console_engine
     from condmsg.console.hosts import is_loopback
+    from condmsg.runtime.credentials import amqp_url_from_env
     from condmsg.runtime.db import describe_db_url
     from condmsg.runtime.logging_setup import configure_logging
     from condmsg.runtime.settings import Settings
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             stores=stores,
             settings=Settings.from_env(),
             sender=args.sender,
-            amqp_url=args.amqp_url or os.environ.get(ENV_AMQP_URL) or None,
+            amqp_url=args.amqp_url or amqp_url_from_env(),
             token=token,
             db_timeout_s=args.db_timeout,
             allowed_hosts=allowed_hosts,
@@ -186,8 +187,10 @@ def _access(args: argparse.Namespace) -> tuple[str | None, frozenset[str]]:
     bind that would expose the console without a token, or answer no name at all."""
     from condmsg.console.auth import check_token
     from condmsg.console.hosts import allowed_names, is_loopback
+    from condmsg.runtime.credentials import env_value
 
-    token = args.token or os.environ.get(ENV_TOKEN) or None
+    # The token may come from a mounted file (CONDMSG_CONSOLE_TOKEN_FILE), as secrets do.
+    token = args.token or env_value(os.environ, ENV_TOKEN) or None
     if token is not None:
         check_token(token)
     if not is_loopback(args.host) and token is None and not args.insecure:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 import pytest
 
 
@@ -58,3 +61,16 @@ def test_the_throttle_counts_each_address_within_its_window() -> None:
     for _ in range(MAX_FAILURES - 1):
         throttle.failed("10.0.0.1")
     assert throttle.retry_after("10.0.0.1") is None
+
+
+def test_the_console_token_may_come_from_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from condmsg.cli import console
+
+    token = "t" * 16 + "0123456789abcdef"
+    (tmp_path / "token").write_text(token + "\n")
+    monkeypatch.delenv(console.ENV_TOKEN, raising=False)
+    monkeypatch.setenv(console.ENV_TOKEN + "_FILE", str(tmp_path / "token"))
+    args = argparse.Namespace(token=None, host="127.0.0.1", insecure=False, allowed_host=[])
+    assert console._access(args)[0] == token

@@ -14,8 +14,9 @@ DESCRIPTION = (
     "Start a receiver under test with --receiver-cmd (its settings in CONDMSG_* variables), "
     "drive it through a real sender and evaluator (originals, duplicates, compensations in "
     "both orders, success notices, forged and unsigned tokens, sequences, poison messages, "
-    "recipients, topics, spheres, crashes around the commit) and judge what its application "
-    "got from the app table in its store. Prints a pass/fail table, then one JSON line."
+    "recipients, topics, spheres, malformed headers, crashes around the commit and SIGKILLs at "
+    "random moments) and judge what its application got from the app table in its store and "
+    "what it acked. Prints a pass/fail table, then one JSON line."
 )
 
 

@@ -55,6 +55,10 @@ def named_recipient(w: World) -> str:
     q, me = w.config.queue, w.config.recipient
     cm_id = w.send(b"for me", Destination(q, recipient=me, process_within=seconds(w, 15)))
     expect_kinds(w, cm_id, ["original"], "the copy naming this recipient to reach the app")
+    w.wait_for(lambda: w.ack_ids([cm_id])[cm_id], w.scaled(DELIVERY_S), "its ack")
+    refused = w.refused_acks(cm_id)
+    if refused:  # known at once, rather than when the CM fails at its deadline
+        raise NotMet(f"the evaluator did not count its ack: {refused[0]}")
     expect_verdict(w, cm_id, Verdict.SATISFIED, "its ack should carry this recipient")
     return "ack carries the recipient, token verified with it"
 
@@ -66,7 +70,13 @@ def wrong_recipient(w: World) -> str:
     q, other = w.config.queue, f"{w.config.recipient}-someone-else"
     condition = Destination(q, recipient=other, pickup_within=seconds(w, 2))
     cm_id = w.send(b"for someone else", condition)
-    expect_kinds(w, cm_id, ["original"], "the copy naming another recipient to reach the app")
+
+    def delivered() -> bool:
+        if w.invalid_of(cm_id):
+            raise NotMet("a copy for another recipient must be delivered, not refused")
+        return w.kinds(cm_id) == ["original"]
+
+    w.wait_for(delivered, w.scaled(DELIVERY_S), "the copy naming another recipient in the app")
     expect_verdict(w, cm_id, Verdict.VIOLATED, "no ack of another identity may count")
     # The decision released a compensation to the queue: judge once the app has it, so
     # that every correct receiver tells the same story.

@@ -7,9 +7,9 @@ application reacts to the contract's payloads: ``conformance:fail`` fails every 
 ``conformance:fail-once`` the first one in this process, and the two crash payloads end
 the process (on their first delivery) inside the transaction or just after its commit.
 
-Two flags break it on purpose, to show that the harness catches such receivers:
-``--read-mode`` hands messages over after the broker ack (non-transactional reads: the
-app's write commits on its own, after the ack), and ``--no-verify`` checks no token.
+``--defect NAME`` breaks one rule of the protocol on purpose, to show that the harness
+catches such a receiver; ``--list-defects`` prints the names, one a line
+(:mod:`condmsg.conformance.defects`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 import threading
 from datetime import timedelta
 from types import FrameType
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -43,6 +44,7 @@ from condmsg.conformance.config import (
     FAIL_ALWAYS,
     FAIL_ONCE,
 )
+from condmsg.conformance.defects import DEFECTS, chosen
 
 #: The exit status of a crash the contract asks for.
 CRASHED = 3
@@ -52,8 +54,9 @@ class App:
     """The application behind the receiver: records what it gets, fails and crashes
     as the contract's payloads ask."""
 
-    def __init__(self, receiver: Receiver) -> None:
+    def __init__(self, receiver: Receiver, *, fails_once: bool = True) -> None:
         self._receiver = receiver
+        self._fails_once = fails_once
         self._failed_once: set[str] = set()
 
     def handle(self, message: Message, session: Session | None) -> None:
@@ -67,7 +70,7 @@ class App:
         if body == FAIL_ALWAYS:
             raise RuntimeError("the application fails on this message")
         key = message.message_id or ""
-        if body == FAIL_ONCE and key not in self._failed_once:
+        if body == FAIL_ONCE and self._fails_once and key not in self._failed_once:
             self._failed_once.add(key)
             raise RuntimeError("the application fails on this message once")
         row = {
@@ -86,10 +89,20 @@ class App:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--read-mode", action="store_true", help="broken: ack before the commit")
-    parser.add_argument("--no-verify", action="store_true", help="broken: ignore tokens")
+    parser.add_argument(
+        "--defect", choices=sorted(DEFECTS), metavar="NAME", help="break this rule on purpose"
+    )
+    parser.add_argument(
+        "--list-defects", action="store_true", help="print the defects' names and exit"
+    )
     args = parser.parse_args(argv)
+    if args.list_defects:
+        print("\n".join(DEFECTS))
+        return 0
     env = os.environ
+    defect = chosen(args.defect, env[ENV_RECIPIENT])
+    if args.defect is not None:
+        print(f"receiver: defect {defect.name} is on: it {defect.breaks}", file=sys.stderr)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -98,20 +111,21 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     backoff = timedelta(milliseconds=int(env[ENV_RETRY_BACKOFF_MS]))
-    receiver = Receiver(
-        amqp_url=env[ENV_AMQP_URL],
-        db_url=env[ENV_DB_URL],
-        recipient=env[ENV_RECIPIENT],
-        secret=None if args.no_verify else env[ENV_SECRET].encode(),
-        invalid_queue=env[ENV_INVALID_QUEUE],
-        max_attempts=int(env[ENV_MAX_ATTEMPTS]),
-        retry_backoff=backoff,
-        retry_backoff_max=backoff * 4,
-        sequence_timeout=timedelta(milliseconds=int(env[ENV_SEQUENCE_TIMEOUT_MS])),
-    )
-    app = App(receiver)
+    settings: dict[str, Any] = {
+        "amqp_url": env[ENV_AMQP_URL],
+        "db_url": env[ENV_DB_URL],
+        "secret": env[ENV_SECRET].encode(),
+        "invalid_queue": env[ENV_INVALID_QUEUE],
+        "max_attempts": int(env[ENV_MAX_ATTEMPTS]),
+        "retry_backoff": backoff,
+        "retry_backoff_max": backoff * 4,
+        "sequence_timeout": timedelta(milliseconds=int(env[ENV_SEQUENCE_TIMEOUT_MS])),
+    }
+    receiver = Receiver(recipient=env[ENV_RECIPIENT], **(settings | dict(defect.settings)))
+    app = App(receiver, fails_once=defect.fails_once)
+    transactional = not defect.read_mode
     try:
-        receiver.consume(env[ENV_QUEUE], app.handle, transactional=not args.read_mode, stop=stop)
+        receiver.consume(env[ENV_QUEUE], app.handle, transactional=transactional, stop=stop)
     finally:
         receiver.close()
         receiver.engine.dispose()

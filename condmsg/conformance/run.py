@@ -44,7 +44,10 @@ def run(config: ConformanceConfig) -> Report:
         results = _side_by_side(w, concurrent)
         for name, scenario in SERIAL.items():
             if name in wanted and not w.abort.is_set():
-                results.append(_one(w, name, scenario))
+                result = _one(w, name, scenario)
+                results.append(result)
+                if result is not None and not result.passed and config.fail_fast:
+                    w.abort.set()
     judged = tuple(r for r in results if r is not None)
     return Report(results=judged, seconds=time.monotonic() - started)
 

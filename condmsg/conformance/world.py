@@ -50,6 +50,10 @@ class NotMet(CondmsgError):
     """A scenario's expectation did not hold; the message says what was seen."""
 
 
+class ReceiverEnded(NotMet):
+    """The receiver process under test ended when it should have been reading."""
+
+
 class Stopped(NotMet):
     """The run stopped (at another scenario's failure) before this one was judged."""
 
@@ -174,7 +178,10 @@ class World:
     def start_receiver(self) -> None:
         """Start it and wait until it hands over a plain message (it is reading)."""
         self.receiver.start()
-        self.probe(timeout_s=60.0)
+        try:
+            self.probe(timeout_s=60.0)
+        except ReceiverEnded as exc:
+            raise NotMet(f"{exc} before it was ready") from None
 
     def kill_receiver(self) -> None:
         """SIGKILL the receiver's process group now, wherever it is, and reap it."""
@@ -194,7 +201,7 @@ class World:
         def arrived() -> bool:
             code = self.receiver.exited()
             if code is not None:
-                raise NotMet(f"the receiver process ended with status {code} before it was ready")
+                raise ReceiverEnded(f"the receiver process ended with status {code}")
             return any(r.message_id == marker for r in self.received(kind="plain"))
 
         self.wait_for(
@@ -267,6 +274,13 @@ class World:
                     for cm_id, ack_id in conn.execute(query):
                         found[cm_id].add(ack_id)
         return found
+
+    def refused_acks(self, cm_id: str) -> list[str]:
+        """Why the evaluator did not count acks it got for ``cm_id`` (its anomalies)."""
+        table = sender_tables.anomalies
+        query = sa.select(table.c.kind, table.c.detail).where(table.c.cm_id == cm_id)
+        with self.sender.engine.connect() as conn:
+            return [f"{kind}: {detail}" for kind, detail in conn.execute(query)]
 
     def acks_in(self) -> int:
         """Acks the receiver wrote that are still in its outbox, not yet relayed."""

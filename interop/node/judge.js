@@ -16,7 +16,8 @@ const MAX_INSTANT_CHARS = 64;
 const FIRST_SECOND = utcSecond(1, 1, 1);
 const LAST_SECOND = utcSecond(9999, 12, 31) + 86399;
 
-// Every header rule goes through here, so that one switch turns them all off.
+// Every header rule goes through here.
+// DEFECT no-header-validation: a delivery that breaks a header rule is invalid.
 function check(ok, reason) {
   if (!ok && !broken('no-header-validation')) throw new Invalid(reason);
 }

@@ -19,26 +19,13 @@ has it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy.orm import Session
-
-import ackd.acceptance
-import ackd.emit
-import ackd.settlement
-from ackd import validation
-from ackd.broker import Broker, Delivery, Disposal, Fate
-from ackd.message import Message
-from ackd.receiver_store import ReceiverStore
-from ackd.rlog import Decision, RlogDecisions
-from ackd.sequences import SequenceReassembly
-from ackd.transaction import Incoming, ReceiverTransaction
-from ackd.validation import Inbound, InvalidMessage
-from condmsg.core.acks import AckKind
-from condmsg.core.protocol import MessageKind
+from ackd.rlog import Decision
+from condmsg.conformance import seams
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,225 +41,13 @@ class Defect:
     install: Callable[[str], None] | None = None
 
 
-# -- the wrappers ------------------------------------------------------------------------
-
-
-def _refuse_wrong_recipient(recipient: str) -> None:
-
-    def judging(delivery: Delivery, secret: bytes | None) -> Inbound:
-        inbound = validation.judge(delivery, secret)
-        if inbound.recipient is not None and inbound.recipient != recipient:
-            raise InvalidMessage(f"a copy for recipient {inbound.recipient}, not {recipient}")
-        return inbound
-
-    ackd.acceptance.judge = judging  # type: ignore[attr-defined]
-
-
-#: A change to the RLOG's decision on a message: (session, inbound, read_at, decision)
-#: to the decision the receiver acts on.
-RlogChange = Callable[[Session, Inbound, datetime, Decision], Decision]
-
-
-def _on_rlog_decision(change: Callable[[str], RlogChange]) -> Callable[[str], None]:
-    """Put ``change(recipient)`` after every RLOG decision."""
-
-    def install(recipient: str) -> None:
-        decide, after = RlogDecisions.rlog_decision, change(recipient)
-
-        def deciding(
-            self: RlogDecisions,
-            session: Session,
-            incoming: Incoming,
-            inbound: Inbound,
-            read_at: datetime,
-            transactional: bool,
-        ) -> Decision:
-            decision = decide(self, session, incoming, inbound, read_at, transactional)
-            return after(session, inbound, read_at, decision)
-
-        RlogDecisions.rlog_decision = deciding  # type: ignore[method-assign]
-
-    return install
-
-
-def _ack_on(decisions: tuple[Decision, ...]) -> Callable[[str], RlogChange]:
-    """COMMIT acks for originals that the RLOG decides as one of ``decisions``."""
-
-    def change(recipient: str) -> RlogChange:
-        def acking(
-            session: Session, inbound: Inbound, read_at: datetime, got: Decision
-        ) -> Decision:
-            if inbound.kind is MessageKind.ORIGINAL and got in decisions:
-                ackd.emit.enqueue_ack(
-                    session,
-                    inbound,
-                    kind=AckKind.COMMIT,
-                    read_at=read_at,
-                    committed_at=read_at,
-                    recipient=recipient,
-                    receiver=f"defect:{recipient}",
-                )
-            return got
-
-        return acking
-
-    return change
-
-
-def _no_compensation(recipient: str) -> RlogChange:
-    def dropping(session: Session, inbound: Inbound, read_at: datetime, got: Decision) -> Decision:
-        if inbound.kind is MessageKind.COMPENSATION and got is Decision.DELIVER:
-            return Decision.DUPLICATE  # recorded as delivered, never handed over
-        return got
-
-    return dropping
-
-
-def _deliver_on(decision: Decision) -> Callable[[str], None]:
-    """Hand the app an original that the RLOG decides as ``decision`` (a duplicate, a
-    discard) instead of dropping it."""
-
-    def install(recipient: str) -> None:
-        decide = RlogDecisions._decide_in_own_transaction
-
-        def deciding(
-            self: RlogDecisions, incoming: Incoming, inbound: Inbound, read_at: datetime
-        ) -> tuple[Decision | None, Disposal]:
-            found, disposal = decide(self, incoming, inbound, read_at)
-            if found is decision and inbound.kind is MessageKind.ORIGINAL:
-                return Decision.DELIVER, disposal
-            return found, disposal
-
-        RlogDecisions._decide_in_own_transaction = deciding  # type: ignore[method-assign]
-
-    return install
-
-
-def _on_decide(
-    change: Callable[[RlogDecisions, Incoming, ReceiverTransaction | None, Message], Message],
-) -> Callable[[str], None]:
-    """Run ``change`` on every message the RLOG hands over."""
-
-    def install(recipient: str) -> None:
-        decide = RlogDecisions.decide
-
-        def deciding(
-            self: RlogDecisions,
-            session: Session,
-            incoming: Incoming,
-            inbound: Inbound,
-            read_at: datetime,
-            tx: ReceiverTransaction | None,
-        ) -> tuple[Message | None, Disposal]:
-            message, disposal = decide(self, session, incoming, inbound, read_at, tx)
-            if message is not None:
-                message = change(self, incoming, tx, message)
-            return message, disposal
-
-        RlogDecisions.decide = deciding  # type: ignore[method-assign]
-
-    return install
-
-
-def _ack_at_once(
-    self: RlogDecisions, incoming: Incoming, tx: ReceiverTransaction | None, message: Message
-) -> Message:
-    """Ack the delivery to the broker before the app has it (so before the commit)."""
-    delivery = incoming.delivery
-    if tx is not None and delivery is not None:
-        self._ctx.broker.ack(delivery)
-        incoming.delivery = None  # the commit has nothing left to ack
-    return message
-
-
-def _part_zero_id(
-    self: RlogDecisions, incoming: Incoming, tx: ReceiverTransaction | None, message: Message
-) -> Message:
-    """A reassembled whole (it has no delivery) handed over with its part 0's id."""
-    if incoming.delivery is None and message.message_id is not None:
-        return replace(message, message_id=f"{message.message_id}.0")
-    return message
-
-
-def _ack_per_part(recipient: str) -> None:
-    store_part = SequenceReassembly.store_part
-
-    def storing(
-        self: SequenceReassembly,
-        delivery: Delivery,
-        inbound: Inbound,
-        received_at: datetime,
-        tx: ReceiverTransaction | None,
-    ) -> None:
-        store_part(self, delivery, inbound, received_at, tx)
-        if tx is not None:
-            ackd.emit.enqueue_ack(
-                tx.session,
-                inbound,
-                kind=AckKind.COMMIT,
-                read_at=received_at,
-                committed_at=received_at,
-                recipient=recipient,
-                receiver=f"defect:{recipient}",
-            )
-
-    SequenceReassembly.store_part = storing  # type: ignore[method-assign]
-
-
-def _ack_second_transaction(recipient: str) -> None:
-    commit = ackd.emit.commit_with_acks
-
-    def committing(
-        store: ReceiverStore,
-        session: Session,
-        delivered: Sequence[tuple[Inbound, datetime]],
-        **fields: Any,
-    ) -> None:
-        commit(store, session, [], **fields)  # the app's writes and RLOG rows alone
-        commit(store, session, delivered, **fields)  # then the acks, in a second one
-
-    ackd.settlement.commit_with_acks = committing  # type: ignore[attr-defined]
-
-
-def _wrong_ack_recipient(recipient: str) -> None:
-    message = ackd.emit.ack_message
-
-    def acking(inbound: Inbound, **fields: Any) -> Any:
-        return message(inbound, **{**fields, "recipient": f"{fields['recipient']}-wrong"})
-
-    ackd.emit.ack_message = acking
-
-
-def _no_original_queue_header(recipient: str) -> None:
-    publish = Broker._publish_invalid_copy
-
-    def publishing(self: Broker, delivery: Delivery, headers: dict[str, Any]) -> None:
-        kept = {k: v for k, v in headers.items() if k != "condmsg-original-queue"}
-        publish(self, delivery, kept)
-
-    Broker._publish_invalid_copy = publishing  # type: ignore[method-assign]
-
-
-def _no_invalid_queue(recipient: str) -> None:
-    dispose = Broker.dispose
-
-    def disposing(self: Broker, delivery: Delivery, disposal: Disposal) -> None:
-        if disposal.fate is Fate.INVALID:
-            self.ack(delivery)  # dropped
-            return
-        dispose(self, delivery, disposal)
-
-    Broker.dispose = disposing  # type: ignore[method-assign]
-    Broker.publish_invalid = lambda self, body, headers, reason: None  # type: ignore[method-assign]
-
-
 # -- the table ---------------------------------------------------------------------------
 
 _DEFECTS = (
     Defect(
         name="refuse-wrong-recipient",
         breaks="moves a copy for another recipient to the invalid-message queue",
-        install=_refuse_wrong_recipient,
+        install=seams.refuse_wrong_recipient,
     ),
     Defect(
         name="ignore-fail-once",
@@ -282,17 +57,17 @@ _DEFECTS = (
     Defect(
         name="ack-duplicates",
         breaks="sends a COMMIT ack for a duplicate and for a discarded original",
-        install=_on_rlog_decision(_ack_on((Decision.DUPLICATE, Decision.DISCARD))),
+        install=seams.on_rlog_decision(seams.ack_on((Decision.DUPLICATE, Decision.DISCARD))),
     ),
     Defect(
         name="ack-per-part",
         breaks="sends a COMMIT ack for every part of a sequence",
-        install=_ack_per_part,
+        install=seams.ack_per_part,
     ),
     Defect(
         name="ack-second-transaction",
         breaks="commits the COMMIT acks in a transaction of their own, after the app's",
-        install=_ack_second_transaction,
+        install=seams.ack_second_transaction,
     ),
     Defect(
         name="no-retry-pause",
@@ -302,12 +77,12 @@ _DEFECTS = (
     Defect(
         name="no-original-queue-header",
         breaks="moves deliveries to the invalid-message queue without condmsg-original-queue",
-        install=_no_original_queue_header,
+        install=seams.no_original_queue_header,
     ),
     Defect(
         name="wrong-sequence-id",
         breaks="hands a sequence's whole over with part 0's message id, not the sequence id",
-        install=_on_decide(_part_zero_id),
+        install=seams.on_decide(seams.part_zero_id),
     ),
     Defect(
         name="read-mode",
@@ -318,17 +93,17 @@ _DEFECTS = (
     Defect(
         name="no-cancel-out",
         breaks="delivers an original whose compensation came first",
-        install=_deliver_on(Decision.DISCARD),
+        install=seams.deliver_on(Decision.DISCARD),
     ),
     Defect(
         name="deliver-duplicates",
         breaks="hands duplicates to the app",
-        install=_deliver_on(Decision.DUPLICATE),
+        install=seams.deliver_on(Decision.DUPLICATE),
     ),
     Defect(
         name="no-invalid-queue",
         breaks="drops invalid messages instead of moving them",
-        install=_no_invalid_queue,
+        install=seams.no_invalid_queue,
     ),
     Defect(
         name="never-give-up",
@@ -343,17 +118,17 @@ _DEFECTS = (
     Defect(
         name="ack-before-commit",
         breaks="acks each delivery to the broker before the app has it, so before the commit",
-        install=_on_decide(_ack_at_once),
+        install=seams.on_decide(seams.ack_at_once),
     ),
     Defect(
         name="wrong-ack-recipient",
         breaks="puts another recipient than its own in its acks",
-        install=_wrong_ack_recipient,
+        install=seams.wrong_ack_recipient,
     ),
     Defect(
         name="no-compensation",
         breaks="never hands a compensation to the app",
-        install=_on_rlog_decision(_no_compensation),
+        install=seams.on_rlog_decision(seams.no_compensation),
     ),
 )
 DEFECTS: dict[str, Defect] = {d.name: d for d in _DEFECTS}

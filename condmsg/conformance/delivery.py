@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 
 from condmsg import Destination, DestinationSet, Verdict
+from condmsg.conformance import acks
 from condmsg.conformance.config import (
     CRASH_AFTER_COMMIT,
     CRASH_BEFORE_COMMIT,
@@ -55,8 +56,8 @@ def named_recipient(w: World) -> str:
     q, me = w.config.queue, w.config.recipient
     cm_id = w.send(b"for me", Destination(q, recipient=me, process_within=seconds(w, 15)))
     expect_kinds(w, cm_id, ["original"], "the copy naming this recipient to reach the app")
-    w.wait_for(lambda: w.ack_ids([cm_id])[cm_id], w.scaled(DELIVERY_S), "its ack")
-    refused = w.refused_acks(cm_id)
+    w.wait_for(lambda: acks.ack_ids(w, [cm_id])[cm_id], w.scaled(DELIVERY_S), "its ack")
+    refused = acks.refused(w, cm_id)
     if refused:  # known at once, rather than when the CM fails at its deadline
         raise NotMet(f"the evaluator did not count its ack: {refused[0]}")
     expect_verdict(w, cm_id, Verdict.SATISFIED, "its ack should carry this recipient")

@@ -9,6 +9,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from condmsg import Destination, Verdict
+from condmsg.conformance import acks
 from condmsg.conformance.world import ORIGINAL_QUEUE, Invalid, NotMet, World
 from condmsg.core import protocol
 from condmsg.core.protocol import MessageKind
@@ -47,8 +48,8 @@ def expect_verdict(w: World, cm_id: str, verdict: Verdict, why: str) -> None:
 def expect_acks(w: World, cm_id: str, count: int, what: str) -> None:
     """Once every ack the receiver committed so far has reached the evaluator, it holds
     exactly ``count`` acks for ``cm_id`` (``what``: why that many)."""
-    w.flush_acks()
-    got = len(w.ack_ids([cm_id])[cm_id])
+    acks.flush(w)
+    got = len(acks.ack_ids(w, [cm_id])[cm_id])
     if got != count:
         raise NotMet(f"the receiver sent {got} acks for the CM, expected {count}: {what}")
 

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from contextlib import suppress
 
+from condmsg.conformance import acks
 from condmsg.conformance.expect import DELIVERY_S, direct_original
 from condmsg.conformance.world import NotMet, World
 
@@ -74,14 +75,14 @@ def _judge(w: World, cms: list[str]) -> str:
 
     with suppress(NotMet):  # what is missing is judged below, with the acks
         w.wait_for(lambda: len(rows()) == len(wanted), w.scaled(DELIVERY_S), "every original")
-    w.flush_acks()
-    delivered, acks = rows(), w.ack_ids(cms)
+    acks.flush(w)
+    delivered, acked = rows(), acks.ack_ids(w, cms)
     problems = {
-        "app rows without their COMMIT ack": sum(delivered[c] and not acks[c] for c in cms),
-        "acks without their app row": sum(bool(acks[c]) and not delivered[c] for c in cms),
+        "app rows without their COMMIT ack": sum(delivered[c] and not acked[c] for c in cms),
+        "acks without their app row": sum(bool(acked[c]) and not delivered[c] for c in cms),
         "originals delivered more than once": sum(delivered[c] > 1 for c in cms),
-        "originals acked more than once": sum(len(acks[c]) > 1 for c in cms),
-        "originals never delivered nor acked": sum(not delivered[c] and not acks[c] for c in cms),
+        "originals acked more than once": sum(len(acked[c]) > 1 for c in cms),
+        "originals never delivered nor acked": sum(not delivered[c] and not acked[c] for c in cms),
     }
     found = [f"{n} {what}" for what, n in problems.items() if n]
     if found:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pika.compat
 
+from condmsg.conformance import acks
 from condmsg.conformance.expect import DELIVERY_S, expect_moved
 from condmsg.conformance.world import NotMet, World
 from condmsg.core import protocol
@@ -138,9 +139,9 @@ def malformed_headers(w: World) -> str:
     delivered = [sent[r.body][0] for r in w.received() if r.body in sent]
     if delivered:
         raise NotMet(f"the app got {len(delivered)} malformed messages, e.g. {delivered[0]!r}")
-    w.flush_acks()
-    acks = w.ack_ids(cm for _, cm in sent.values())
-    acked = [name for name, cm_id in sent.values() if acks[cm_id]]
+    acks.flush(w)
+    acked_ids = acks.ack_ids(w, (cm for _, cm in sent.values()))
+    acked = [name for name, cm_id in sent.values() if acked_ids[cm_id]]
     if acked:
         raise NotMet(f"the receiver acked {len(acked)} malformed messages, e.g. {acked[0]!r}")
     return f"all {len(sent)} malformed headers of the vectors moved with a reason, none acked"

@@ -8,6 +8,7 @@ import time
 import uuid
 
 from condmsg import Destination, Verdict
+from condmsg.conformance import acks
 from condmsg.conformance.config import (
     FAIL_ALWAYS,
     FAIL_ONCE,
@@ -102,7 +103,7 @@ def sequence_complete(w: World) -> str:
     if got != body:
         raise NotMet(f"the app got {len(got)} bytes, {len(body)} were sent")
     expect_verdict(w, cm_id, Verdict.SATISFIED, "one COMMIT ack for the whole copy")
-    seq_id, got_id = w.copy_message_id(cm_id), w.received(cm_id=cm_id)[0].message_id
+    seq_id, got_id = acks.copy_message_id(w, cm_id), w.received(cm_id=cm_id)[0].message_id
     if got_id != seq_id:
         raise NotMet(f"the app got the whole as message {got_id!r}, not its sequence id {seq_id!r}")
     expect_acks(w, cm_id, 1, "one for the whole copy, none for a part")

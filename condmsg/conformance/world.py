@@ -9,7 +9,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pika
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from ackd.tables import metadata as receiver_metadata
-from condmsg import Condition, CondmsgError, Destination, Sender, Verdict
-from condmsg import tables as sender_tables
+from condmsg import Condition, CondmsgError, Sender, Verdict
 from condmsg.conformance import app_table
 from condmsg.conformance.config import ConformanceConfig
 from condmsg.conformance.receiver_process import ReceiverProcess
@@ -36,7 +34,6 @@ from evaluator.service import Evaluator
 from outbox.config import RelayConfig
 from outbox.message import OutboxMessage
 from outbox.relay import Relay
-from outbox.table import DEFAULT_TABLE_NAME as OUTBOX_TABLE
 
 T = TypeVar("T")
 
@@ -258,61 +255,6 @@ class World:
                 return None
             if self.abort.is_set():
                 raise Stopped()
-
-    def ack_ids(self, cm_ids: Iterable[str]) -> dict[str, set[str]]:
-        """The ids of the acks the evaluator received for each of ``cm_ids``, counted or
-        not (an ack for an unknown CM, a duplicate, a wrong recipient is an anomaly)."""
-        wanted = list(cm_ids)
-        found: dict[str, set[str]] = {cm_id: set() for cm_id in wanted}
-        with self.sender.engine.connect() as conn:
-            for start in range(0, len(wanted), 500):
-                chunk = wanted[start : start + 500]
-                for table in (sender_tables.acks, sender_tables.anomalies):
-                    query = sa.select(table.c.cm_id, table.c.ack_id).where(
-                        table.c.cm_id.in_(chunk), table.c.ack_id.is_not(None)
-                    )
-                    for cm_id, ack_id in conn.execute(query):
-                        found[cm_id].add(ack_id)
-        return found
-
-    def refused_acks(self, cm_id: str) -> list[str]:
-        """Why the evaluator did not count acks it got for ``cm_id`` (its anomalies)."""
-        table = sender_tables.anomalies
-        query = sa.select(table.c.kind, table.c.detail).where(table.c.cm_id == cm_id)
-        with self.sender.engine.connect() as conn:
-            return [f"{kind}: {detail}" for kind, detail in conn.execute(query)]
-
-    def acks_in(self) -> int:
-        """Acks the receiver wrote that are still in its outbox, not yet relayed."""
-        with self.store.connect() as conn:
-            query = sa.text(f"SELECT count(*) FROM {OUTBOX_TABLE} WHERE state = 'pending'")
-            return int(conn.execute(query).scalar_one())
-
-    def flush_acks(self) -> None:
-        """Wait until every ack the receiver committed so far has reached the evaluator:
-        its outbox is empty, then the ack of a fresh original published behind them is in
-        (the relay publishes in order, the evaluator stores in order)."""
-        self.settle(0.0)
-        self.wait_for(
-            lambda: self.acks_in() == 0, self.scaled(15), "the receiver's outbox to drain"
-        )
-        cm_id = str(uuid.uuid4())
-        condition = Destination(self.config.queue, pickup_within=timedelta(minutes=5))
-        for message in self.copies(cm_id, condition, b"flush"):
-            self.publish(message)
-        self.wait_for(
-            lambda: self.ack_ids([cm_id])[cm_id],
-            self.scaled(15),
-            "the ack of an original sent behind the others to reach the evaluator",
-        )
-
-    def copy_message_id(self, cm_id: str) -> str:
-        """The message id the sender gave the CM's copy (a sequence's id)."""
-        with self.sender.engine.connect() as conn:
-            query = sa.select(sender_tables.copies.c.message_id).where(
-                sender_tables.copies.c.cm_id == cm_id
-            )
-            return str(conn.execute(query).scalar_one())
 
     def publish(self, message: OutboxMessage) -> None:
         """Publish as the relay would (persistent, the message's own properties)."""

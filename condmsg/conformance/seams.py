@@ -1,0 +1,239 @@
+"""The seams of ``ackd`` that :mod:`condmsg.conformance.defects` replaces, one
+installer per defect: each takes the receiver's recipient identity and wraps one method of
+an ``ackd`` class, or one function an ``ackd`` module calls through its own namespace, so
+that the wrapper breaks one rule and otherwise does what the original does. Only the
+reference receiver's process installs them, at its start (see the defects module for why
+that is honest)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+import ackd.acceptance
+import ackd.emit
+import ackd.settlement
+from ackd import validation
+from ackd.broker import Broker, Delivery, Disposal, Fate
+from ackd.message import Message
+from ackd.receiver_store import ReceiverStore
+from ackd.rlog import Decision, RlogDecisions
+from ackd.sequences import SequenceReassembly
+from ackd.transaction import Incoming, ReceiverTransaction
+from ackd.validation import Inbound, InvalidMessage
+from condmsg.core.acks import AckKind
+from condmsg.core.protocol import MessageKind
+
+
+def refuse_wrong_recipient(recipient: str) -> None:
+    """Refuse a copy naming another recipient than ``recipient`` as invalid."""
+
+    def judging(delivery: Delivery, secret: bytes | None) -> Inbound:
+        inbound = validation.judge(delivery, secret)
+        if inbound.recipient is not None and inbound.recipient != recipient:
+            raise InvalidMessage(f"a copy for recipient {inbound.recipient}, not {recipient}")
+        return inbound
+
+    ackd.acceptance.judge = judging  # type: ignore[attr-defined]
+
+
+#: A change to the RLOG's decision on a message: (session, inbound, read_at, decision)
+#: to the decision the receiver acts on.
+RlogChange = Callable[[Session, Inbound, datetime, Decision], Decision]
+
+
+def on_rlog_decision(change: Callable[[str], RlogChange]) -> Callable[[str], None]:
+    """Put ``change(recipient)`` after every RLOG decision."""
+
+    def install(recipient: str) -> None:
+        decide, after = RlogDecisions.rlog_decision, change(recipient)
+
+        def deciding(
+            self: RlogDecisions,
+            session: Session,
+            incoming: Incoming,
+            inbound: Inbound,
+            read_at: datetime,
+            transactional: bool,
+        ) -> Decision:
+            decision = decide(self, session, incoming, inbound, read_at, transactional)
+            return after(session, inbound, read_at, decision)
+
+        RlogDecisions.rlog_decision = deciding  # type: ignore[method-assign]
+
+    return install
+
+
+def ack_on(decisions: tuple[Decision, ...]) -> Callable[[str], RlogChange]:
+    """COMMIT acks for originals that the RLOG decides as one of ``decisions``."""
+
+    def change(recipient: str) -> RlogChange:
+        def acking(
+            session: Session, inbound: Inbound, read_at: datetime, got: Decision
+        ) -> Decision:
+            if inbound.kind is MessageKind.ORIGINAL and got in decisions:
+                ackd.emit.enqueue_ack(
+                    session,
+                    inbound,
+                    kind=AckKind.COMMIT,
+                    read_at=read_at,
+                    committed_at=read_at,
+                    recipient=recipient,
+                    receiver=f"defect:{recipient}",
+                )
+            return got
+
+        return acking
+
+    return change
+
+
+def no_compensation(recipient: str) -> RlogChange:
+    def dropping(session: Session, inbound: Inbound, read_at: datetime, got: Decision) -> Decision:
+        if inbound.kind is MessageKind.COMPENSATION and got is Decision.DELIVER:
+            return Decision.DUPLICATE  # recorded as delivered, never handed over
+        return got
+
+    return dropping
+
+
+def deliver_on(decision: Decision) -> Callable[[str], None]:
+    """Hand the app an original that the RLOG decides as ``decision`` (a duplicate, a
+    discard) instead of dropping it."""
+
+    def install(recipient: str) -> None:
+        decide = RlogDecisions._decide_in_own_transaction
+
+        def deciding(
+            self: RlogDecisions, incoming: Incoming, inbound: Inbound, read_at: datetime
+        ) -> tuple[Decision | None, Disposal]:
+            found, disposal = decide(self, incoming, inbound, read_at)
+            if found is decision and inbound.kind is MessageKind.ORIGINAL:
+                return Decision.DELIVER, disposal
+            return found, disposal
+
+        RlogDecisions._decide_in_own_transaction = deciding  # type: ignore[method-assign]
+
+    return install
+
+
+def on_decide(
+    change: Callable[[RlogDecisions, Incoming, ReceiverTransaction | None, Message], Message],
+) -> Callable[[str], None]:
+    """Run ``change`` on every message the RLOG hands over."""
+
+    def install(recipient: str) -> None:
+        decide = RlogDecisions.decide
+
+        def deciding(
+            self: RlogDecisions,
+            session: Session,
+            incoming: Incoming,
+            inbound: Inbound,
+            read_at: datetime,
+            tx: ReceiverTransaction | None,
+        ) -> tuple[Message | None, Disposal]:
+            message, disposal = decide(self, session, incoming, inbound, read_at, tx)
+            if message is not None:
+                message = change(self, incoming, tx, message)
+            return message, disposal
+
+        RlogDecisions.decide = deciding  # type: ignore[method-assign]
+
+    return install
+
+
+def ack_at_once(
+    self: RlogDecisions, incoming: Incoming, tx: ReceiverTransaction | None, message: Message
+) -> Message:
+    """Ack the delivery to the broker before the app has it (so before the commit)."""
+    delivery = incoming.delivery
+    if tx is not None and delivery is not None:
+        self._ctx.broker.ack(delivery)
+        incoming.delivery = None  # the commit has nothing left to ack
+    return message
+
+
+def part_zero_id(
+    self: RlogDecisions, incoming: Incoming, tx: ReceiverTransaction | None, message: Message
+) -> Message:
+    """A reassembled whole (it has no delivery) handed over with its part 0's id."""
+    if incoming.delivery is None and message.message_id is not None:
+        return replace(message, message_id=f"{message.message_id}.0")
+    return message
+
+
+def ack_per_part(recipient: str) -> None:
+    store_part = SequenceReassembly.store_part
+
+    def storing(
+        self: SequenceReassembly,
+        delivery: Delivery,
+        inbound: Inbound,
+        received_at: datetime,
+        tx: ReceiverTransaction | None,
+    ) -> None:
+        store_part(self, delivery, inbound, received_at, tx)
+        if tx is not None:
+            ackd.emit.enqueue_ack(
+                tx.session,
+                inbound,
+                kind=AckKind.COMMIT,
+                read_at=received_at,
+                committed_at=received_at,
+                recipient=recipient,
+                receiver=f"defect:{recipient}",
+            )
+
+    SequenceReassembly.store_part = storing  # type: ignore[method-assign]
+
+
+def ack_second_transaction(recipient: str) -> None:
+    commit = ackd.emit.commit_with_acks
+
+    def committing(
+        store: ReceiverStore,
+        session: Session,
+        delivered: Sequence[tuple[Inbound, datetime]],
+        **fields: Any,
+    ) -> None:
+        commit(store, session, [], **fields)  # the app's writes and RLOG rows alone
+        commit(store, session, delivered, **fields)  # then the acks, in a second one
+
+    ackd.settlement.commit_with_acks = committing  # type: ignore[attr-defined]
+
+
+def wrong_ack_recipient(recipient: str) -> None:
+    message = ackd.emit.ack_message
+
+    def acking(inbound: Inbound, **fields: Any) -> Any:
+        return message(inbound, **{**fields, "recipient": f"{fields['recipient']}-wrong"})
+
+    ackd.emit.ack_message = acking
+
+
+def no_original_queue_header(recipient: str) -> None:
+    publish = Broker._publish_invalid_copy
+
+    def publishing(self: Broker, delivery: Delivery, headers: dict[str, Any]) -> None:
+        kept = {k: v for k, v in headers.items() if k != "condmsg-original-queue"}
+        publish(self, delivery, kept)
+
+    Broker._publish_invalid_copy = publishing  # type: ignore[method-assign]
+
+
+def no_invalid_queue(recipient: str) -> None:
+    dispose = Broker.dispose
+
+    def disposing(self: Broker, delivery: Delivery, disposal: Disposal) -> None:
+        if disposal.fate is Fate.INVALID:
+            self.ack(delivery)  # dropped
+            return
+        dispose(self, delivery, disposal)
+
+    Broker.dispose = disposing  # type: ignore[method-assign]
+    Broker.publish_invalid = lambda self, body, headers, reason: None  # type: ignore[method-assign]

@@ -11,10 +11,6 @@ wrapper that breaks that one rule, or by giving ``Receiver`` a setting that does
 in ``ackd`` knows of defects and no production code imports this module: without
 ``--defect`` nothing is replaced and the receiver under test is ``ackd`` exactly as it
 ships, and with it the variant differs from that in the one place the defect names.
-
-A ``no-header-validation`` defect is not offered here: ``ackd``'s header checks are one
-parser with no seam that could skip them and still yield a message (the Node receiver
-has it).
 """
 
 from __future__ import annotations
@@ -68,6 +64,12 @@ _DEFECTS = (
         name="ack-second-transaction",
         breaks="commits the COMMIT acks in a transaction of their own, after the app's",
         install=seams.ack_second_transaction,
+    ),
+    Defect(
+        name="no-header-validation",
+        breaks="checks no header rule (version, kind, instants, lengths, reply_to, sequence "
+        "bounds, requires)",
+        install=seams.no_header_validation,
     ),
     Defect(
         name="no-retry-pause",

@@ -19,7 +19,7 @@ from contextlib import suppress
 
 from condmsg.conformance import acks
 from condmsg.conformance.expect import DELIVERY_S, direct_original
-from condmsg.conformance.world import NotMet, World
+from condmsg.conformance.world import NotMet, TimedOut, World
 
 #: Originals kept waiting in the queue, so that every kill meets the receiver at work.
 STOCK = 40
@@ -73,7 +73,7 @@ def _judge(w: World, cms: list[str]) -> str:
     def rows() -> Counter[str]:
         return Counter(r.cm_id for r in w.received(kind="original") if r.cm_id in wanted)
 
-    with suppress(NotMet):  # what is missing is judged below, with the acks
+    with suppress(TimedOut):  # what is missing is judged below, with the acks
         w.wait_for(lambda: len(rows()) == len(wanted), w.scaled(DELIVERY_S), "every original")
     acks.flush(w)
     delivered, acked = rows(), acks.ack_ids(w, cms)

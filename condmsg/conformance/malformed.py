@@ -25,7 +25,7 @@ import pika.compat
 
 from condmsg.conformance import acks
 from condmsg.conformance.expect import DELIVERY_S, expect_moved
-from condmsg.conformance.world import NotMet, World
+from condmsg.conformance.world import NotMet, TimedOut, World
 from condmsg.core import protocol
 
 VECTORS = resources.files("condmsg") / "schema" / "vectors" / "headers.json"
@@ -126,9 +126,17 @@ def malformed_headers(w: World) -> str:
         moved = {m.body for m in w.invalid()}
         return [name for body, (name, _) in sent.items() if body not in moved]
 
+    def delivered() -> list[str]:
+        return [sent[r.body][0] for r in w.received() if r.body in sent]
+
+    def all_moved() -> bool:
+        if delivered():  # known at once, rather than when the wait for the rest runs out
+            raise NotMet(f"the app got malformed messages, e.g. {delivered()[0]!r}")
+        return not missing()
+
     try:
-        w.wait_for(lambda: not missing(), w.scaled(DELIVERY_S), "every malformed message moved")
-    except NotMet:
+        w.wait_for(all_moved, w.scaled(DELIVERY_S), "every malformed message moved")
+    except TimedOut:
         left = missing()
         shown = "; ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
         raise NotMet(f"{len(left)} of {len(sent)} malformed messages not moved: {shown}") from None
@@ -136,9 +144,9 @@ def malformed_headers(w: World) -> str:
         if found.body in sent:
             expect_moved(w, found, f"the malformed message {sent[found.body][0]!r}")
     w.settle()
-    delivered = [sent[r.body][0] for r in w.received() if r.body in sent]
-    if delivered:
-        raise NotMet(f"the app got {len(delivered)} malformed messages, e.g. {delivered[0]!r}")
+    handed = delivered()
+    if handed:
+        raise NotMet(f"the app got {len(handed)} malformed messages, e.g. {handed[0]!r}")
     acks.flush(w)
     acked_ids = acks.ack_ids(w, (cm for _, cm in sent.values()))
     acked = [name for name, cm_id in sent.values() if acked_ids[cm_id]]

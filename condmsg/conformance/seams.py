@@ -25,8 +25,11 @@ from ackd.rlog import Decision, RlogDecisions
 from ackd.sequences import SequenceReassembly
 from ackd.transaction import Incoming, ReceiverTransaction
 from ackd.validation import Inbound, InvalidMessage
+from condmsg.core import protocol
 from condmsg.core.acks import AckKind
+from condmsg.core.errors import ProtocolError
 from condmsg.core.protocol import MessageKind
+from condmsg.core.timeutil import utcnow
 
 
 def refuse_wrong_recipient(recipient: str) -> None:
@@ -237,3 +240,57 @@ def no_invalid_queue(recipient: str) -> None:
 
     Broker.dispose = disposing  # type: ignore[method-assign]
     Broker.publish_invalid = lambda self, body, headers, reason: None  # type: ignore[method-assign]
+
+
+def no_header_validation(recipient: str) -> None:
+    """Take whatever condmsg headers a message carries (any version, kind, type, length
+    or instant) rather than refuse it; its token and payload are still checked."""
+    parse = validation.parse
+
+    def parsing(headers: dict[str, Any] | None, reply_to: str | None) -> Inbound:
+        try:
+            return parse(headers, reply_to)
+        except InvalidMessage:
+            if not isinstance(headers, dict) or protocol.H_VERSION not in headers:
+                raise
+        return _anything(headers, reply_to)
+
+    validation.parse = parsing
+    validation.check_message_id = lambda message_id, inbound: None
+
+
+def _anything(headers: dict[str, Any], reply_to: str | None) -> Inbound:
+    """The condmsg facts of ``headers`` taken as they come."""
+
+    def text(name: str) -> str | None:
+        value = headers.get(name)
+        if value is None:
+            return None
+        return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+    def number(name: str) -> int | None:
+        value = headers.get(name)
+        return int(value) if isinstance(value, int | float) else None
+
+    try:
+        kind = protocol.MessageKind(text(protocol.H_KIND) or "")
+    except ValueError:
+        kind = protocol.MessageKind.ORIGINAL
+    try:
+        sent_at = protocol.parse_instant(text(protocol.H_SENT_AT), protocol.H_SENT_AT)
+    except ProtocolError:
+        sent_at = utcnow()
+    seq_id = text(protocol.H_SEQ_ID)
+    return Inbound(
+        kind=kind,
+        cm_id=text(protocol.H_CM_ID) or "",
+        destination=text(protocol.H_DESTINATION) or "",
+        recipient=text(protocol.H_RECIPIENT),
+        sender=text(protocol.H_SENDER) or "",
+        sent_at=sent_at,
+        token=text(protocol.H_TOKEN),
+        reply_to=reply_to,
+        seq_id=seq_id,
+        seq_pos=number(protocol.H_SEQ_POS) if seq_id else None,
+        seq_size=number(protocol.H_SEQ_SIZE) if seq_id else None,
+    )

@@ -47,6 +47,10 @@ class NotMet(CondmsgError):
     """A scenario's expectation did not hold; the message says what was seen."""
 
 
+class TimedOut(NotMet):
+    """What a scenario waited for did not come in time."""
+
+
 class ReceiverEnded(NotMet):
     """The receiver process under test ended when it should have been reading."""
 
@@ -367,7 +371,7 @@ def wait_for(
     what: str,
     abort: threading.Event | None = None,
 ) -> T:
-    """Poll ``predicate`` until it returns something truthy; :class:`NotMet` naming
+    """Poll ``predicate`` until it returns something truthy; :class:`TimedOut` naming
     ``what`` after ``timeout_s`` seconds, :class:`Stopped` as soon as ``abort`` is set."""
     deadline = time.monotonic() + timeout_s
     abort = abort or threading.Event()
@@ -376,7 +380,7 @@ def wait_for(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise NotMet(f"timed out after {timeout_s:.1f}s waiting for {what}")
+            raise TimedOut(f"timed out after {timeout_s:.1f}s waiting for {what}")
         if abort.wait(0.05):
             raise Stopped()
 

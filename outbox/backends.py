@@ -31,7 +31,10 @@ def uses_psycopg(bind: Engine | Connection | Session) -> bool:
     if isinstance(bind, Session):
         bind = bind.get_bind()
     dialect = bind.dialect
-    return dialect.name == "postgresql" and dialect.driver == "psycopg"
+    # The psycopg adapters run psycopg's blocking cursor; under SQLAlchemy's asyncio
+    # extension (an AsyncEngine's sync facade) the connection is psycopg's AsyncConnection,
+    # which the portable adapters serve through SQLAlchemy instead.
+    return dialect.name == "postgresql" and dialect.driver == "psycopg" and not dialect.is_async
 
 
 def pick(bind: Engine | Connection | Session, *, psycopg: T, portable: T) -> T:

@@ -52,6 +52,25 @@ def require_existing_file(url: str) -> str:
     return url
 
 
+def configure_sqlite(engine: Engine) -> None:
+    """Give a SQLite engine condmsg's connection settings (WAL, the busy timeout) and
+    ``BEGIN IMMEDIATE`` transactions; an async engine's ``sync_engine`` takes them too."""
+
+    @sa.event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+        # Take transaction control from the driver so BEGIN IMMEDIATE below is ours.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _sqlite_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for ``url`` (``sqlite:///path.db`` or ``postgresql+psycopg://...``)."""
     try:
@@ -62,21 +81,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         engine = sa.create_engine(
             url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **kwargs
         )
-
-        @sa.event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-            # Take transaction control from the driver so BEGIN IMMEDIATE below is ours.
-            dbapi_conn.isolation_level = None
-            cursor = dbapi_conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.close()
-
-        @sa.event.listens_for(engine, "begin")
-        def _sqlite_begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
+        configure_sqlite(engine)
         return engine
     if "pool_pre_ping" in kwargs:
         return sa.create_engine(url, **kwargs)

@@ -43,6 +43,14 @@ class SendRows:
     compensations: list[dict[str, Any]] = field(default_factory=list)
     outbox: list[Fanout] = field(default_factory=list)
 
+    def cm_ids(self) -> list[str]:
+        """The ids of the CMs, in the order they were added."""
+        return [row["cm_id"] for row in self.cms]
+
+    def queues(self) -> list[str]:
+        """The destination queues the copies go to (exchanges' copies aside), sorted."""
+        return sorted({row["routing_key"] for row in self.copies if not row["exchange"]})
+
     def by_table(self) -> tuple[tuple[sa.Table, list[dict[str, Any]]], ...]:
         """Each table with its rows, CMs first (the others refer to them)."""
         return (

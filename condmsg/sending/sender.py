@@ -102,13 +102,9 @@ class Sender(OwnsOutbox):
         create_schema: bool = False,
         destination_queue_type: str = DEFAULT_QUEUE_TYPE,
     ) -> None:
-        destination_arguments(destination_queue_type)  # a bad type fails here, not mid-send
-        if engine is None and db_url is None:
-            raise ConfigError("Sender needs db_url (CONDMSG_DB_URL) or an engine")
-        if not name or not isinstance(name, str):
-            raise ConfigError("Sender needs a non-empty name")
-        checked_sender_name(name)  # it names queues: no spaces, within RabbitMQ's length
-        self.name = name
+        self.name = checked_arguments(
+            "Sender", name, engine is not None or db_url is not None, destination_queue_type
+        )
         self.amqp_url = amqp_url
         self.destination_queue_type = destination_queue_type
         self.engine = engine if engine is not None else make_engine(str(db_url))
@@ -129,10 +125,7 @@ class Sender(OwnsOutbox):
 
     @classmethod
     def from_env(cls, *, name: str, **overrides: Any) -> Sender:
-        settings = Settings.from_env()
-        options = settings.endpoint_options() | overrides
-        options.setdefault("destination_queue_type", settings.destination_queue_type)
-        return cls(name=name, **options)
+        return cls(name=name, **options_from_env(overrides))
 
     def clock(self) -> datetime:
         """The sender's clock (``sent_at`` of its CMs, the instants of its spheres)."""
@@ -222,24 +215,37 @@ class Sender(OwnsOutbox):
         per table elsewhere), however many CMs it holds: the way to send at volume.
         ``sphere`` makes them members of that open Dependency-Sphere (``Sphere.send_many``).
         """
-        rows = SendRows()
-        cm_ids = [self._record(m, rows) for m in messages]
-        if not cm_ids:
+        rows = self.prepare(messages, sphere=sphere)
+        if not rows.cms:
             return []
-        self._ensure_destinations(
-            sorted({row["routing_key"] for row in rows.copies if not row["exchange"]})
-        )
+        self._ensure_destinations(rows.queues())
+        self.write(rows, session=session, sphere=sphere)
+        return rows.cm_ids()
+
+    def prepare(self, messages: Iterable[Outgoing], *, sphere: str | None = None) -> SendRows:
+        """The rows that sending ``messages`` writes (as members of ``sphere``, if given),
+        built without I/O: the one definition of a send's rows, which
+        :class:`~condmsg.sending.async_sender.AsyncSender` shares."""
+        rows = SendRows()
+        for message in messages:
+            self._record(message, rows)
         if sphere is not None:
             for row in rows.cms:
                 row["sphere_id"] = sphere
+        return rows
+
+    def write(
+        self, rows: SendRows, *, session: Session | None = None, sphere: str | None = None
+    ) -> None:
+        """Write prepared ``rows`` through the store: in ``session``'s transaction if
+        given, else in one of their own; counted into ``sphere`` in the same transaction."""
         if session is None and sphere is None:
             self.store.add_committed(self.engine, rows)
-            return cm_ids
+            return
         with self._transaction(session) as s:
             if sphere is not None:
-                self.spheres.join(s, sphere, len(cm_ids))
+                self.spheres.join(s, sphere, len(rows.cms))
             self.store.add(s, rows)
-        return cm_ids
 
     def _record(
         self,
@@ -406,6 +412,25 @@ class Sender(OwnsOutbox):
                 self._declared.add(queue)
         finally:
             connection.close()
+
+
+def checked_arguments(what: str, name: object, has_store: bool, queue_type: str) -> str:
+    """``name`` checked for a sender of kind ``what``; :class:`ConfigError` for a missing
+    store, an unusable name or an unknown queue type (here, not mid-send)."""
+    destination_arguments(queue_type)
+    if not has_store:
+        raise ConfigError(f"{what} needs db_url (CONDMSG_DB_URL) or an engine")
+    if not name or not isinstance(name, str):
+        raise ConfigError(f"{what} needs a non-empty name")
+    return checked_sender_name(name)  # it names queues: no spaces, within RabbitMQ's length
+
+
+def options_from_env(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A sender's arguments from the environment (:class:`Settings`), ``overrides`` on top."""
+    settings = Settings.from_env()
+    options = settings.endpoint_options() | dict(overrides)
+    options.setdefault("destination_queue_type", settings.destination_queue_type)
+    return options
 
 
 @dataclass(frozen=True, slots=True)

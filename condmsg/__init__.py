@@ -10,8 +10,9 @@ It exports what this package owns; the receiver side is its own package
 Importing it loads the pure core (:mod:`condmsg.core`) and nothing else: the outbox imports
 the core's error root, and the Spark audit's Python workers and the property tests import the
 model, none of which may pull in pika or SQLAlchemy. The names it exports from the rest of
-condmsg, :class:`Sender`, :class:`Outgoing` (one message of ``Sender.send_many``) and
-:class:`Settings`, are loaded on first use (``docs/layout.md``).
+condmsg, :class:`Sender`, :class:`AsyncSender` (asyncio; the ``asyncio`` extra),
+:class:`Outgoing` (one message of ``Sender.send_many``) and :class:`Settings`, are loaded on
+first use (``docs/layout.md``).
 """
 
 import importlib
@@ -44,12 +45,14 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from condmsg.runtime.settings import Settings
+    from condmsg.sending.async_sender import AsyncSender
     from condmsg.sending.outgoing import Outgoing
     from condmsg.sending.sender import Sender
 
 #: The module that defines each name exported on first use.
 _DEFINED_IN = {
     "Sender": "condmsg.sending.sender",
+    "AsyncSender": "condmsg.sending.async_sender",  # needs the asyncio extra
     "Outgoing": "condmsg.sending.outgoing",
     "Settings": "condmsg.runtime.settings",
 }
@@ -85,6 +88,7 @@ __all__ = [
     "evaluation_deadline",
     # sending
     "Sender",
+    "AsyncSender",
     "Outgoing",
     "Outcome",
     # settings

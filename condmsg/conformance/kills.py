@@ -19,7 +19,7 @@ from contextlib import suppress
 
 from condmsg.conformance import acks
 from condmsg.conformance.expect import DELIVERY_S, direct_original
-from condmsg.conformance.world import NotMet, TimedOut, World
+from condmsg.conformance.world import NotMet, Stopped, TimedOut, World
 
 #: Originals kept waiting in the queue, so that every kill meets the receiver at work.
 STOCK = 40
@@ -49,9 +49,10 @@ def kill_anywhere(w: World) -> str:
         started = time.monotonic()
         w.wait_for(working, w.scaled(START_S), "the restarted receiver to deliver")
         restarts.append(time.monotonic() - started)
-        if w.abort.wait(rng.uniform(0.0, JITTER_S)):
-            break
+        stopping = w.abort.wait(rng.uniform(0.0, JITTER_S))
         w.kill_receiver()
+        if stopping:
+            raise Stopped()
     w.start_receiver()
     mean = sum(restarts) / max(1, len(restarts))
     return f"{_judge(w, cms)}; {mean:.2f}s from a start to the first delivery"

@@ -92,3 +92,45 @@ def run_async(
             f"{len(stalls)} time(s): {listed}"
         )
     return result
+
+
+async def asgi_request(
+    app: Callable[..., Any], method: str, path: str, body: bytes = b""
+) -> tuple[int, bytes]:
+    """Call an ASGI ``app`` in-process, on the running loop: (status, body) of one HTTP
+    request (``path`` may carry a query string)."""
+    route, _, query = path.partition("?")
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": route,
+        "raw_path": route.encode(),
+        "query_string": query.encode(),
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+    received = False
+    status = 0
+    chunks: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        if received:  # the request is whole: what follows is the client going away
+            await asyncio.Event().wait()
+        received = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = int(message["status"])
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return status, b"".join(chunks)

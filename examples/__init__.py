@@ -1,0 +1,1 @@
+"""Example applications built on condmsg (docs/async.md)."""

@@ -13,6 +13,7 @@ Tests use the standard library only (no pytest plugin): a sync test function cal
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 from collections.abc import Callable, Coroutine
@@ -79,6 +80,9 @@ def run_async(
         asyncio.get_running_loop().slow_callback_duration = slow_callback_s
         return await main
 
+    # A full collection of what earlier tests left would otherwise land in some callback
+    # of this loop and be taken for a stall of the code under test.
+    gc.collect()
     try:
         result = asyncio.run(checked(), debug=True)
     finally:

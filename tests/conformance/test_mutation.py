@@ -33,6 +33,36 @@ DEFECT_SCALE = 1.0
 NOT_JUDGED = ("before it was ready", "harness error")
 
 
+#: The defects both receivers offer under these names (docs/conformance.md).
+SHARED = frozenset(
+    {
+        "refuse-wrong-recipient",
+        "ignore-fail-once",
+        "ack-duplicates",
+        "ack-per-part",
+        "ack-second-transaction",
+        "no-header-validation",
+        "no-retry-pause",
+        "no-original-queue-header",
+        "wrong-sequence-id",
+        "read-mode",
+        "no-verify",
+        "no-cancel-out",
+        "deliver-duplicates",
+        "no-invalid-queue",
+        "never-give-up",
+        "no-sequence-timeout",
+        "ack-before-commit",
+        "wrong-ack-recipient",
+        "no-compensation",
+    }
+)
+RECEIVERS: dict[str, Callable[[], str]] = {
+    "python": lambda: PYTHON_RECEIVER,
+    "node": node_receiver,
+}
+
+
 def _defects(command: Callable[[], str]) -> list[str]:
     """The receiver's ``--list-defects``: one name a line, exit 0."""
     try:
@@ -49,15 +79,28 @@ def _defects(command: Callable[[], str]) -> list[str]:
 
 
 def _cases() -> list[object]:
-    receivers: dict[str, Callable[[], str]] = {
-        "python": lambda: PYTHON_RECEIVER,
-        "node": node_receiver,
-    }
     return [
         pytest.param(command, defect, id=f"{name}-{defect}")
-        for name, command in receivers.items()
+        for name, command in RECEIVERS.items()
         for defect in _defects(command)
     ]
+
+
+@pytest.mark.parametrize("name", RECEIVERS)
+def test_each_receiver_offers_the_shared_defects(name: str) -> None:
+    missing = SHARED - set(_defects(RECEIVERS[name]))
+    assert not missing, f"{name} lacks the defects {sorted(missing)}"
+
+
+def test_a_defect_the_python_receiver_does_not_know_is_a_usage_error() -> None:
+    done = subprocess.run(
+        [*shlex.split(PYTHON_RECEIVER), "--defect", "no-such-defect"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "invalid choice: 'no-such-defect'" in done.stderr
 
 
 @pytest.mark.parametrize(("command", "defect"), _cases())

@@ -141,3 +141,13 @@ def psycopg_conninfo(sa_url: str) -> str:
     import sqlalchemy as sa
 
     return sa.make_url(sa_url).set(drivername="postgresql").render_as_string(False)
+
+
+def delete_queues(amqp_url: str, queue: str, sender_name: str) -> None:
+    """Delete a benchmark's destination ``queue`` and the service queues of its sender."""
+    import pika  # here, so helpers that need no broker import no client
+
+    with pika.BlockingConnection(pika.URLParameters(amqp_url)) as connection:
+        channel = connection.channel()
+        for name in (queue, *(f"condmsg.{sender_name}.{k}" for k in ("ack", "outcome", "dead"))):
+            channel.queue_delete(name)

@@ -36,7 +36,9 @@ from condmsg.runtime.relaying import relay_for
 from condmsg.runtime.settings import DEFAULT_QUEUE_TYPE
 from condmsg.sending.async_broker import AsyncDeclarer
 from condmsg.sending.async_outcomes import async_outcome_notifications
+from condmsg.sending.group_commit import GroupCommit
 from condmsg.sending.outgoing import Outgoing
+from condmsg.sending.send_rows import SendRows
 from condmsg.sending.sender import (
     DEFAULT_PART_BYTES,
     Sender,
@@ -116,6 +118,7 @@ class AsyncSender:
         self._core: Sender | None = None
         self._starting = asyncio.Lock()
         self._handlers: dict[str, Handler] = {}
+        self._group = GroupCommit(self._write_own)
 
     @classmethod
     def from_env(cls, *, name: str, **overrides: Any) -> AsyncSender:
@@ -207,18 +210,25 @@ class AsyncSender:
         sphere: str | None = None,
     ) -> list[str]:
         """:meth:`Sender.send_many`, awaitable: all or nothing, in ``session``'s
-        transaction if given, else in one of their own."""
+        transaction if given. Else in a transaction shared with the sends awaited at the
+        same time (:mod:`~condmsg.sending.group_commit`): returns once it has committed."""
         core = await self._started()
         rows = core.prepare(messages, sphere=sphere)
         if not rows.cms:
             return []
         if self._declare:
             await self._declarer.destinations(rows.queues())
-        if session is None:
+        if session is None and sphere is None:
+            await self._group.add(rows)
+        elif session is None:
             await greenlet_spawn(core.write, rows, sphere=sphere)
         else:
             await session.run_sync(lambda s: core.write(rows, session=s, sphere=sphere))
         return rows.cm_ids()
+
+    async def _write_own(self, rows: SendRows) -> None:
+        """Write ``rows`` in a transaction of their own."""
+        await greenlet_spawn((await self._started()).write, rows)
 
     # -- outcomes -----------------------------------------------------------------------
 

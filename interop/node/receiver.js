@@ -115,13 +115,16 @@ async function enqueueAck(c, m, replyTo, readAt) {
 // --- the broker --------------------------------------------------------------------------
 let ch; let confirm; let pool;
 let returned = false; // set by the confirm channel's 'return' event (before the confirm)
+let lost = false; // a copy came back: the queue is to be declared again before the next
+const declareInvalid = () => confirm.assertQueue(INVALID, { durable: true, arguments: { 'x-queue-type': 'quorum' } });
 // protocol.md, "The invalid-message queue": the body and headers unchanged, four
 // properties kept, the reason added; mandatory, and acked only once the broker confirmed
-// the copy. A returned copy (the queue was deleted) throws: the process ends and the
-// message comes again, after the queue is declared anew at start.
+// the copy. A returned copy (the queue was deleted) throws: the message is not moved.
 async function toInvalid(props, body, reason, kept = true) {
   // DEFECT no-invalid-queue: an invalid message is to be moved, not dropped.
   if (broken('no-invalid-queue')) return;
+  if (lost) await declareInvalid();
+  lost = false;
   const headers = { ...(props.headers || {}), 'condmsg-reason': [...String(reason)].slice(0, 1000).join('') };
   // DEFECT no-original-queue-header: a delivery moved says which queue it came from.
   if (kept && !broken('no-original-queue-header')) headers['condmsg-original-queue'] = QUEUE;
@@ -131,10 +134,17 @@ async function toInvalid(props, body, reason, kept = true) {
     persistent: true, mandatory: true, headers, messageId, correlationId, replyTo, contentType,
   });
   await confirm.waitForConfirms();
+  lost = returned;
   if (returned) throw new Error(`the broker returned the copy to ${INVALID}`);
 }
+// A connection that fails while checked out also says so as an 'error' event, which would
+// end the process unheard; the failed query's own error is what counts. A connection that
+// failed is closed rather than returned to the pool.
+const quiet = () => {};
 async function inTx(work) {
   const c = await pool.connect();
+  c.on('error', quiet);
+  let failed;
   try {
     await c.query('BEGIN');
     const after = await work(c);
@@ -142,9 +152,11 @@ async function inTx(work) {
     return after;
   } catch (e) {
     await c.query('ROLLBACK').catch(() => {});
+    failed = e instanceof AppFailure ? undefined : e;
     throw e;
   } finally {
-    c.release();
+    c.off('error', quiet);
+    c.release(failed);
   }
 }
 
@@ -155,13 +167,19 @@ async function handle(d) {
   const readAt = new Date();
   let m;
   try {
-    m = judge(d, { secret: SECRET, recipient: RECIPIENT });
-  } catch (e) { // anything that fails while judging the one message condemns it alone
-    await toInvalid(d.properties, d.content, e.message);
-    return ch.ack(d);
+    try {
+      m = judge(d, { secret: SECRET, recipient: RECIPIENT });
+    } catch (e) { // anything that fails while judging the one message condemns it alone
+      await toInvalid(d.properties, d.content, e.message);
+      return ch.ack(d);
+    }
+    if (m !== null && m.seqId !== null) await storePart(d, m);
+    else if (await poisoned(d)) return undefined;
+  } catch (e) { // the store or the broker failed, not the message: it comes back, uncounted
+    console.error(`message ${d.properties.messageId} goes back to its queue: ${e.message}`);
+    return setTimeout(() => ch.nack(d, false, true), pauseAfter(1));
   }
-  if (m !== null && m.seqId !== null) return storePart(d, m);
-  if (await poisoned(d)) return;
+  if (m !== null && m.seqId !== null) return completeSequences();
   if (m === null) return settle(d, () => inTx((c) => app(c, d, 'plain', null, null, d.content)));
   return settle(d, () => deliver(m, d, d.content, d.properties.messageId || null, d.properties.replyTo, readAt));
 }
@@ -210,11 +228,13 @@ async function exhausted(q, key) {
 // A redelivered message that failed max_attempts times goes to the invalid-message queue.
 async function poisoned(d) {
   if (!d.fields.redelivered || !d.properties.messageId) return false;
-  const reason = await exhausted(pool, poisonKey(d.properties.messageId));
-  if (reason === null) return false;
-  await toInvalid(d.properties, d.content, reason);
-  ch.ack(d);
-  return true;
+  const moved = await inTx(async (c) => { // the count goes only once the copy is confirmed
+    const reason = await exhausted(c, poisonKey(d.properties.messageId));
+    if (reason !== null) await toInvalid(d.properties, d.content, reason);
+    return reason !== null;
+  });
+  if (moved) ch.ack(d);
+  return moved;
 }
 
 // One more failed attempt of the message counted under `key`, in a transaction of its own
@@ -249,7 +269,7 @@ async function settle(d, work) {
       setTimeout(() => ch.nack(d, false, true), pauseAfter(1)); // uncounted: the store's fault, or no id
       return;
     }
-    const attempts = await countFailure(key, e);
+    const attempts = await countFailure(key, e).catch(() => 1); // a store that fails counts nothing
     setTimeout(() => ch.nack(d, false, true), pauseAfter(attempts));
   }
 }
@@ -287,7 +307,6 @@ async function storePart(d, m) {
   // DEFECT ack-per-part: one ack goes out for the whole copy, none for a part.
   if (broken('ack-per-part')) await enqueueAck(pool, m, p.replyTo, new Date());
   ch.ack(d);
-  await completeSequences();
 }
 
 // Why the parts taken for a complete sequence do not make one whole, or null if they do:
@@ -348,9 +367,12 @@ async function takeSequence(c, seqId) {
 // There is no delivery to hold unacked, so the pause is this process's alone.
 const heldBack = new Map();
 
+// Looks for complete sequences after each part and every half second; a store that fails
+// meanwhile leaves them stored for the next look.
 async function completeSequences() {
   const { rows } = await pool.query(
-    'SELECT seq_id FROM condmsg_sequence_part WHERE queue = $1 GROUP BY seq_id, size HAVING count(*) = size LIMIT 10', [QUEUE]);
+    'SELECT seq_id FROM condmsg_sequence_part WHERE queue = $1 GROUP BY seq_id, size HAVING count(*) = size LIMIT 10', [QUEUE])
+    .catch((e) => { console.error(`cannot look for complete sequences: ${e.message}`); return { rows: [] }; });
   for (const { seq_id: seqId } of rows) {
     if ((heldBack.get(seqId) || 0) > Date.now()) continue;
     heldBack.delete(seqId);
@@ -358,7 +380,7 @@ async function completeSequences() {
     try {
       taken = await inTx((c) => takeSequence(c, seqId));
     } catch (e) { // rolled back: the parts stay stored
-      const attempts = e instanceof AppFailure ? await countFailure(poisonKey(seqId), e) : 1; // else the store's fault
+      const attempts = e instanceof AppFailure ? await countFailure(poisonKey(seqId), e).catch(() => 1) : 1;
       heldBack.set(seqId, Date.now() + pauseAfter(attempts));
       console.error(`sequence ${seqId} stays stored: ${e.message}`);
       continue;
@@ -433,13 +455,15 @@ async function main() {
     throw new Refused(`CONDMSG_DESTINATION_QUEUE_TYPE must be classic or quorum, not ${QUEUE_TYPE}`);
   }
   pool = new Pool({ connectionString: env.CONDMSG_PG_URL, max: 4 });
+  // An idle client whose server went away reports it here; the next query gets a new one.
+  pool.on('error', (e) => console.error(`an idle database connection failed: ${e.message}`));
   await checkStore();
   const conn = await amqp.connect(env.CONDMSG_AMQP_URL);
   await declareQueue(conn);
   ch = await conn.createChannel();
   confirm = await conn.createConfirmChannel();
   confirm.on('return', () => { returned = true; });
-  await confirm.assertQueue(INVALID, { durable: true, arguments: { 'x-queue-type': 'quorum' } });
+  await declareInvalid();
   await ch.prefetch(20);
   let chain = Promise.resolve(); // one message at a time, in arrival order
   const fatal = (e) => { console.error(e); process.exit(1); };
@@ -448,7 +472,8 @@ async function main() {
     chain = chain.then(() => handle(d)).catch(fatal);
   });
   const timer = setInterval(() => {
-    chain = chain.then(() => expireSequences()).then(() => completeSequences()).catch(fatal);
+    const expire = () => expireSequences().catch((e) => console.error(`cannot expire sequences: ${e.message}`));
+    chain = chain.then(expire).then(() => completeSequences()).catch(fatal);
   }, 500);
   const stop = () => { clearInterval(timer); chain.then(() => conn.close()).then(() => pool.end()).then(() => process.exit(0), fatal); };
   process.on('SIGTERM', stop);

@@ -160,6 +160,8 @@ async function inTx(work) {
   }
 }
 
+const isPart = (m) => m !== null && m.seqId !== null;
+
 // One delivery: judge it, hand it over in a transaction with its RLOG row and its ack,
 // commit, and only then ack it to RabbitMQ (a crash in between means a redelivery, which
 // the RLOG row drops).
@@ -173,13 +175,13 @@ async function handle(d) {
       await toInvalid(d.properties, d.content, e.message);
       return ch.ack(d);
     }
-    if (m !== null && m.seqId !== null) await storePart(d, m);
-    else if (await poisoned(d)) return undefined;
+    if (isPart(m)) await storePart(d, m);
+    else if (await poisoned(d)) return;
   } catch (e) { // the store or the broker failed, not the message: it comes back, uncounted
     console.error(`message ${d.properties.messageId} goes back to its queue: ${e.message}`);
     return setTimeout(() => ch.nack(d, false, true), pauseAfter(1));
   }
-  if (m !== null && m.seqId !== null) return completeSequences();
+  if (isPart(m)) return completeSequences();
   if (m === null) return settle(d, () => inTx((c) => app(c, d, 'plain', null, null, d.content)));
   return settle(d, () => deliver(m, d, d.content, d.properties.messageId || null, d.properties.replyTo, readAt));
 }

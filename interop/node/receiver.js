@@ -118,17 +118,18 @@ let returned = false; // set by the confirm channel's 'return' event (before the
 let lost = false; // a copy came back: the queue is to be declared again before the next
 const declareInvalid = () => confirm.assertQueue(INVALID, { durable: true, arguments: { 'x-queue-type': 'quorum' } });
 // protocol.md, "The invalid-message queue": the body and headers unchanged, four
-// properties kept, the reason added; mandatory, and acked only once the broker confirmed
-// the copy. A returned copy (the queue was deleted) throws: the message is not moved.
-async function toInvalid(props, body, reason, kept = true) {
+// properties kept (a message held in the store has only its headers), the reason and the
+// queue it came from added; mandatory, and acked only once the broker confirmed the copy.
+// A returned copy (the queue was deleted) throws: the message is not moved.
+async function toInvalid(props, body, reason, from = QUEUE) {
   // DEFECT no-invalid-queue: an invalid message is to be moved, not dropped.
   if (broken('no-invalid-queue')) return;
   if (lost) await declareInvalid();
   lost = false;
   const headers = { ...(props.headers || {}), 'condmsg-reason': [...String(reason)].slice(0, 1000).join('') };
-  // DEFECT no-original-queue-header: a delivery moved says which queue it came from.
-  if (kept && !broken('no-original-queue-header')) headers['condmsg-original-queue'] = QUEUE;
-  const { messageId, correlationId, replyTo, contentType } = kept ? props : {};
+  // DEFECT no-original-queue-header: a message moved says which queue it came from.
+  if (!broken('no-original-queue-header')) headers['condmsg-original-queue'] = from;
+  const { messageId, correlationId, replyTo, contentType } = props;
   returned = false;
   confirm.sendToQueue(INVALID, body, {
     persistent: true, mandatory: true, headers, messageId, correlationId, replyTo, contentType,
@@ -281,6 +282,7 @@ async function settle(d, work) {
 function jsonHeader(v) {
   if (Buffer.isBuffer(v)) return v.toString('utf8');
   if (Array.isArray(v)) return v.map(jsonHeader);
+  if (typeof v === 'number' && !Number.isFinite(v)) return String(v);
   if (v === null || typeof v !== 'object') return v;
   if (v['!'] === 'decimal') {
     const digits = String(v.value.digits).padStart(v.value.places + 1, '0');
@@ -302,12 +304,19 @@ function storedHeaders(json) {
 async function storePart(d, m) {
   const p = d.properties;
   const props = { content_type: p.contentType || null, message_id: p.messageId || null, correlation_id: p.correlationId || null, reply_to: p.replyTo || null };
-  await pool.query(
-    `INSERT INTO condmsg_sequence_part (seq_id, position, size, queue, headers_json, properties_json, body, received_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING`,
-    [m.seqId, m.pos, m.size, QUEUE, JSON.stringify(jsonHeader(p.headers)), JSON.stringify(props), d.content, new Date()]);
-  // DEFECT ack-per-part: one ack goes out for the whole copy, none for a part.
-  if (broken('ack-per-part')) await enqueueAck(pool, m, p.replyTo, new Date());
+  await inTx(async (c) => {
+    // A part whose whole was delivered or discarded already can never complete a sequence:
+    // a duplicate, dropped.
+    const taken = await c.query('SELECT 1 FROM condmsg_rlog WHERE cm_id = $1 AND destination = $2 AND message_id = $3',
+      [m.cmId, m.destination, m.seqId]);
+    if (taken.rowCount > 0) return;
+    await c.query(
+      `INSERT INTO condmsg_sequence_part (seq_id, position, size, queue, headers_json, properties_json, body, received_at)
+       VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING`,
+      [m.seqId, m.pos, m.size, QUEUE, JSON.stringify(jsonHeader(p.headers)), JSON.stringify(props), d.content, new Date()]);
+    // DEFECT ack-per-part: one ack goes out for the whole copy, none for a part.
+    if (broken('ack-per-part')) await enqueueAck(c, m, p.replyTo, new Date());
+  });
   ch.ack(d);
 }
 
@@ -332,13 +341,13 @@ function discord(seqId, parts) {
 async function takeSequence(c, seqId) {
   // The DELETE is the claim: a competing consumer blocks on the rows, then finds none.
   const parts = (await c.query(
-    'DELETE FROM condmsg_sequence_part WHERE seq_id = $1 RETURNING position, size, body, headers_json, properties_json', [seqId]))
+    'DELETE FROM condmsg_sequence_part WHERE seq_id = $1 RETURNING position, size, queue, body, headers_json, properties_json', [seqId]))
     .rows.sort((a, b) => a.position - b.position);
   if (parts.length === 0) return null; // another consumer took it
   const disagree = discord(seqId, parts);
   if (disagree !== null) {
     for (const r of parts) {
-      await toInvalid({ headers: storedHeaders(r.headers_json) }, r.body, `${disagree}; this is part ${r.position + 1} of ${r.size}`, false);
+      await toInvalid({ headers: storedHeaders(r.headers_json) }, r.body, `${disagree}; this is part ${r.position + 1} of ${r.size}`, r.queue);
     }
     return null;
   }
@@ -354,12 +363,12 @@ async function takeSequence(c, seqId) {
     m = parse(d, { secret: SECRET, recipient: RECIPIENT });
     checkPayload(body, props.content_type);
   } catch (e) {
-    await toInvalid({ headers }, body, e.message, false);
+    await toInvalid({ headers }, body, e.message, parts[0].queue);
     return null;
   }
   const poison = await exhausted(c, poisonKey(seqId)); // its failed attempts go by its sequence id
   if (poison !== null) {
-    await toInvalid({ headers }, body, poison, false);
+    await toInvalid({ headers }, body, poison, parts[0].queue);
     return null;
   }
   return (await deliverIn(c, m, d, body, seqId, props.reply_to, readAt)) ? { m, replyTo: props.reply_to, readAt } : null;
@@ -398,10 +407,10 @@ async function expireSequences() {
   await inTx(async (c) => {
     const { rows } = await c.query(
       `DELETE FROM condmsg_sequence_part WHERE seq_id IN (SELECT seq_id FROM condmsg_sequence_part GROUP BY seq_id, size
-         HAVING min(received_at) < $1 AND count(*) < size) RETURNING seq_id, position, size, body, headers_json`, [cutoff]);
+         HAVING min(received_at) < $1 AND count(*) < size) RETURNING seq_id, position, size, queue, body, headers_json`, [cutoff]);
     for (const r of rows) { // published before the DELETE commits: a crash duplicates, never loses
       const reason = `incomplete sequence ${r.seq_id}: part ${r.position + 1} of ${r.size}, others missing after ${SEQ_TIMEOUT_MS} ms`;
-      await toInvalid({ headers: storedHeaders(r.headers_json) }, r.body, reason, false);
+      await toInvalid({ headers: storedHeaders(r.headers_json) }, r.body, reason, r.queue);
     }
   });
 }

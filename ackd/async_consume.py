@@ -1,0 +1,213 @@
+"""``AsyncReceiver.consume``: the sync consume loop's contract (:mod:`ackd.reader`) on an
+aio-pika consumer, each delivery judged, decided and settled by the sync receiver's code
+in a greenlet, the app's async handler awaited inside the transaction.
+
+An outage of the store or of RabbitMQ ends the broker consumer (what it held goes back to
+the queue), waits with backoff (``asyncio.sleep``: the loop goes on) until the one that
+failed answers again, and starts a new consumer; the time it lasts is not idle time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+from sqlalchemy.util import greenlet_spawn
+
+from ackd.async_broker import AsyncBroker, InboxItem
+from ackd.broker import Delivery
+from ackd.message import Message
+from ackd.outage import StoreUnavailable
+from condmsg.core.errors import BrokerAuthError, BrokerError
+from condmsg.runtime.pausing import FIRST_RETRY_S, MAX_RETRY_S, Pause
+from condmsg.sending.async_broker import CONNECTION_ERRORS
+from outbox.backoff import Backoff
+
+if TYPE_CHECKING:
+    from ackd.async_receiver import AsyncHandler, AsyncReceiver, _Core
+
+log = logging.getLogger("ackd.reader")
+
+#: How long the consumer waits for a delivery before an idle tick (seconds): owed acks
+#: go out, held-back deliveries are given back, ``stop`` and the idle timeout are seen.
+TICK_S = 0.1
+
+
+@dataclass(slots=True)
+class ConsumeRun:
+    """One ``consume()`` call: what it hands the handler, when it ends, and its progress
+    (kept across the broker consumers an outage makes it start anew)."""
+
+    queue: str
+    handler: AsyncHandler
+    transactional: bool
+    max_messages: int | None
+    idle_timeout_s: float | None
+    stop: asyncio.Event | None
+    handled: int = 0
+    #: When the handler last got a message (``time.monotonic()``).
+    last: float = field(default_factory=time.monotonic)
+
+    def stopped(self) -> bool:
+        if self.stop is not None and self.stop.is_set():
+            return True
+        return self.max_messages is not None and self.handled >= self.max_messages
+
+    def took_one(self) -> None:
+        self.handled += 1
+        self.last = time.monotonic()
+
+
+class AsyncConsumer:
+    """Runs one ``consume()`` of an :class:`~ackd.async_receiver.AsyncReceiver`."""
+
+    def __init__(self, receiver: AsyncReceiver, core: _Core) -> None:
+        self._receiver = receiver
+        self._core = core
+        self._broker = core.broker
+
+    async def run(self, run: ConsumeRun, prefetch: int) -> int:
+        activity = f"consuming {run.queue!r}"
+        store = Pause(log, activity, "the receiver store")
+        broker = Pause(log, activity, "RabbitMQ")
+        backoff = Backoff(FIRST_RETRY_S, MAX_RETRY_S)
+        while not run.stopped():
+            try:
+                if await self._consume_stream(run, prefetch, broker.ended):
+                    break
+            except StoreUnavailable as exc:
+                store.failed(exc)
+                if not await self._until_store_answers(store, backoff, run):
+                    break
+                backoff.reset()
+            except BrokerAuthError:
+                raise  # a wrong user or vhost: waiting does not mend it
+            except (BrokerError, *CONNECTION_ERRORS) as exc:
+                await greenlet_spawn(self._broker.close)  # RabbitMQ requeues what it held
+                broker.failed(exc)
+                if not await _sleep(backoff.next_delay(), run.stop):
+                    break
+            run.last = time.monotonic()
+        return run.handled
+
+    async def _until_store_answers(self, pause: Pause, backoff: Backoff, run: ConsumeRun) -> bool:
+        while await _sleep(backoff.next_delay(), run.stop):
+            try:
+                async with self._receiver.transaction() as tx:
+                    await tx.session.execute(sa.text("SELECT 1"))
+            except Exception as exc:
+                pause.failed(exc)
+            else:
+                pause.ended()
+                return True
+        return False
+
+    async def _consume_stream(
+        self, run: ConsumeRun, prefetch: int, working: Callable[[], None]
+    ) -> bool:
+        """Consume with one broker consumer until done (True) or an outage (raised)."""
+        inbox: asyncio.Queue[InboxItem] = asyncio.Queue()
+        await greenlet_spawn(self._broker.start_consuming, run.queue, prefetch, inbox.put_nowait)
+        working()
+        sequences = self._core._reader._sequences
+        try:
+            while not run.stopped():
+                item = await _next(inbox)
+                if isinstance(item, BaseException):
+                    raise BrokerError(f"lost the connection to RabbitMQ: {item}") from item
+                await greenlet_spawn(sequences.expire_incomplete)  # rate-limited
+                if item is None:
+                    await greenlet_spawn(_idle_tick, self._broker)
+                    if self._core._reader._ctx.pending.maybe_complete:
+                        if await self._handle(run, None):
+                            run.took_one()
+                    elif (
+                        run.idle_timeout_s is not None
+                        and self._core._reader._idle_for(run.last) > run.idle_timeout_s
+                    ):
+                        return True
+                    continue
+                await greenlet_spawn(self._broker.received, item)
+                if await self._handle(run, item):
+                    run.took_one()
+            return True
+        finally:
+            # Shielded: a cancelled consume still cancels its consumer and settles.
+            with suppress(BrokerError, *CONNECTION_ERRORS):
+                await asyncio.shield(greenlet_spawn(self._broker.stop_consuming))
+
+    async def _handle(self, run: ConsumeRun, delivery: Delivery | None) -> bool:
+        """Hand the delivery (None: a complete sequence from the store) to the handler;
+        whether the handler got a message."""
+        core = self._core
+        take = (
+            (lambda tx: core._reader._acceptance.accept(delivery, tx))
+            if delivery is not None
+            else (lambda tx: core._reader._sequences.deliver_complete(run.queue, tx))
+        )
+        message: Message | None
+        if not run.transactional:
+            try:
+                message = await greenlet_spawn(take, None)
+            except Exception as exc:
+                await greenlet_spawn(core._reader._raise_if_store_lost, exc, delivery)
+                raise
+            if message is not None:
+                try:
+                    await run.handler(message, None)
+                except Exception:
+                    # Acked before the handler ran, as a non-transactional get is.
+                    log.exception("handler failed on a non-transactional message")
+            return message is not None
+        try:
+            async with self._receiver.transaction() as tx:
+                message = await greenlet_spawn(take, tx.sync)
+                if message is not None:
+                    await run.handler(message, tx.session)
+        except Exception as exc:
+            await greenlet_spawn(core._reader._raise_if_store_lost, exc, delivery)
+            if isinstance(exc, (BrokerError, *CONNECTION_ERRORS)):
+                raise  # the broker failed, not the message: consuming pauses and reconnects
+            if delivery is None:
+                log.exception("processing a reassembled sequence failed; it stays stored")
+            else:
+                log.exception(
+                    "processing message %s from %r failed; it is tried again after its backoff",
+                    delivery.properties.message_id,
+                    delivery.queue,
+                )
+            return False
+        return message is not None
+
+
+async def _next(inbox: asyncio.Queue[InboxItem]) -> InboxItem | None:
+    """The next item of ``inbox``, or None after :data:`TICK_S` without one."""
+    try:
+        return inbox.get_nowait()  # no timer while deliveries keep coming
+    except asyncio.QueueEmpty:
+        pass
+    try:
+        return await asyncio.wait_for(inbox.get(), TICK_S)
+    except TimeoutError:
+        return None
+
+
+def _idle_tick(broker: AsyncBroker) -> None:
+    broker.release_due()
+    broker.flush_acks()
+
+
+async def _sleep(seconds: float, stop: asyncio.Event | None) -> bool:
+    """Sleep ``seconds``, cut short by ``stop``; False if stopped."""
+    if stop is None:
+        await asyncio.sleep(seconds)
+        return True
+    with suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return not stop.is_set()

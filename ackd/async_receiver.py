@@ -1,0 +1,303 @@
+"""``AsyncReceiver``: the :class:`~ackd.receiver.Receiver` for asyncio applications.
+
+One correctness core: everything that judges a delivery and decides what becomes of it
+(validation, the RLOG claim and cancel-out, Message Sequences, failed attempts, the ack
+rows, commit and rollback with their acks) is the sync receiver's own code, run unchanged
+in a greenlet on the event loop's thread (SQLAlchemy's ``greenlet_spawn``, as
+``AsyncSession.run_sync`` does). Only the I/O differs: each database round trip awaits
+the async driver (psycopg's ``AsyncConnection``, aiosqlite) through SQLAlchemy's asyncio
+extension, and each broker call awaits aio-pika (:class:`~ackd.async_broker.AsyncBroker`).
+No thread, no second SQL, and the event loop serves other tasks during every round trip.
+
+On an async connection the store's portable adapter applies: the psycopg fast path
+(:mod:`ackd.fastpath`) drives psycopg's blocking connection, which an async engine does
+not have (:func:`outbox.backends.uses_psycopg`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import replace
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.util import greenlet_spawn
+
+from ackd.async_broker import AsyncBroker
+from ackd.message import Message
+from ackd.outage import StoreUnavailable
+from ackd.receiver import Receiver
+from ackd.receiver_config import ReceiverConfig
+from ackd.receiver_store_psycopg import PsycopgReceiverStore
+from ackd.transaction import ReceiverTransaction
+from condmsg.core.errors import ConfigError
+from condmsg.core.timeutil import utcnow
+from condmsg.sending.async_sender import make_async_engine
+
+__all__ = ["AsyncHandler", "AsyncReceiver", "AsyncReceiverTransaction"]
+
+#: ``await handler(message, session)``: ``session`` is the transaction's ``AsyncSession``
+#: (its writes commit with the COMMIT ack), None for a non-transactional consumer.
+AsyncHandler = Callable[[Message, AsyncSession | None], Awaitable[None]]
+
+
+class _Core(Receiver):
+    """The sync receiver on the async engine's sync facade, its broker the aio-pika one.
+    Built, and used, only inside greenlets (see the module's docstring)."""
+
+    def _assemble(self, clock: Callable[[], datetime]) -> None:
+        if isinstance(self.store, PsycopgReceiverStore):
+            raise ConfigError("the async receiver takes the portable store adapter")
+        self._broker = AsyncBroker(
+            self.config.amqp_url,
+            name=f"condmsg-receiver-{self.recipient}",
+            invalid_queue=self.config.invalid_queue,
+        )
+        super()._assemble(clock)
+
+    def _store_lost(self, exc: BaseException) -> bool:
+        # A cancelled task (a shutdown, a timeout around the app's code) is no fault of
+        # the message either: what its transaction took goes back at once, uncounted,
+        # exactly as on an outage of the store.
+        return isinstance(exc, asyncio.CancelledError) or super()._store_lost(exc)
+
+    @property
+    def broker(self) -> AsyncBroker:
+        assert isinstance(self._broker, AsyncBroker)
+        return self._broker
+
+
+class AsyncReceiverTransaction:
+    """One transactional read scope: ``session`` is the app's ``AsyncSession``, ``read``
+    takes messages within its transaction."""
+
+    def __init__(self, receiver: AsyncReceiver, session: AsyncSession, tx: ReceiverTransaction):
+        self.session = session
+        self._receiver = receiver
+        #: The sync receiver's scope on the session's sync facade: what settles.
+        self.sync = tx
+
+    async def read(self, queue: str, timeout: float = 5.0) -> Message | None:
+        """The next message of ``queue`` within this transaction, or None on timeout."""
+        return await self._receiver._poll(queue, timeout, self.sync)
+
+
+class AsyncReceiver:
+    """The receiving side for one final recipient identity, for asyncio applications:
+    the arguments and guarantees of :class:`~ackd.receiver.Receiver`, every call
+    awaitable. ``engine`` is an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` on the
+    receiver store (else one is made from ``db_url``); ``transaction(session=...)`` takes
+    an ``AsyncSession`` on it.
+
+    Use it as ``async with AsyncReceiver(...) as receiver:`` (or ``await
+    receiver.start()`` and ``await receiver.close()``): starting checks the store's
+    schema without blocking the loop.
+    """
+
+    def __init__(
+        self,
+        config: ReceiverConfig | None = None,
+        *,
+        recipient: str,
+        engine: AsyncEngine | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        registry: CollectorRegistry | None = None,
+        **settings: Any,
+    ) -> None:
+        config = ReceiverConfig(**settings) if config is None else replace(config, **settings)
+        if engine is None and config.db_url is None:
+            raise ConfigError("AsyncReceiver needs db_url (CONDMSG_DB_URL) or an engine")
+        self.config = config
+        self.recipient = recipient
+        self._owns_engine = engine is None
+        self.engine = engine if engine is not None else make_async_engine(str(config.db_url))
+        self._clock = clock
+        self._registry = registry
+        self._core: _Core | None = None
+        self._starting = asyncio.Lock()
+        #: The connection this receiver's own transactions run on (a database server's).
+        self._kept: AsyncConnection | None = None
+
+    # -- life ---------------------------------------------------------------------------
+
+    async def start(self) -> AsyncReceiver:
+        await self._started()
+        return self
+
+    async def close(self) -> None:
+        """Close the broker connection (owed acks sent, held-back deliveries given back),
+        the kept connection, and the engine if the receiver made it."""
+        core = self._core
+        if core is not None:
+            await greenlet_spawn(core.broker.close)
+        await self._drop_kept()
+        if self._owns_engine:
+            await self.engine.dispose()
+
+    async def __aenter__(self) -> AsyncReceiver:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _started(self) -> _Core:
+        if self._core is not None:
+            return self._core
+        async with self._starting:
+            if self._core is None:
+                # The schema check and the ack watch's first look await the async driver.
+                self._core = await greenlet_spawn(
+                    _Core,
+                    self.config,
+                    recipient=self.recipient,
+                    engine=self.engine.sync_engine,
+                    clock=self._clock,
+                    registry=self._registry,
+                )
+        return self._core
+
+    @property
+    def receiver_id(self) -> str:
+        if self._core is None:
+            raise ConfigError("the async receiver has not started yet")
+        return self._core.receiver_id
+
+    @property
+    def stats(self) -> Any:
+        """The counters of :class:`~ackd.context.ReceiverStats` (after the start)."""
+        if self._core is None:
+            raise ConfigError("the async receiver has not started yet")
+        return self._core.stats
+
+    # -- reading ------------------------------------------------------------------------
+
+    async def read(self, queue: str, timeout: float = 5.0) -> Message | None:
+        """The next message of ``queue`` (non-transactional: READ ack), None on timeout."""
+        await self._check_acks()
+        return await self._poll(queue, timeout, None)
+
+    @asynccontextmanager
+    async def transaction(
+        self, session: AsyncSession | None = None
+    ) -> AsyncIterator[AsyncReceiverTransaction]:
+        """``async with receiver.transaction(session=...) as tx``: commits on a clean exit
+        (then acks), rolls back and requeues on an exception; a cancelled task gives what
+        it took back at once, uncounted. ``session`` is the app's ``AsyncSession`` on the
+        receiver store (else one of the receiver's own): the app's writes, the RLOG rows
+        and the COMMIT acks commit together."""
+        core = await self._check_acks()
+        owned = session is None
+        if session is None:
+            try:
+                session = AsyncSession(await self._bind())
+            except sa.exc.SQLAlchemyError as exc:
+                await self._drop_kept()
+                raise core._unavailable(exc) from exc
+        tx = ReceiverTransaction(session.sync_session, core._reader.next_message)
+        try:
+            yield AsyncReceiverTransaction(self, session, tx)
+        except BaseException as exc:
+            await greenlet_spawn(core._settlement.rollback, tx, exc)
+            self._raise_if_lost(core, exc)
+            raise
+        else:
+            try:
+                await greenlet_spawn(core._settlement.commit, tx)
+            except Exception as exc:
+                self._raise_if_lost(core, exc)
+                raise
+        finally:
+            if owned:
+                await session.close()
+
+    def _raise_if_lost(self, core: _Core, exc: BaseException) -> None:
+        lost = isinstance(exc, Exception) and not isinstance(exc, StoreUnavailable)
+        if lost and core._store_lost(exc):
+            self._kept_lost()
+            raise core._unavailable(exc) from exc
+
+    async def _poll(
+        self, queue: str, timeout: float, tx: ReceiverTransaction | None
+    ) -> Message | None:
+        """The sync reader's one look (``timeout`` 0: the store's complete sequences, then
+        one ``basic.get``), repeated between asyncio sleeps until ``timeout`` passes."""
+        core = await self._started()
+        deadline = time.monotonic() + timeout
+        while True:
+            message = await greenlet_spawn(core._reader.next_message, queue, 0.0, tx)
+            if message is not None:
+                return message
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            await asyncio.sleep(min(self.config.poll_interval_s, remaining))
+
+    async def _check_acks(self) -> _Core:
+        core = await self._started()
+        await greenlet_spawn(core.ack_watch.check)
+        return core
+
+    # -- the kept connection ------------------------------------------------------------
+
+    async def _bind(self) -> AsyncEngine | AsyncConnection:
+        """On a database server one connection this receiver keeps for its own
+        transactions, not a pool checkout per message (as the sync receiver's)."""
+        core = await self._started()
+        if not core._traits.keep_connection:
+            return self.engine
+        kept = self._kept
+        if kept is None or kept.closed or kept.invalidated:
+            await self._drop_kept()
+            kept = self._kept = await self.engine.connect()
+        return kept
+
+    def _kept_lost(self) -> None:
+        """The store failed: the next transaction opens a new connection (the old one
+        may be broken without SQLAlchemy knowing)."""
+        kept = self._kept
+        if kept is not None and kept.sync_connection is not None and not kept.invalidated:
+            with suppress(Exception):
+                kept.sync_connection.invalidate()
+
+    async def _drop_kept(self) -> None:
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            with suppress(Exception):
+                await kept.close()
+
+    # -- consuming ----------------------------------------------------------------------
+
+    async def consume(
+        self,
+        queue: str,
+        handler: AsyncHandler,
+        *,
+        transactional: bool = True,
+        prefetch: int = 50,
+        max_messages: int | None = None,
+        idle_timeout_s: float | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> int:
+        """Handle messages of ``queue`` until ``stop`` is set, ``max_messages`` were
+        handled or nothing came for ``idle_timeout_s``; returns how many the handler got.
+        The contract of :meth:`Receiver.consume`, with an async handler:
+        ``await handler(message, session)`` gets the transaction's ``AsyncSession`` when
+        ``transactional``, else None. Cancelling the task stops it too: the message in
+        hand is rolled back and given back uncounted, the prefetched ones are requeued.
+        """
+        from ackd.async_consume import AsyncConsumer, ConsumeRun
+
+        run = ConsumeRun(queue, handler, transactional, max_messages, idle_timeout_s, stop)
+        return await AsyncConsumer(self, await self._started()).run(run, prefetch)

@@ -1,0 +1,214 @@
+"""AsyncReceiver on the real RabbitMQ and PostgreSQL / SQLite: reads, transactions with the
+app's AsyncSession, the consume loop, cancellation; every test under the stall check."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.util import greenlet_spawn
+
+from ackd import AsyncReceiver, Message
+from ackd.tables import RlogState, poison, rlog
+from condmsg.core.protocol import MessageKind
+from outbox.table import outbox_table
+from tests.async_helpers import run_async
+
+from .condmsg_helpers import SECRET, get_all, publish_compensation, publish_original
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
+
+app_metadata = sa.MetaData()
+orders = sa.Table(
+    "t_async_orders",
+    app_metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("cm_id", sa.String(36), nullable=False),
+)
+
+
+def async_receiver(amqp_url: str, db_url: str, unique_name: str, **options: Any) -> AsyncReceiver:
+    """An async receiver of the test (its invalid queue the test's own)."""
+    options.setdefault("invalid_queue", f"{unique_name}.invalid")
+    return AsyncReceiver(
+        amqp_url=amqp_url,
+        db_url=db_url,
+        recipient="alice",
+        secret=SECRET,
+        create_schema=True,
+        **options,
+    )
+
+
+async def _started(receiver: AsyncReceiver, queue: str) -> None:
+    await receiver.start()
+    async with receiver.engine.begin() as conn:
+        await conn.run_sync(app_metadata.create_all)
+    await declare(receiver, queue)
+
+
+async def declare(receiver: AsyncReceiver, queue: str) -> None:
+    """Declare ``queue`` as the receiver declares its queues."""
+    core = await receiver._started()
+    await greenlet_spawn(core.broker.ensure_queue, queue)
+
+
+async def _count(receiver: AsyncReceiver, table: sa.Table) -> int:
+    async with receiver.engine.connect() as conn:
+        return int((await conn.execute(sa.select(sa.func.count()).select_from(table))).scalar_one())
+
+
+def test_a_transaction_on_the_apps_async_session_commits_rows_rlog_and_ack(
+    db_url: str, amqp_url: str, unique_name: str, channel: Any
+) -> None:
+    queue = f"{unique_name}.q"
+
+    async def main() -> None:
+        async with async_receiver(amqp_url, db_url, unique_name) as receiver:
+            await _started(receiver, queue)
+            cm_id = publish_original(channel, queue)
+            session = AsyncSession(receiver.engine)
+            async with session, receiver.transaction(session=session) as tx:
+                message = await tx.read(queue, timeout=5)
+                assert message is not None and message.cm_id == cm_id
+                await session.execute(sa.insert(orders).values(cm_id=cm_id))
+            assert await _count(receiver, orders) == 1
+            assert await _count(receiver, outbox_table()) == 1  # the COMMIT ack
+            async with receiver.engine.connect() as conn:
+                states = (await conn.execute(sa.select(rlog.c.state))).scalars().all()
+            assert states == [RlogState.CONSUMED]
+            assert await receiver.read(queue, timeout=0.3) is None  # acked
+
+    run_async(main())
+
+
+def test_a_failed_transaction_rolls_back_and_the_message_comes_back(
+    db_url: str, amqp_url: str, unique_name: str, channel: Any
+) -> None:
+    queue = f"{unique_name}.q"
+
+    async def main() -> None:
+        async with async_receiver(amqp_url, db_url, unique_name) as receiver:
+            await _started(receiver, queue)
+            cm_id = publish_original(channel, queue)
+
+            async def fail() -> None:
+                async with receiver.transaction() as tx:
+                    assert await tx.read(queue, timeout=5) is not None
+                    await tx.session.execute(sa.insert(orders).values(cm_id=cm_id))
+                    raise RuntimeError("app failed")
+
+            with pytest.raises(RuntimeError, match="app failed"):
+                await fail()
+            assert await _count(receiver, orders) == 0
+            assert await _count(receiver, outbox_table()) == 0
+            assert await _count(receiver, poison) == 1  # one failed attempt counted
+            async with receiver.transaction() as tx:  # back after its backoff (200 ms)
+                again = await tx.read(queue, timeout=5)
+            assert again is not None and again.cm_id == cm_id and again.redelivered
+
+    run_async(main())
+
+
+def test_a_non_transactional_read_writes_its_read_ack_first(
+    db_url: str, amqp_url: str, unique_name: str, channel: Any
+) -> None:
+    queue = f"{unique_name}.q"
+
+    async def main() -> None:
+        async with async_receiver(amqp_url, db_url, unique_name) as receiver:
+            await _started(receiver, queue)
+            assert await receiver.read(queue, timeout=0.2) is None
+            cm_id = publish_original(channel, queue)
+            message = await receiver.read(queue, timeout=5)
+            assert message is not None and message.cm_id == cm_id
+            assert await _count(receiver, outbox_table()) == 1
+
+    run_async(main())
+
+
+def test_consume_hands_each_message_once_and_moves_the_invalid_one(
+    db_url: str, amqp_url: str, unique_name: str, channel: Any
+) -> None:
+    queue = f"{unique_name}.q"
+    cm_ids: list[str] = []
+
+    async def main() -> list[tuple[str | None, MessageKind | None]]:
+        got: list[tuple[str | None, MessageKind | None]] = []
+
+        async def handler(message: Message, session: AsyncSession | None) -> None:
+            assert session is not None
+            await session.execute(sa.insert(orders).values(cm_id=message.cm_id))
+            await asyncio.sleep(0)  # the app's own awaits
+            got.append((message.cm_id, message.kind))
+            if len(got) == 5:
+                publish_compensation(
+                    channel,
+                    queue=queue,
+                    cm_id=cm_ids[0],
+                    destination=queue,
+                    sender="s",
+                    body=b"undo",
+                )
+
+        async with async_receiver(amqp_url, db_url, unique_name) as receiver:
+            await _started(receiver, queue)
+            cm_ids.extend(publish_original(channel, queue) for _ in range(5))
+            channel.basic_publish("", queue, b"x", _bad_headers())
+            handled = await receiver.consume(queue, handler, max_messages=6, prefetch=4)
+            assert handled == 6
+            assert await _count(receiver, orders) == 6
+        return got
+
+    got = run_async(main())
+    assert sorted(str(c) for c, k in got if k is MessageKind.ORIGINAL) == sorted(cm_ids)
+    assert [c for c, k in got if k is MessageKind.COMPENSATION] == [cm_ids[0]]
+    invalid = get_all(channel, f"{unique_name}.invalid")
+    assert len(invalid) == 1
+    assert channel.queue_declare(queue, passive=True).method.message_count == 0
+
+
+def test_cancelling_consume_gives_the_message_in_hand_back_uncounted(
+    pg_url: str, amqp_url: str, unique_name: str, channel: Any
+) -> None:
+    queue = f"{unique_name}.q"
+
+    async def main() -> None:
+        in_handler = asyncio.Event()
+
+        async def handler(message: Message, session: AsyncSession | None) -> None:
+            assert session is not None
+            await session.execute(sa.insert(orders).values(cm_id=message.cm_id))
+            in_handler.set()
+            await asyncio.Event().wait()  # until cancelled
+
+        async with async_receiver(amqp_url, pg_url, unique_name) as receiver:
+            await _started(receiver, queue)
+            cm_id = publish_original(channel, queue)
+            task = asyncio.create_task(receiver.consume(queue, handler))
+            await asyncio.wait_for(in_handler.wait(), 10)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await _count(receiver, orders) == 0
+            assert await _count(receiver, poison) == 0  # not the message's fault
+            async with receiver.transaction() as tx:
+                again = await tx.read(queue, timeout=5)
+            assert again is not None and again.cm_id == cm_id
+
+    run_async(main())
+
+
+def _bad_headers() -> Any:
+    import pika
+
+    from condmsg.core import protocol
+
+    headers: dict[str, Any] = {
+        protocol.H_VERSION: protocol.PROTOCOL_VERSION,
+        protocol.H_KIND: "gossip",
+    }
+    return pika.BasicProperties(headers=headers, message_id="bad-1")

@@ -16,6 +16,7 @@ goes through one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,11 @@ from condmsg.runtime.topology import QUORUM, destination_arguments
 from condmsg.sending.async_broker import CONNECTION_ERRORS, connect
 
 log = logging.getLogger(__name__)
+
+#: What settling a delivery can raise. Only the channel can fail an ack or a nack, and a
+#: frame written as the connection goes fails with whatever aiormq's writer was told
+#: (a bare ``Exception`` among them): the delivery comes again, and the RLOG drops it.
+SETTLE_ERRORS = (Exception,)
 
 #: What a consumer's inbox holds: a delivery, or the error that ended the connection.
 InboxItem = Delivery | BaseException
@@ -222,7 +228,7 @@ class AsyncBroker(Broker):
                     self._unsettled.discard(tag)
                     del self._messages[tag]
                     await_only(message.nack(requeue=True))
-        except CONNECTION_ERRORS:
+        except SETTLE_ERRORS:
             self.close()
 
     # -- settling -----------------------------------------------------------------------
@@ -242,7 +248,7 @@ class AsyncBroker(Broker):
                 await_only(message.ack())
             else:
                 await_only(message.nack(requeue=requeue))
-        except CONNECTION_ERRORS:
+        except SETTLE_ERRORS:
             self.close()
 
     def flush_acks(self) -> None:
@@ -263,7 +269,7 @@ class AsyncBroker(Broker):
             for message in messages[covered:]:
                 if message is not None:
                     await_only(message.ack())
-        except CONNECTION_ERRORS:
+        except SETTLE_ERRORS:
             self.close()
 
     def _publish_to_invalid_queue(self, body: bytes, properties: pika.BasicProperties) -> None:
@@ -290,10 +296,19 @@ class AsyncBroker(Broker):
                     message, self.invalid_queue, mandatory=True
                 )
             )
-        except (aio_pika.exceptions.DeliveryError, *CONNECTION_ERRORS) as exc:
+        except Exception as exc:
             channel, self._aio_confirm = self._aio_confirm, None
+            # A frame written as the connection goes fails with whatever aiormq's writer
+            # was told; anything else with the channel still open is the message's own
+            # (its headers, say), which must not pass for an outage.
+            lost = channel is None or channel.is_closed or not self._channel_open()
+            if not lost and not isinstance(
+                exc, (aio_pika.exceptions.DeliveryError, *CONNECTION_ERRORS)
+            ):
+                raise
             if channel is not None and not channel.is_closed:
-                await_only(channel.close())
+                with contextlib.suppress(Exception):
+                    await_only(channel.close())
             raise BrokerError(
                 f"publishing to the invalid-message queue {self.invalid_queue!r} failed: {exc!r}"
             ) from exc

@@ -76,3 +76,32 @@ def store_proxy(pg_engine_url: str) -> Iterator[TcpProxy]:
     proxy.up()
     yield proxy
     proxy.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def make_either_receiver(
+    request: pytest.FixtureRequest, make_receiver: Callable[..., Receiver]
+) -> Iterator[Callable[..., Any]]:
+    """``make_receiver``, run once with the sync ``Receiver`` and once with the
+    ``AsyncReceiver`` behind the same calls (:mod:`.receiver_kinds`), for fault tests
+    whose body holds for both."""
+    drivers: list[Any] = []
+
+    def factory(db_url: str, recipient: str = "alice", **options: Any) -> Any:
+        receiver = make_receiver(db_url, recipient, **options)
+        if request.param == "sync":
+            return receiver
+        from ackd import AsyncReceiver
+
+        from .receiver_kinds import AsyncReceiverDriver
+
+        clock = {"clock": options["clock"]} if "clock" in options else {}
+        driver = AsyncReceiverDriver(
+            receiver, AsyncReceiver(receiver.config, recipient=receiver.recipient, **clock)
+        )
+        drivers.append(driver)
+        return driver
+
+    yield factory
+    for driver in drivers:
+        driver.close()

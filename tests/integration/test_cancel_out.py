@@ -17,9 +17,9 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
 
 def test_compensation_after_the_read_reaches_the_app_once(
-    db_url: str, unique_name: str, make_receiver: Any, channel: Any
+    db_url: str, unique_name: str, make_either_receiver: Any, channel: Any
 ) -> None:
-    receiver = make_receiver(db_url)
+    receiver = make_either_receiver(db_url)
     queue = f"{unique_name}.q"
     receiver._broker.ensure_queue(queue)
     cm_id = str(uuid.uuid4())
@@ -39,9 +39,9 @@ def test_compensation_after_the_read_reaches_the_app_once(
 
 
 def test_compensation_before_the_read_cancels_both(
-    db_url: str, unique_name: str, make_receiver: Any, channel: Any
+    db_url: str, unique_name: str, make_either_receiver: Any, channel: Any
 ) -> None:
-    receiver = make_receiver(db_url)
+    receiver = make_either_receiver(db_url)
     queue = f"{unique_name}.q"
     receiver._broker.ensure_queue(queue)
     cm_id = str(uuid.uuid4())
@@ -55,12 +55,14 @@ def test_compensation_before_the_read_cancels_both(
 
 
 def test_cancel_out_race_between_competing_consumers(
-    pg_url: str, unique_name: str, make_receiver: Any, channel: Any
+    pg_url: str, unique_name: str, make_either_receiver: Any, channel: Any
 ) -> None:
     """Two transactional consumers compete for a queue; every trial is steered to one of
     the race's endings (see ``cancel_out_race``) and the app must see exactly that story."""
     queue = f"{unique_name}.q"
-    consumers = [make_receiver(pg_url, f"controller-{i}", poll_interval_s=0.005) for i in (1, 2)]
+    consumers = [
+        make_either_receiver(pg_url, f"controller-{i}", poll_interval_s=0.005) for i in (1, 2)
+    ]
     consumers[0]._broker.ensure_queue(queue)
     endings = run_cancel_out_race(consumers, queue, channel)
     assert endings == {"both": 10, "neither": 20}

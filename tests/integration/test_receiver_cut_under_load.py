@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from ackd import Message, Receiver
+from ackd import AsyncReceiver, Message, Receiver
 from ackd.tables import RlogState, rlog
 from condmsg.core import protocol
 from condmsg.core.acks import AckKind
@@ -42,6 +42,7 @@ from .condmsg_helpers import (
     publish,
     receiver_queue,
 )
+from .receiver_kinds import KINDS, AsyncReceiverDriver
 from .tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
@@ -116,20 +117,28 @@ class Consumer:
     """A receiver that reaches RabbitMQ through ``proxy`` (its store directly), and the
     test's queue, declared as the receiver declares its queues."""
 
-    receiver: Receiver
+    receiver: Any  # a Receiver, or an AsyncReceiverDriver
     proxy: TcpProxy
     queue: str
 
 
-@pytest.fixture
+@pytest.fixture(params=KINDS)
 def consumer(
-    pg_url: str, amqp_url: str, unique_name: str, caplog: pytest.LogCaptureFixture
+    request: pytest.FixtureRequest,
+    pg_url: str,
+    amqp_url: str,
+    unique_name: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> Iterator[Consumer]:
+    """The sync ``Receiver``, or the ``AsyncReceiver`` behind the same calls; the async
+    one's sync twin declares the queue directly, so that only the consumer's connections
+    pass the proxy."""
     caplog.set_level(logging.INFO, logger="ackd")
     proxy = TcpProxy()
     proxy.up()
-    receiver = Receiver(
-        amqp_url=proxy.url(amqp_url),
+    proxied = proxy.url(amqp_url)
+    receiver: Any = Receiver(
+        amqp_url=proxied if request.param == "sync" else amqp_url,
         db_url=pg_url,
         recipient="alice",
         receiver_id="rx-cut",
@@ -138,8 +147,12 @@ def consumer(
         create_schema=True,
     )
     app_metadata.create_all(receiver.engine)  # the app's own table, in the receiver's store
+    queue = receiver_queue(receiver, unique_name)
+    if request.param == "async":
+        config = dataclasses.replace(receiver.config, amqp_url=proxied)
+        receiver = AsyncReceiverDriver(receiver, AsyncReceiver(config, recipient="alice"))
     try:
-        yield Consumer(receiver, proxy, receiver_queue(receiver, unique_name))
+        yield Consumer(receiver, proxy, queue)
     finally:
         receiver.close()
         receiver.engine.dispose()
@@ -154,7 +167,7 @@ def _record(message: Message, session: Session | None) -> None:
     time.sleep(0.003)  # and a little time, so that the stream lasts while the cuts come
 
 
-def _app_rows(receiver: Receiver) -> Counter[tuple[str, str]]:
+def _app_rows(receiver: Any) -> Counter[tuple[str, str]]:
     with receiver.engine.connect() as conn:
         return Counter(conn.execute(sa.select(handled_rows.c.cm_id, handled_rows.c.kind)).all())
 

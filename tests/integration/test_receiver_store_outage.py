@@ -74,7 +74,7 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
     pg_url: str,
     store_proxy: TcpProxy,
     unique_name: str,
-    make_receiver: Any,
+    make_either_receiver: Any,
     channel: Any,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -82,7 +82,7 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
     direct = sa.create_engine(pg_url)
     app_rows.metadata.create_all(direct)
     proxied = store_proxy.url(pg_url)
-    receivers = [make_receiver(proxied, receiver_id=f"rx{i}") for i in range(2)]
+    receivers = [make_either_receiver(proxied, receiver_id=f"rx{i}") for i in range(2)]
     queue = receiver_queue(receivers[0], unique_name)
 
     cm_ids = [str(uuid.uuid4()) for _ in range(CMS)]
@@ -187,9 +187,9 @@ def test_competing_transactional_receivers_ride_out_store_cuts(
 
 
 def test_a_non_transactional_consumer_rides_out_a_store_cut(
-    pg_url: str, store_proxy: TcpProxy, unique_name: str, make_receiver: Any, channel: Any
+    pg_url: str, store_proxy: TcpProxy, unique_name: str, make_either_receiver: Any, channel: Any
 ) -> None:
-    receiver = make_receiver(store_proxy.url(pg_url))
+    receiver = make_either_receiver(store_proxy.url(pg_url))
     queue = receiver_queue(receiver, unique_name)
     cm_ids = [str(uuid.uuid4()) for _ in range(60)]
     _publish_originals(channel, queue, cm_ids)

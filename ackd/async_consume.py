@@ -121,7 +121,8 @@ class AsyncConsumer:
                 item = await _next(inbox)
                 if isinstance(item, BaseException):
                     raise BrokerError(f"lost the connection to RabbitMQ: {item}") from item
-                await greenlet_spawn(sequences.expire_incomplete)  # rate-limited
+                if time.monotonic() >= sequences._next_expiry_check:  # its own rate limit
+                    await greenlet_spawn(sequences.expire_incomplete)
                 if item is None:
                     await greenlet_spawn(_idle_tick, self._broker)
                     if self._core._reader._ctx.pending.maybe_complete:
@@ -133,7 +134,6 @@ class AsyncConsumer:
                     ):
                         return True
                     continue
-                await greenlet_spawn(self._broker.received, item)
                 if await self._handle(run, item):
                     run.took_one()
             return True
@@ -147,7 +147,7 @@ class AsyncConsumer:
         whether the handler got a message."""
         core = self._core
         take = (
-            (lambda tx: core._reader._acceptance.accept(delivery, tx))
+            (lambda tx: core._reader._acceptance.accept(self._broker.received(delivery), tx))
             if delivery is not None
             else (lambda tx: core._reader._sequences.deliver_complete(run.queue, tx))
         )

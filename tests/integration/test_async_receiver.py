@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.util import greenlet_spawn
 
-from ackd import AsyncReceiver, Message
+from ackd import AsyncReceiver, Message, StoreUnavailable
 from ackd.tables import RlogState, poison, rlog
 from condmsg.core.protocol import MessageKind
 from outbox.table import outbox_table
@@ -212,3 +212,103 @@ def _bad_headers() -> Any:
         protocol.H_KIND: "gossip",
     }
     return pika.BasicProperties(headers=headers, message_id="bad-1")
+
+
+SIGTERM_APP = """
+import asyncio, signal, sys
+import sqlalchemy as sa
+from ackd import AsyncReceiver
+
+async def main(amqp_url, db_url, queue, invalid_queue):
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+
+    async def handler(message, session):
+        await session.execute(
+            sa.text("INSERT INTO t_async_orders (cm_id) VALUES (:c)"), {"c": message.cm_id}
+        )
+        print("handling", flush=True)
+        await asyncio.sleep(0.3)  # the app's work, during which SIGTERM comes
+
+    async with AsyncReceiver(
+        amqp_url=amqp_url, db_url=db_url, recipient="alice", invalid_queue=invalid_queue
+    ) as receiver:
+        handled = await receiver.consume(queue, handler, prefetch=10, stop=stop)
+    print("handled", handled, flush=True)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def test_sigterm_ends_consume_after_the_message_in_hand_commits(
+    pg_url: str, amqp_url: str, unique_name: str, channel: Any, tmp_path: Any
+) -> None:
+    """An app that sets ``stop`` on SIGTERM: the message in hand commits, the prefetched
+    ones go back to the queue, and the process ends on its own."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    queue = f"{unique_name}.q"
+
+    async def prepare() -> None:
+        async with async_receiver(amqp_url, pg_url, unique_name) as receiver:
+            await _started(receiver, queue)
+
+    run_async(prepare())
+    cm_ids = [publish_original(channel, queue) for _ in range(8)]
+    script = tmp_path / "app.py"
+    script.write_text(SIGTERM_APP)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, str(script), amqp_url, pg_url, queue, f"{unique_name}.invalid"],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"handling"
+        proc.send_signal(15)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert b"Traceback" not in err
+    handled = int(out.decode().split("handled")[-1])
+    assert handled >= 1
+    engine = sa.create_engine(pg_url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(sa.func.count()).select_from(orders)).scalar_one()
+        consumed = conn.execute(sa.select(sa.func.count()).select_from(rlog)).scalar_one()
+    engine.dispose()
+    assert rows == consumed == handled  # each handled message committed, nothing else
+    # Everything not handled is back in the queue, ready for the next consumer.
+    left = channel.queue_declare(queue, passive=True).method.message_count
+    assert left == len(cm_ids) - handled
+
+
+def test_a_transaction_that_cannot_reach_the_store_says_so(
+    pg_url: str, amqp_url: str, unique_name: str, store_proxy: Any
+) -> None:
+    """As the sync receiver's: ``StoreUnavailable``, whether the kept connection is lost
+    under the transaction or no connection can be opened; a new one once the store is
+    back."""
+
+    async def select_one(receiver: AsyncReceiver) -> int:
+        async with receiver.transaction() as tx:
+            return int((await tx.session.execute(sa.text("SELECT 1"))).scalar_one())
+
+    async def main() -> None:
+        async with async_receiver(amqp_url, store_proxy.url(pg_url), unique_name) as receiver:
+            assert await select_one(receiver) == 1
+            store_proxy.down()
+            for _ in range(2):
+                with pytest.raises(StoreUnavailable, match="cannot be reached"):
+                    await select_one(receiver)
+            store_proxy.up()
+            assert await select_one(receiver) == 1
+
+    run_async(main())

@@ -79,6 +79,7 @@ class AsyncBroker(Broker):
         #: The aio-pika message of each unsettled delivery tag of the open channel.
         self._messages: dict[int, AbstractIncomingMessage] = {}
         self._consumer: tuple[AbstractQueue, str] | None = None
+        self._opening = asyncio.Lock()
         #: Tags the consumer received that the consume loop has not taken yet.
         self._in_inbox: set[int] = set()
 
@@ -91,6 +92,17 @@ class AsyncBroker(Broker):
     def _open_async(self) -> AbstractChannel:
         if self._aio_channel is not None and not self._aio_channel.is_closed:
             return self._aio_channel
+        # Tasks of one loop share the receiver: the first to find the channel gone opens
+        # the next one, the others wait for it (two would each open a connection).
+        await_only(self._opening.acquire())
+        try:
+            if self._aio_channel is not None and not self._aio_channel.is_closed:
+                return self._aio_channel
+            return self._reopen()
+        finally:
+            self._opening.release()
+
+    def _reopen(self) -> AbstractChannel:
         self.close()
         self._aio_connection = await_only(connect(self.amqp_url, name=self.name))
         try:

@@ -124,6 +124,15 @@ class AsyncReceiver:
         self._starting = asyncio.Lock()
         #: The connection this receiver's own transactions run on (a database server's).
         self._kept: AsyncConnection | None = None
+        #: Whether a transaction runs on it now (tasks of one loop may open several).
+        self._kept_busy = False
+        self._consuming = False
+
+    @classmethod
+    def from_env(cls, *, recipient: str, **overrides: Any) -> AsyncReceiver:
+        """The connection settings and secret from the environment (``CONDMSG_AMQP_URL``,
+        ``CONDMSG_DB_URL``, ``CONDMSG_SECRET``), as :meth:`Receiver.from_env`."""
+        return cls(ReceiverConfig.from_env(**overrides), recipient=recipient)
 
     # -- life ---------------------------------------------------------------------------
 
@@ -199,12 +208,15 @@ class AsyncReceiver:
         and the COMMIT acks commit together."""
         core = await self._check_acks()
         owned = session is None
+        kept = False
         if session is None:
             try:
-                session = AsyncSession(await self._bind())
+                bind = await self._bind()
             except sa.exc.SQLAlchemyError as exc:
                 await self._drop_kept()
                 raise core._unavailable(exc) from exc
+            kept = bind is self._kept
+            session = AsyncSession(bind)
         tx = ReceiverTransaction(session.sync_session, core._reader.next_message)
         try:
             yield AsyncReceiverTransaction(self, session, tx)
@@ -221,6 +233,8 @@ class AsyncReceiver:
         finally:
             if owned:
                 await session.close()
+            if kept:
+                self._kept_busy = False
 
     def _raise_if_lost(self, core: _Core, exc: BaseException) -> None:
         lost = isinstance(exc, Exception) and not isinstance(exc, StoreUnavailable)
@@ -255,12 +269,18 @@ class AsyncReceiver:
         """On a database server one connection this receiver keeps for its own
         transactions, not a pool checkout per message (as the sync receiver's)."""
         core = await self._started()
-        if not core._traits.keep_connection:
-            return self.engine
+        if not core._traits.keep_connection or self._kept_busy:
+            return self.engine  # a transaction of another task has it: the pool, as usual
+        # Taken before the first await: another task must not open a second one meanwhile.
+        self._kept_busy = True
         kept = self._kept
-        if kept is None or kept.closed or kept.invalidated:
-            await self._drop_kept()
-            kept = self._kept = await self.engine.connect()
+        try:
+            if kept is None or kept.closed or kept.invalidated:
+                await self._drop_kept()
+                kept = self._kept = await self.engine.connect()
+        except BaseException:
+            self._kept_busy = False
+            raise
         return kept
 
     def _kept_lost(self) -> None:
@@ -299,5 +319,13 @@ class AsyncReceiver:
         """
         from ackd.async_consume import AsyncConsumer, ConsumeRun
 
+        if self._consuming:
+            # One broker consumer per receiver: its channel's prefetch window and the
+            # books of what it holds are the consumer's.
+            raise ConfigError("this AsyncReceiver consumes already; make one per consumer")
         run = ConsumeRun(queue, handler, transactional, max_messages, idle_timeout_s, stop)
-        return await AsyncConsumer(self, await self._started()).run(run, prefetch)
+        self._consuming = True
+        try:
+            return await AsyncConsumer(self, await self._started()).run(run, prefetch)
+        finally:
+            self._consuming = False

@@ -312,3 +312,32 @@ def test_a_transaction_that_cannot_reach_the_store_says_so(
             assert await select_one(receiver) == 1
 
     run_async(main())
+
+
+def test_concurrent_transactions_of_one_receiver(
+    db_url: str, amqp_url: str, unique_name: str, channel: Any
+) -> None:
+    """Tasks of one loop (requests of one app) may each run a transaction on the same
+    receiver: each takes its own message and commits its own rows."""
+    queue = f"{unique_name}.q"
+
+    async def main() -> list[str]:
+        async with async_receiver(amqp_url, db_url, unique_name) as receiver:
+            await _started(receiver, queue)
+            cm_ids = [publish_original(channel, queue) for _ in range(6)]
+
+            async def one() -> str:
+                async with receiver.transaction() as tx:
+                    message = await tx.read(queue, timeout=5)
+                    assert message is not None
+                    await tx.session.execute(sa.insert(orders).values(cm_id=message.cm_id))
+                    await asyncio.sleep(0.01)  # the others run meanwhile
+                    return str(message.cm_id)
+
+            got = await asyncio.gather(*(one() for _ in cm_ids))
+            assert await _count(receiver, orders) == len(cm_ids)
+            assert await _count(receiver, rlog) == len(cm_ids)
+            assert sorted(got) == sorted(cm_ids)
+            return got
+
+    run_async(main())

@@ -4,7 +4,9 @@ failed attempts) for the same deliveries, on SQLite and on PostgreSQL.
 One scenario (a transactional read, a non-transactional one, a cancel-out, a rollback and
 its retry, a duplicate, a compensation after the read) runs once with each receiver, both
 on a fixed clock, on queues and CMs of their own in one store; the rows each left are
-compared with the CM ids, queues and random ids replaced by what they stand for.
+compared with the CM ids, queues and random ids replaced by what they stand for. On
+PostgreSQL the two write through different statements (the sync psycopg fast path, the
+async receiver's psycopg pipelines) and must still leave the same rows.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from ackd.async_store import AsyncPsycopgReceiverStore
+from ackd.receiver_store_psycopg import PsycopgReceiverStore
 from ackd.tables import poison, rlog
 from condmsg.core.protocol import MessageKind
 from outbox.table import outbox_table
@@ -113,6 +117,13 @@ def test_the_async_receiver_writes_the_sync_receivers_rows(
     twin = make_receiver(db_url, **options)
     driver = AsyncReceiverDriver(
         twin, AsyncReceiver(twin.config, recipient=twin.recipient, clock=lambda: NOW)
+    )
+    # On PostgreSQL both take their psycopg paths (the sync fast path, the async pipelines).
+    on_pg = db_url.startswith("postgresql")
+    assert isinstance(sync.store, PsycopgReceiverStore) == on_pg
+    assert (
+        isinstance(driver.call(driver._receiver._started()).store, AsyncPsycopgReceiverStore)
+        == on_pg
     )
     try:
         sync_cm = _scenario(sync, f"{unique_name}.q", channel)

@@ -13,6 +13,7 @@ settings (``sync``): what the test inspects is the same database and broker.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -22,11 +23,18 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from ackd import AsyncReceiver, Message, Receiver
 from ackd.async_receiver import AsyncReceiverTransaction
+from tests.async_helpers import LoopStalled, _StallRecorder
 
 T = TypeVar("T")
 
 #: The parameters of a fault test run against both receivers.
 KINDS = ["sync", "async"]
+#: The stall limit of a driver's loop (seconds). A fault test runs two receivers' loops,
+#: the TCP proxy's pumps and its own polling in one process: a callback's wall time there
+#: includes waits for the GIL (up to ~100 ms seen on a loaded 2-core machine), which
+#: ``SLOW_CALLBACK_S`` would take for stalls. A blocking connect, sleep or timeout in
+#: condmsg still shows.
+SHARED_GIL_SLOW_CALLBACK_S = 0.25
 
 
 class _Transaction:
@@ -50,9 +58,26 @@ class AsyncReceiverDriver:
         self.invalid_queue = sync.invalid_queue
         self._receiver = receiver
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        # Under the stall check, as every async test (tests/async_helpers.py): a callback
+        # that holds this loop longer than the limit fails the test at close().
+        self._loop.set_debug(True)
+        self._loop.slow_callback_duration = SHARED_GIL_SLOW_CALLBACK_S
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._stalls: _StallRecorder | None = None
+        started = threading.Event()
+        self._started = started
         self._thread.start()
+        started.wait(10)
         self.call(receiver.start())
+
+    def _run(self) -> None:
+        self._stalls = _StallRecorder(threading.get_ident())
+        logging.getLogger("asyncio").addHandler(self._stalls)
+        self._started.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            logging.getLogger("asyncio").removeHandler(self._stalls)
 
     def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on the receiver's loop and wait for its result."""
@@ -110,6 +135,10 @@ class AsyncReceiverDriver:
         self._thread.join(10)
         self._loop.close()
         self.sync.close()
+        stalls = self._stalls.stalls if self._stalls is not None else []
+        if stalls:
+            listed = "; ".join(f"{s.callback} took {s.took_s * 1000:.0f} ms" for s in stalls)
+            raise LoopStalled(f"the async receiver's loop was held: {listed}")
 
 
 async def _bridge(stop: threading.Event, stopped: asyncio.Event) -> None:

@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -24,6 +23,7 @@ from ackd.async_broker import AsyncBroker, InboxItem
 from ackd.broker import Delivery
 from ackd.message import Message
 from ackd.outage import StoreUnavailable
+from ackd.reader import _Run
 from condmsg.core.errors import BrokerAuthError, BrokerError
 from condmsg.runtime.pausing import FIRST_RETRY_S, MAX_RETRY_S, Pause
 from condmsg.sending.async_broker import CONNECTION_ERRORS
@@ -39,40 +39,20 @@ log = logging.getLogger("ackd.reader")
 TICK_S = 0.1
 
 
-@dataclass(slots=True)
-class ConsumeRun:
-    """One ``consume()`` call: what it hands the handler, when it ends, and its progress
-    (kept across the broker consumers an outage makes it start anew)."""
-
-    queue: str
-    handler: AsyncHandler
-    transactional: bool
-    max_messages: int | None
-    idle_timeout_s: float | None
-    stop: asyncio.Event | None
-    handled: int = 0
-    #: When the handler last got a message (``time.monotonic()``).
-    last: float = field(default_factory=time.monotonic)
-
-    def stopped(self) -> bool:
-        if self.stop is not None and self.stop.is_set():
-            return True
-        return self.max_messages is not None and self.handled >= self.max_messages
-
-    def took_one(self) -> None:
-        self.handled += 1
-        self.last = time.monotonic()
+#: One ``consume()`` call: the sync consume's record of it, with an async handler.
+ConsumeRun = _Run
 
 
 class AsyncConsumer:
     """Runs one ``consume()`` of an :class:`~ackd.async_receiver.AsyncReceiver`."""
 
-    def __init__(self, receiver: AsyncReceiver, core: _Core) -> None:
+    def __init__(self, receiver: AsyncReceiver, core: _Core, stop: asyncio.Event | None) -> None:
         self._receiver = receiver
+        self._stop = stop
         self._core = core
         self._broker = core.broker
 
-    async def run(self, run: ConsumeRun, prefetch: int) -> int:
+    async def run(self, run: _Run[AsyncHandler], prefetch: int) -> int:
         activity = f"consuming {run.queue!r}"
         store = Pause(log, activity, "the receiver store")
         broker = Pause(log, activity, "RabbitMQ")
@@ -91,13 +71,15 @@ class AsyncConsumer:
             except (BrokerError, *CONNECTION_ERRORS) as exc:
                 await greenlet_spawn(self._broker.close)  # RabbitMQ requeues what it held
                 broker.failed(exc)
-                if not await _sleep(backoff.next_delay(), run.stop):
+                if not await _sleep(backoff.next_delay(), self._stop):
                     break
             run.last = time.monotonic()
         return run.handled
 
-    async def _until_store_answers(self, pause: Pause, backoff: Backoff, run: ConsumeRun) -> bool:
-        while await _sleep(backoff.next_delay(), run.stop):
+    async def _until_store_answers(
+        self, pause: Pause, backoff: Backoff, run: _Run[AsyncHandler]
+    ) -> bool:
+        while await _sleep(backoff.next_delay(), self._stop):
             try:
                 async with self._receiver.transaction() as tx:
                     await tx.session.execute(sa.text("SELECT 1"))
@@ -109,7 +91,7 @@ class AsyncConsumer:
         return False
 
     async def _consume_stream(
-        self, run: ConsumeRun, prefetch: int, working: Callable[[], None]
+        self, run: _Run[AsyncHandler], prefetch: int, working: Callable[[], None]
     ) -> bool:
         """Consume with one broker consumer until done (True) or an outage (raised)."""
         inbox: asyncio.Queue[InboxItem] = asyncio.Queue()
@@ -142,7 +124,7 @@ class AsyncConsumer:
             with suppress(BrokerError, *CONNECTION_ERRORS):
                 await asyncio.shield(greenlet_spawn(self._broker.stop_consuming))
 
-    async def _handle(self, run: ConsumeRun, delivery: Delivery | None) -> bool:
+    async def _handle(self, run: _Run[AsyncHandler], delivery: Delivery | None) -> bool:
         """Hand the delivery (None: a complete sequence from the store) to the handler;
         whether the handler got a message."""
         core = self._core

@@ -339,6 +339,6 @@ class AsyncReceiver:
         run = ConsumeRun(queue, handler, transactional, max_messages, idle_timeout_s, stop)
         self._consuming = True
         try:
-            return await AsyncConsumer(self, await self._started()).run(run, prefetch)
+            return await AsyncConsumer(self, await self._started(), stop).run(run, prefetch)
         finally:
             self._consuming = False

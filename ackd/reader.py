@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 import pika.exceptions
 from sqlalchemy.orm import Session
@@ -118,7 +119,9 @@ class Reader:
             run.last = time.monotonic()
         return run.handled
 
-    def _consume_stream(self, run: _Run, prefetch: int, working: Callable[[], None]) -> bool:
+    def _consume_stream(
+        self, run: _Run[Handler], prefetch: int, working: Callable[[], None]
+    ) -> bool:
         """Consume with one broker consumer until done (True) or an outage (raised);
         ``working()`` once the consumer runs (an outage before it is over)."""
         stream = self._ctx.broker.consume(run.queue, prefetch=prefetch, inactivity_s=0.1)
@@ -155,7 +158,7 @@ class Reader:
             return 0.0
         return time.monotonic() - max(last_handled, self._ctx.broker.last_release)
 
-    def _handle_delivery(self, delivery: Delivery, run: _Run) -> bool:
+    def _handle_delivery(self, delivery: Delivery, run: _Run[Handler]) -> bool:
         if not run.transactional:
             try:
                 message = self._acceptance.accept(delivery, None)
@@ -182,7 +185,7 @@ class Reader:
             return False
         return message is not None
 
-    def _handle_stored(self, run: _Run) -> bool:
+    def _handle_stored(self, run: _Run[Handler]) -> bool:
         if not run.transactional:
             try:
                 message = self._sequences.deliver_complete(run.queue, None)
@@ -225,17 +228,28 @@ class Reader:
             log.exception("handler failed on a non-transactional message")
 
 
+class StopFlag(Protocol):
+    """What ends a consume: a ``threading.Event``, or an ``asyncio.Event`` for the async
+    receiver's (:mod:`ackd.async_consume`)."""
+
+    def is_set(self) -> bool: ...
+
+
+H = TypeVar("H")
+
+
 @dataclass(slots=True)
-class _Run:
-    """One ``consume()`` call: what it hands the handler, when it ends, and its progress
-    (kept across the broker consumers an outage makes it start anew)."""
+class _Run(Generic[H]):
+    """One ``consume()`` call: what it hands the handler (``H``: the sync receiver's
+    :data:`Handler`, or the async one's), when it ends, and its progress (kept across the
+    broker consumers an outage makes it start anew)."""
 
     queue: str
-    handler: Handler
+    handler: H
     transactional: bool
     max_messages: int | None
     idle_timeout_s: float | None
-    stop: threading.Event | None
+    stop: StopFlag | None
     handled: int = 0
     #: When the handler last got a message (``time.monotonic()``).
     last: float = field(default_factory=time.monotonic)

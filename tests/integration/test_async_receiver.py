@@ -4,6 +4,7 @@ app's AsyncSession, the consume loop, cancellation; every test under the stall c
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +18,14 @@ from condmsg.core.protocol import MessageKind
 from outbox.table import outbox_table
 from tests.async_helpers import run_async
 
-from .condmsg_helpers import SECRET, get_all, publish_compensation, publish_original
+from .condmsg_helpers import (
+    SECRET,
+    copy_messages,
+    get_all,
+    publish,
+    publish_compensation,
+    publish_original,
+)
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -341,3 +349,39 @@ def test_concurrent_transactions_of_one_receiver(
             return got
 
     run_async(main())
+
+
+def test_consume_dead_letters_a_poison_message_and_reassembles_a_sequence(
+    db_url: str, amqp_url: str, unique_name: str, channel: Any
+) -> None:
+    """Failed attempts are counted and the message moves to the invalid queue after
+    ``max_attempts``, while a Message Sequence's parts are stored and the whole handed
+    over once, from the store."""
+    queue = f"{unique_name}.q"
+    body = bytes(range(256)) * 13  # three parts of 1 KiB and a rest
+
+    async def main() -> list[bytes]:
+        got: list[bytes] = []
+
+        async def handler(message: Message, session: AsyncSession | None) -> None:
+            if message.payload == b"poison":
+                raise ValueError("cannot handle this one")
+            got.append(message.payload)
+
+        async with async_receiver(
+            amqp_url, db_url, unique_name, max_attempts=2, retry_backoff=timedelta(0)
+        ) as receiver:
+            await _started(receiver, queue)
+            publish_original(channel, queue, body=b"poison")
+            for part in copy_messages(queue, body, part_bytes=1024):
+                publish(channel, part)
+            handled = await receiver.consume(queue, handler, idle_timeout_s=1.0)
+            assert handled == 1
+            assert receiver.stats.parts == 4
+        return got
+
+    assert run_async(main()) == [body]
+    ((props, moved),) = get_all(channel, f"{unique_name}.invalid")
+    assert moved == b"poison"
+    assert "poison message: processing failed 2 times" in props.headers["condmsg-reason"]
+    assert channel.queue_declare(queue, passive=True).method.message_count == 0

@@ -385,3 +385,40 @@ def test_consume_dead_letters_a_poison_message_and_reassembles_a_sequence(
     assert moved == b"poison"
     assert "poison message: processing failed 2 times" in props.headers["condmsg-reason"]
     assert channel.queue_declare(queue, passive=True).method.message_count == 0
+
+
+def test_consume_waits_for_a_broker_that_is_down_at_its_start(
+    sqlite_url: str, amqp_url: str, unique_name: str, channel: Any
+) -> None:
+    """No connection yet is an outage like any other: consume waits and starts when
+    RabbitMQ answers (invariant 8: no exit because a connection attempt failed)."""
+    from .tcp_proxy import TcpProxy
+
+    queue = f"{unique_name}.q"
+    proxy = TcpProxy()  # not listening: connections are refused
+
+    async def main() -> int:
+        got = asyncio.Event()
+
+        async def handler(message: Message, session: AsyncSession | None) -> None:
+            got.set()
+
+        async with (
+            async_receiver(proxy.url(amqp_url), sqlite_url, unique_name) as receiver,
+            async_receiver(amqp_url, sqlite_url, unique_name) as declarer,
+        ):
+            await _started(declarer, queue)
+            stop = asyncio.Event()
+            task = asyncio.create_task(receiver.consume(queue, handler, stop=stop))
+            await asyncio.sleep(0.5)  # refused meanwhile: the consumer keeps trying
+            assert not task.done()
+            proxy.up()
+            publish_original(channel, queue)
+            await asyncio.wait_for(got.wait(), 30)
+            stop.set()
+            return await task
+
+    try:
+        assert run_async(main()) == 1
+    finally:
+        proxy.close()

@@ -30,14 +30,12 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.util import greenlet_spawn
 
-from ackd import fastpath
 from ackd.async_broker import AsyncBroker
-from ackd.async_store import AsyncPsycopgReceiverStore
 from ackd.message import Message
 from ackd.outage import StoreUnavailable
 from ackd.receiver import Receiver
 from ackd.receiver_config import ReceiverConfig
-from ackd.receiver_store import ReceiverStore, SqlAlchemyReceiverStore
+from ackd.receiver_store import SqlAlchemyReceiverStore
 from ackd.receiver_store_psycopg import PsycopgReceiverStore
 from ackd.transaction import ReceiverTransaction
 from condmsg.core.errors import ConfigError
@@ -75,15 +73,6 @@ class _Core(Receiver):
     def broker(self) -> AsyncBroker:
         assert isinstance(self._broker, AsyncBroker)
         return self._broker
-
-
-def _store_for(engine: AsyncEngine) -> ReceiverStore:
-    """psycopg's pipelines on PostgreSQL (:mod:`ackd.async_store`) where the sync receiver
-    would take its fast path, else the portable adapter."""
-    dialect = engine.sync_engine.dialect
-    if dialect.name == "postgresql" and dialect.driver == "psycopg" and fastpath.chosen():
-        return AsyncPsycopgReceiverStore()
-    return SqlAlchemyReceiverStore()
 
 
 class AsyncReceiverTransaction:
@@ -184,7 +173,7 @@ class AsyncReceiver:
                     self.config,
                     recipient=self.recipient,
                     engine=self.engine.sync_engine,
-                    store=_store_for(self.engine),
+                    store=SqlAlchemyReceiverStore(),
                     clock=self._clock,
                     registry=self._registry,
                 )

@@ -27,6 +27,7 @@ from condmsg.conformance import acks
 from condmsg.conformance.expect import DELIVERY_S, expect_moved
 from condmsg.conformance.world import NotMet, TimedOut, World
 from condmsg.core import protocol
+from condmsg.core.errors import CondmsgError
 
 VECTORS = resources.files("condmsg") / "schema" / "vectors" / "headers.json"
 #: What the vectors write for the values a run makes its own.
@@ -36,7 +37,7 @@ VECTOR_REPLY_TO = "condmsg.meetings.ack"
 _TOKEN = re.compile(r"[0-9a-f]{64}")
 
 
-class Unsendable(Exception):
+class Unsendable(CondmsgError):
     """A header value pika cannot put on the wire as the vector writes it."""
 
 

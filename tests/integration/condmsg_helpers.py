@@ -109,6 +109,7 @@ def publish_copy(
 
 def publish(channel: Any, message: OutboxMessage) -> None:
     """Publish an outbox message directly (as the relay would)."""
+    headers: dict[str, Any] = dict(message.headers or {})
     channel.basic_publish(
         message.exchange,
         message.routing_key,
@@ -118,7 +119,7 @@ def publish(channel: Any, message: OutboxMessage) -> None:
             correlation_id=message.correlation_id,
             reply_to=message.reply_to,
             content_type=message.content_type,
-            headers=dict(message.headers or {}),
+            headers=headers,
             priority=message.priority,
             delivery_mode=2,
         ),

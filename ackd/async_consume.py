@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from contextlib import suppress
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, suppress
+from typing import Protocol
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.util import greenlet_spawn
 
 from ackd.async_broker import AsyncBroker, InboxItem
@@ -24,13 +25,29 @@ from ackd.broker import Delivery
 from ackd.message import Message
 from ackd.outage import StoreUnavailable
 from ackd.reader import _Run
+from ackd.receiver import Receiver
+from ackd.transaction import ReceiverTransaction
 from condmsg.core.errors import BrokerAuthError, BrokerError
 from condmsg.runtime.pausing import FIRST_RETRY_S, MAX_RETRY_S, Pause
 from condmsg.sending.async_broker import CONNECTION_ERRORS
 from outbox.backoff import Backoff
 
-if TYPE_CHECKING:
-    from ackd.async_receiver import AsyncHandler, AsyncReceiver, _Core
+#: What ``consume`` hands each message to: ``await handler(message, session)``, with the
+#: transaction's ``AsyncSession`` (its writes commit with the COMMIT ack), None for a
+#: non-transactional consumer.
+AsyncHandler = Callable[[Message, AsyncSession | None], Awaitable[None]]
+
+
+class AsyncTransaction(Protocol):
+    """What the consumer uses of an ``AsyncReceiverTransaction``: the app's session
+    and the sync receiver's transaction it runs in."""
+
+    session: AsyncSession
+    sync: ReceiverTransaction
+
+
+#: ``AsyncReceiver.transaction`` without arguments: a transaction on a session of its own.
+Transactions = Callable[[], AbstractAsyncContextManager[AsyncTransaction]]
 
 log = logging.getLogger("ackd.reader")
 
@@ -46,11 +63,17 @@ ConsumeRun = _Run
 class AsyncConsumer:
     """Runs one ``consume()`` of an :class:`~ackd.async_receiver.AsyncReceiver`."""
 
-    def __init__(self, receiver: AsyncReceiver, core: _Core, stop: asyncio.Event | None) -> None:
-        self._receiver = receiver
+    def __init__(
+        self,
+        transactions: Transactions,
+        core: Receiver,
+        broker: AsyncBroker,
+        stop: asyncio.Event | None,
+    ) -> None:
+        self._transactions = transactions
         self._stop = stop
         self._core = core
-        self._broker = core.broker
+        self._broker = broker
 
     async def run(self, run: _Run[AsyncHandler], prefetch: int) -> int:
         activity = f"consuming {run.queue!r}"
@@ -81,7 +104,7 @@ class AsyncConsumer:
     ) -> bool:
         while await _sleep(backoff.next_delay(), self._stop):
             try:
-                async with self._receiver.transaction() as tx:
+                async with self._transactions() as tx:
                     await tx.session.execute(sa.text("SELECT 1"))
             except Exception as exc:
                 pause.failed(exc)
@@ -148,7 +171,7 @@ class AsyncConsumer:
                     log.exception("handler failed on a non-transactional message")
             return message is not None
         try:
-            async with self._receiver.transaction() as tx:
+            async with self._transactions() as tx:
                 message = await greenlet_spawn(take, tx.sync)
                 if message is not None:
                     await run.handler(message, tx.session)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import replace
 from datetime import datetime
@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.util import greenlet_spawn
 
 from ackd.async_broker import AsyncBroker
+from ackd.async_consume import AsyncConsumer, AsyncHandler, ConsumeRun
 from ackd.message import Message
 from ackd.outage import StoreUnavailable
 from ackd.receiver import Receiver
@@ -43,10 +44,6 @@ from condmsg.core.timeutil import utcnow
 from condmsg.sending.async_sender import make_async_engine
 
 __all__ = ["AsyncHandler", "AsyncReceiver", "AsyncReceiverTransaction"]
-
-#: ``await handler(message, session)``: ``session`` is the transaction's ``AsyncSession``
-#: (its writes commit with the COMMIT ack), None for a non-transactional consumer.
-AsyncHandler = Callable[[Message, AsyncSession | None], Awaitable[None]]
 
 
 class _Core(Receiver):
@@ -319,8 +316,6 @@ class AsyncReceiver:
         ``transactional``, else None. Cancelling the task stops it too: the message in
         hand is rolled back and given back uncounted, the prefetched ones are requeued.
         """
-        from ackd.async_consume import AsyncConsumer, ConsumeRun
-
         if self._consuming:
             # One broker consumer per receiver: its channel's prefetch window and the
             # books of what it holds are the consumer's.
@@ -328,6 +323,8 @@ class AsyncReceiver:
         run = ConsumeRun(queue, handler, transactional, max_messages, idle_timeout_s, stop)
         self._consuming = True
         try:
-            return await AsyncConsumer(self, await self._started(), stop).run(run, prefetch)
+            core = await self._started()
+            consumer = AsyncConsumer(self.transaction, core, core.broker, stop)
+            return await consumer.run(run, prefetch)
         finally:
             self._consuming = False

@@ -105,7 +105,7 @@ def register(subparsers: Any) -> None:
         type=_positive_seconds,
         default=5.0,
         help="how long a page waits for a store before it answers 503: PostgreSQL's "
-        "connect and statement timeouts, SQLite's busy timeout (default: %(default)g)",
+        "connect and statement timeouts, SQLite's busy timeout (default: %(default)s)",
     )
     parser.set_defaults(handler=run, schema_store="sender")
 

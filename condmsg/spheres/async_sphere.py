@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.util import greenlet_spawn
@@ -26,7 +26,22 @@ from condmsg.sending.outgoing import Outgoing
 from condmsg.spheres.sphere import Sphere
 
 if TYPE_CHECKING:
-    from condmsg.sending.async_sender import AsyncSender
+    from condmsg.sending.sender import Sender
+
+
+class SphereSender(Protocol):
+    """What a sphere uses of its :class:`~condmsg.sending.async_sender.AsyncSender`
+    (which makes its spheres, so this module does not import it)."""
+
+    async def _started(self) -> Sender: ...
+
+    async def send_many(
+        self,
+        messages: Iterable[Outgoing],
+        *,
+        session: AsyncSession | None = None,
+        sphere: str | None = None,
+    ) -> list[str]: ...
 
 
 class AsyncSphere:
@@ -35,7 +50,7 @@ class AsyncSphere:
 
     def __init__(
         self,
-        sender: AsyncSender,
+        sender: SphereSender,
         *,
         timeout: timedelta | float | None = None,
         sphere: Sphere | None = None,

@@ -206,7 +206,7 @@ def test_a_worker_pointed_at_a_database_without_the_store_exits(pg_url: str, amq
         amqp_url=amqp_url,
         db_url=pg_url,  # a fresh schema: no tables in it
         sender="nobody",
-        secret_hex="00",
+        secret_hex=bytes(range(32)).hex(),
         ack_grace_ms=250.0,
         batch_size=10,
         prefetch=20,

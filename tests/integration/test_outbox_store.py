@@ -296,11 +296,14 @@ def test_enqueue_all_stores_shared_and_varying_columns_exactly(
     ]
     with Session(engine) as s, s.begin():
         assert enqueue_all(s, messages) == 3
-    got = [row.message for row in store.claim(10).rows]
-    assert got == messages
+    claim = store.claim(10)
+    store.release(claim)  # a claim holds its rows' locks until released
+    assert [row.message for row in claim.rows] == messages
     with Session(engine) as s, s.begin():  # every property shared but the bodies and ids
         enqueue_all(s, [OutboxMessage(exchange="", routing_key="q", body=b"a")] * 2)
-    assert [row.message.body for row in store.claim(10, after_id=0).rows][-2:] == [b"a", b"a"]
+    claim = store.claim(10, after_id=0)
+    store.release(claim)
+    assert [row.message.body for row in claim.rows][-2:] == [b"a", b"a"]
 
 
 def test_a_fanout_is_one_row_that_expands_to_its_messages(engine: sa.Engine) -> None:

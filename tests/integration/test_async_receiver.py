@@ -4,6 +4,8 @@ app's AsyncSession, the consume loop, cancellation; every test under the stall c
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -51,6 +53,16 @@ def async_receiver(amqp_url: str, db_url: str, unique_name: str, **options: Any)
     )
 
 
+@asynccontextmanager
+async def started_receiver(
+    amqp_url: str, db_url: str, unique_name: str, queue: str, **options: Any
+) -> AsyncIterator[AsyncReceiver]:
+    """An async receiver of the test, started, with the app's table and ``queue``."""
+    async with async_receiver(amqp_url, db_url, unique_name, **options) as receiver:
+        await _started(receiver, queue)
+        yield receiver
+
+
 async def _started(receiver: AsyncReceiver, queue: str) -> None:
     await receiver.start()
     async with receiver.engine.begin() as conn:
@@ -75,8 +87,7 @@ def test_a_transaction_on_the_apps_async_session_commits_rows_rlog_and_ack(
     queue = f"{unique_name}.q"
 
     async def main() -> None:
-        async with async_receiver(amqp_url, db_url, unique_name) as receiver:
-            await _started(receiver, queue)
+        async with started_receiver(amqp_url, db_url, unique_name, queue) as receiver:
             cm_id = publish_original(channel, queue)
             session = AsyncSession(receiver.engine)
             async with session, receiver.transaction(session=session) as tx:
@@ -99,8 +110,7 @@ def test_a_failed_transaction_rolls_back_and_the_message_comes_back(
     queue = f"{unique_name}.q"
 
     async def main() -> None:
-        async with async_receiver(amqp_url, db_url, unique_name) as receiver:
-            await _started(receiver, queue)
+        async with started_receiver(amqp_url, db_url, unique_name, queue) as receiver:
             cm_id = publish_original(channel, queue)
 
             async def fail() -> None:
@@ -127,8 +137,7 @@ def test_a_non_transactional_read_writes_its_read_ack_first(
     queue = f"{unique_name}.q"
 
     async def main() -> None:
-        async with async_receiver(amqp_url, db_url, unique_name) as receiver:
-            await _started(receiver, queue)
+        async with started_receiver(amqp_url, db_url, unique_name, queue) as receiver:
             assert await receiver.read(queue, timeout=0.2) is None
             cm_id = publish_original(channel, queue)
             message = await receiver.read(queue, timeout=5)
@@ -162,8 +171,7 @@ def test_consume_hands_each_message_once_and_moves_the_invalid_one(
                     body=b"undo",
                 )
 
-        async with async_receiver(amqp_url, db_url, unique_name) as receiver:
-            await _started(receiver, queue)
+        async with started_receiver(amqp_url, db_url, unique_name, queue) as receiver:
             cm_ids.extend(publish_original(channel, queue) for _ in range(5))
             channel.basic_publish("", queue, b"x", _bad_headers())
             handled = await receiver.consume(queue, handler, max_messages=6, prefetch=4)
@@ -193,8 +201,7 @@ def test_cancelling_consume_gives_the_message_in_hand_back_uncounted(
             in_handler.set()
             await asyncio.Event().wait()  # until cancelled
 
-        async with async_receiver(amqp_url, pg_url, unique_name) as receiver:
-            await _started(receiver, queue)
+        async with started_receiver(amqp_url, pg_url, unique_name, queue) as receiver:
             cm_id = publish_original(channel, queue)
             task = asyncio.create_task(receiver.consume(queue, handler))
             await asyncio.wait_for(in_handler.wait(), 10)
@@ -260,8 +267,8 @@ def test_sigterm_ends_consume_after_the_message_in_hand_commits(
     queue = f"{unique_name}.q"
 
     async def prepare() -> None:
-        async with async_receiver(amqp_url, pg_url, unique_name) as receiver:
-            await _started(receiver, queue)
+        async with started_receiver(amqp_url, pg_url, unique_name, queue):
+            pass  # started: the app table and the queue exist
 
     run_async(prepare())
     cm_ids = [publish_original(channel, queue) for _ in range(8)]
@@ -330,8 +337,7 @@ def test_concurrent_transactions_of_one_receiver(
     queue = f"{unique_name}.q"
 
     async def main() -> list[str]:
-        async with async_receiver(amqp_url, db_url, unique_name) as receiver:
-            await _started(receiver, queue)
+        async with started_receiver(amqp_url, db_url, unique_name, queue) as receiver:
             cm_ids = [publish_original(channel, queue) for _ in range(6)]
 
             async def one() -> str:
@@ -368,10 +374,9 @@ def test_consume_dead_letters_a_poison_message_and_reassembles_a_sequence(
                 raise ValueError("cannot handle this one")
             got.append(message.payload)
 
-        async with async_receiver(
-            amqp_url, db_url, unique_name, max_attempts=2, retry_backoff=timedelta(0)
+        async with started_receiver(
+            amqp_url, db_url, unique_name, queue, max_attempts=2, retry_backoff=timedelta(0)
         ) as receiver:
-            await _started(receiver, queue)
             publish_original(channel, queue, body=b"poison")
             for part in copy_messages(queue, body, part_bytes=1024):
                 publish(channel, part)

@@ -32,8 +32,7 @@ from aio_pika.abc import (
 )
 from sqlalchemy.util import await_only
 
-from ackd.broker import Broker, Delivery, invalid_headers
-from condmsg.core import protocol
+from ackd.broker import Broker, Delivery
 from condmsg.core.errors import BrokerError
 from condmsg.runtime.topology import QUORUM, destination_arguments
 from condmsg.sending.async_broker import CONNECTION_ERRORS, connect
@@ -324,17 +323,6 @@ class AsyncBroker(Broker):
             raise BrokerError(
                 f"publishing to the invalid-message queue {self.invalid_queue!r} failed: {exc!r}"
             ) from exc
-
-    def move_to_invalid(self, delivery: Delivery, reason: str) -> None:
-        """Republish to the invalid-message queue with the reason, then ack the original."""
-        if not self._owns(delivery) or not self._channel_open():
-            # Its channel is gone and RabbitMQ gives it again: copying it now would leave
-            # two copies in the invalid queue.
-            raise BrokerError("lost the connection to RabbitMQ before moving a message")
-        headers = dict(delivery.properties.headers or {})
-        headers[protocol.H_ORIGINAL_QUEUE] = delivery.queue
-        self._publish_invalid_copy(delivery, invalid_headers(headers, reason))
-        self.ack(delivery)
 
     # -- life ---------------------------------------------------------------------------
 

@@ -138,6 +138,9 @@ class Broker:
         #: When a held-back delivery was last given back (monotonic; 0: never).
         self.last_release = 0.0
 
+    def _channel_open(self) -> bool:
+        return self._channel is not None and self._channel.is_open
+
     def _open(self) -> BlockingChannel:
         if self._channel is not None and self._channel.is_open:
             return self._channel
@@ -351,7 +354,7 @@ class Broker:
 
     def move_to_invalid(self, delivery: Delivery, reason: str) -> None:
         """Republish to the invalid-message queue with the reason, then ack the original."""
-        if not self._owns(delivery) or self._channel is None or not self._channel.is_open:
+        if not self._owns(delivery) or not self._channel_open():
             # Its channel is gone and RabbitMQ gives it again: copying it now would leave
             # two copies in the invalid queue.
             raise BrokerError("lost the connection to RabbitMQ before moving a message")

@@ -31,8 +31,8 @@ T = TypeVar("T")
 KINDS = ["sync", "async"]
 #: The stall limit of a driver's loop (seconds). A fault test runs two receivers' loops,
 #: the TCP proxy's pumps and its own polling in one process: a callback's wall time there
-#: includes waits for the GIL (up to ~100 ms seen on a loaded 2-core machine), which
-#: ``SLOW_CALLBACK_S`` would take for stalls. A blocking connect, sleep or timeout in
+#: includes waits for the GIL, which on a loaded machine ``SLOW_CALLBACK_S`` would take
+#: for stalls. A blocking connect, sleep or timeout in
 #: condmsg still shows.
 SHARED_GIL_SLOW_CALLBACK_S = 0.25
 

@@ -178,16 +178,17 @@ class AsyncReceiver:
 
     @property
     def receiver_id(self) -> str:
-        if self._core is None:
-            raise ConfigError("the async receiver has not started yet")
-        return self._core.receiver_id
+        return self._started_core().receiver_id
 
     @property
     def stats(self) -> Any:
         """The counters of :class:`~ackd.context.ReceiverStats` (after the start)."""
+        return self._started_core().stats
+
+    def _started_core(self) -> _Core:
         if self._core is None:
             raise ConfigError("the async receiver has not started yet")
-        return self._core.stats
+        return self._core
 
     # -- reading ------------------------------------------------------------------------
 

@@ -16,12 +16,10 @@ queue; the outcome stream too (:mod:`condmsg.sending.async_outcomes`).
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
@@ -31,6 +29,7 @@ from condmsg.core.conditions import Condition
 from condmsg.core.errors import ConfigError, StoreError
 from condmsg.core.outcome import Outcome, SphereOutcome
 from condmsg.core.timeutil import utcnow
+from condmsg.runtime.async_start import AsyncStart, poll
 from condmsg.runtime.db import SQLITE_BUSY_TIMEOUT_MS, configure_sqlite, make_engine
 from condmsg.runtime.relaying import relay_for
 from condmsg.runtime.settings import DEFAULT_QUEUE_TYPE
@@ -50,8 +49,6 @@ from condmsg.spheres.resolution import Handler
 from outbox.relay import Relay
 
 __all__ = ["AsyncSender", "make_async_engine"]
-
-T = TypeVar("T")
 
 
 def make_async_engine(url: str) -> AsyncEngine:
@@ -75,7 +72,7 @@ def make_async_engine(url: str) -> AsyncEngine:
     raise ConfigError(f"the async sender needs SQLite or PostgreSQL, not {backend}")
 
 
-class AsyncSender:
+class AsyncSender(AsyncStart[Sender]):
     """The sending side of conditional messaging for an asyncio application; the
     arguments and rows of :class:`~condmsg.sending.sender.Sender`, every call awaitable.
 
@@ -100,6 +97,7 @@ class AsyncSender:
         create_schema: bool = False,
         destination_queue_type: str = DEFAULT_QUEUE_TYPE,
     ) -> None:
+        super().__init__()
         self.name = checked_arguments(
             "AsyncSender", name, engine is not None or db_url is not None, destination_queue_type
         )
@@ -115,8 +113,6 @@ class AsyncSender:
         }
         self._declare = declare_queues
         self._declarer = AsyncDeclarer(amqp_url, name, destination_queue_type)
-        self._core: Sender | None = None
-        self._starting = asyncio.Lock()
         self._handlers: dict[str, Handler] = {}
         self._group = GroupCommit(self._write_own)
 
@@ -126,50 +122,29 @@ class AsyncSender:
 
     # -- life ---------------------------------------------------------------------------
 
-    async def start(self) -> AsyncSender:
-        """Check the store, read its secret and declare the sender's queues (once; sends
-        start the sender if this was not called)."""
-        await self._started()
-        return self
-
     async def close(self) -> None:
         """Close the broker connection, and the engine if the sender made it."""
         await self._declarer.close()
         if self._owns_engine:
             await self.engine.dispose()
 
-    async def __aenter__(self) -> AsyncSender:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def _started(self) -> Sender:
-        if self._core is not None:
-            return self._core
-        async with self._starting:
-            if self._core is None:
-                # The sync sender, built on the async engine's sync facade inside a
-                # greenlet: its schema check and secret read await the async driver.
-                core = await greenlet_spawn(
-                    Sender,
-                    amqp_url=self.amqp_url,
-                    engine=self.engine.sync_engine,
-                    name=self.name,
-                    declare_queues=False,
-                    **self._core_options,
-                )
-                for handler_name, handler in self._handlers.items():
-                    core.register_handler(handler_name, handler)
-                if self._declare:
-                    await self._declarer.service_queues()
-                self._core = core
-        return self._core
+    async def _build(self) -> Sender:
+        """Check the store, read its secret and declare the sender's queues."""
+        # The sync sender, built on the async engine's sync facade inside a greenlet: its
+        # schema check and secret read await the async driver.
+        core = await greenlet_spawn(
+            Sender,
+            amqp_url=self.amqp_url,
+            engine=self.engine.sync_engine,
+            name=self.name,
+            declare_queues=False,
+            **self._core_options,
+        )
+        for handler_name, handler in self._handlers.items():
+            core.register_handler(handler_name, handler)
+        if self._declare:
+            await self._declarer.service_queues()
+        return core
 
     def clock(self) -> datetime:
         """The sender's clock (``sent_at`` of its CMs, the instants of its spheres)."""
@@ -238,7 +213,7 @@ class AsyncSender:
         """:meth:`Sender.outcome`, awaitable: the decided outcome of ``cm_id`` from the
         store, waiting up to ``timeout`` seconds; None if it is still pending then."""
         core = await self._started()
-        return await _poll(lambda: greenlet_spawn(core.outcome, cm_id, 0.0), timeout, poll_s)
+        return await poll(lambda: greenlet_spawn(core.outcome, cm_id, 0.0), timeout, poll_s)
 
     def outcomes(self, *, timeout: float | None = None) -> AsyncIterator[Outcome | SphereOutcome]:
         """:meth:`Sender.outcomes` as an async iterator (``async for outcome in ...``):
@@ -279,7 +254,7 @@ class AsyncSender:
     ) -> SphereOutcome | None:
         """The outcome of a sphere of this sender, waiting up to ``timeout`` seconds."""
         core = await self._started()
-        return await _poll(
+        return await poll(
             lambda: greenlet_spawn(core.sphere_outcome, sphere_id, 0.0), timeout, poll_s
         )
 
@@ -308,13 +283,3 @@ class AsyncSender:
                 await asyncio.to_thread(relay.stop)
         finally:
             await asyncio.to_thread(engine.dispose)
-
-
-async def _poll(look: Callable[[], Awaitable[T | None]], timeout: float, poll_s: float) -> T | None:
-    """``await look()`` until it is not None or ``timeout`` seconds have passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await look()
-        if found is not None or time.monotonic() >= deadline:
-            return found
-        await asyncio.sleep(poll_s)

@@ -10,8 +10,6 @@ connections of their own and stay with the sync sphere.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -22,6 +20,7 @@ from sqlalchemy.util import greenlet_spawn
 
 from condmsg.core.errors import SphereError
 from condmsg.core.outcome import SphereOutcome
+from condmsg.runtime.async_start import poll
 from condmsg.sending.outgoing import Outgoing
 from condmsg.spheres.sphere import Sphere
 
@@ -118,12 +117,7 @@ class AsyncSphere:
     async def outcome(self, timeout: float = 0.0, *, poll_s: float = 0.05) -> SphereOutcome | None:
         """The sphere's outcome, waiting up to ``timeout`` seconds; None while undecided.
         Once it is known, its handlers run (once)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = await greenlet_spawn(self._begun.outcome, 0.0)
-            if found is not None or time.monotonic() >= deadline:
-                return found
-            await asyncio.sleep(poll_s)
+        return await poll(lambda: greenlet_spawn(self._begun.outcome, 0.0), timeout, poll_s)
 
     async def __aenter__(self) -> AsyncSphere:
         await self.begin()

@@ -49,10 +49,7 @@ class GroupCommit:
                 batch = self._take()
                 merged = SendRows()
                 for rows, _ in batch:
-                    merged.cms.extend(rows.cms)
-                    merged.copies.extend(rows.copies)
-                    merged.compensations.extend(rows.compensations)
-                    merged.outbox.extend(rows.outbox)
+                    merged.extend(rows)
                 try:
                     await self._write(merged)
                 except BaseException as exc:  # handed to every send of the batch

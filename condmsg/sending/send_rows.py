@@ -43,6 +43,13 @@ class SendRows:
     compensations: list[dict[str, Any]] = field(default_factory=list)
     outbox: list[Fanout] = field(default_factory=list)
 
+    def extend(self, other: SendRows) -> None:
+        """Add ``other``'s rows after these (one batch, written in one transaction)."""
+        self.cms.extend(other.cms)
+        self.copies.extend(other.copies)
+        self.compensations.extend(other.compensations)
+        self.outbox.extend(other.outbox)
+
     def cm_ids(self) -> list[str]:
         """The ids of the CMs, in the order they were added."""
         return [row["cm_id"] for row in self.cms]

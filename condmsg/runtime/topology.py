@@ -60,6 +60,7 @@ MAX_SENDER_BYTES = 255 - len("condmsg..outcome")
 QUORUM_PRIORITIES_SINCE = (4,)
 
 PRECONDITION_FAILED = 406
+NOT_FOUND = 404
 _CURRENT_TTL = re.compile(
     r"inequivalent arg 'x-message-ttl'.*current is (?:the value '(\d+)'|none)"
 )
@@ -125,9 +126,6 @@ def describe_mode(connection: pika.BlockingConnection, queue_type: str) -> str:
 def declare_service_queue(channel: BlockingChannel, name: str) -> None:
     """A durable quorum queue for acks, outcomes and dead letters."""
     channel.queue_declare(name, durable=True, arguments=dict(QUORUM))
-
-
-NOT_FOUND = 404
 
 
 def queue_exists(connection: pika.BlockingConnection, name: str) -> bool:

@@ -79,20 +79,25 @@ def ack_on(decisions: tuple[Decision, ...]) -> Callable[[str], RlogChange]:
             session: Session, inbound: Inbound, read_at: datetime, got: Decision
         ) -> Decision:
             if inbound.kind is MessageKind.ORIGINAL and got in decisions:
-                ackd.emit.enqueue_ack(
-                    session,
-                    inbound,
-                    kind=AckKind.COMMIT,
-                    read_at=read_at,
-                    committed_at=read_at,
-                    recipient=recipient,
-                    receiver=f"defect:{recipient}",
-                )
+                _commit_ack(session, inbound, read_at, recipient)
             return got
 
         return acking
 
     return change
+
+
+def _commit_ack(session: Session, inbound: Inbound, at: datetime, recipient: str) -> None:
+    """Enqueue a COMMIT ack for ``inbound`` that the receiver's rules would not send."""
+    ackd.emit.enqueue_ack(
+        session,
+        inbound,
+        kind=AckKind.COMMIT,
+        read_at=at,
+        committed_at=at,
+        recipient=recipient,
+        receiver=f"defect:{recipient}",
+    )
 
 
 def no_compensation(recipient: str) -> RlogChange:
@@ -182,15 +187,7 @@ def ack_per_part(recipient: str) -> None:
     ) -> None:
         store_part(self, delivery, inbound, received_at, tx)
         if tx is not None:
-            ackd.emit.enqueue_ack(
-                tx.session,
-                inbound,
-                kind=AckKind.COMMIT,
-                read_at=received_at,
-                committed_at=received_at,
-                recipient=recipient,
-                receiver=f"defect:{recipient}",
-            )
+            _commit_ack(tx.session, inbound, received_at, recipient)
 
     SequenceReassembly.store_part = storing  # type: ignore[method-assign]
 

@@ -131,8 +131,9 @@ def malformed_headers(w: World) -> str:
         return [sent[r.body][0] for r in w.received() if r.body in sent]
 
     def all_moved() -> bool:
-        if delivered():  # known at once, rather than when the wait for the rest runs out
-            raise NotMet(f"the app got malformed messages, e.g. {delivered()[0]!r}")
+        handed = delivered()
+        if handed:  # known at once, rather than when the wait for the rest runs out
+            raise NotMet(f"the app got malformed messages, e.g. {handed[0]!r}")
         return not missing()
 
     try:

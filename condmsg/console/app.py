@@ -33,6 +33,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from condmsg import tables
+from condmsg.cli.failures import first_line
 from condmsg.console import dead_letters, deadline, detail, queries
 from condmsg.console.auth import COOKIE, LoginThrottle, Sessions
 from condmsg.console.hosts import LOOPBACK_NAMES, AllowedHosts
@@ -170,7 +171,7 @@ class _Console:
                 watch.cut_all()  # frees the worker thread blocked on the dead connection
                 problem = f"no answer within {limit:g} s"
             except sa.exc.DBAPIError as exc:
-                problem = _first_line(exc.orig or exc)
+                problem = first_line(exc)
             except sa.exc.TimeoutError:
                 problem = "every connection of the pool is busy"
             engine = watch.engine or self.sender_store.engine
@@ -422,10 +423,6 @@ def _refused(reason: str, status: int = 403) -> Response:
 
 def _escape(text: str) -> str:
     return str(markupsafe.escape(text))
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _choice(value: str | None, allowed: Sequence[str]) -> str | None:

@@ -17,9 +17,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from condmsg.core.wording import first_line
 from evaluator import decisions
 from evaluator.config import EvaluatorConfig
-from evaluator.failures import FIRST_RETRY_S, MAX_RETRY_S, first_line, is_transient
+from evaluator.failures import FIRST_RETRY_S, MAX_RETRY_S, is_transient
 from evaluator.intake import dead_letter, dead_letter_anomaly, describe, ingest
 from evaluator.metrics import EvaluatorMetrics, batch_report
 from evaluator.store_setup import SenderStore

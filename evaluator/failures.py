@@ -48,9 +48,3 @@ def is_transient(exc: BaseException) -> bool:
     if sqlstate is None:
         return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
     return str(sqlstate)[:2] not in _DATA_SQLSTATE_CLASSES
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an error's text (drivers append SQL and hints below it)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

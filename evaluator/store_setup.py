@@ -14,10 +14,11 @@ from sqlalchemy.orm import Session
 from condmsg import tables
 from condmsg.core import protocol
 from condmsg.core.errors import ConfigError
+from condmsg.core.wording import first_line
 from condmsg.runtime import migrate
 from condmsg.runtime.db import describe_db_url
 from condmsg.tables import store_secret
-from evaluator.failures import FIRST_RETRY_S, MAX_RETRY_S, first_line
+from evaluator.failures import FIRST_RETRY_S, MAX_RETRY_S
 from evaluator.store import DecisionStore
 from evaluator.store_psycopg import PsycopgDecisionStore
 from evaluator.store_sqlalchemy import SqlAlchemyDecisionStore
@@ -131,6 +132,6 @@ class SenderStore:
             except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
                 if self._stop.is_set() or (stop is not None and stop.is_set()):
                     return False
-                reason = first_line(exc.orig if exc.orig is not None else exc)
+                reason = first_line(exc)
                 self._waits.failed(reason, level=logging.WARNING)
                 retries.wait(stop)

@@ -19,17 +19,11 @@ import sqlalchemy as sa
 
 from condmsg.cli.options import amqp_url, given_db_url
 from condmsg.core.errors import CondmsgError
+from condmsg.core.wording import first_line
 from condmsg.runtime.amqp import broker_reason, describe_url
 from condmsg.runtime.db import describe_db_url
 
 START_POSTGRESQL = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
-
-
-def first_line(exc: BaseException) -> str:
-    """The driver's own message, first line only (psycopg adds hints on further lines)."""
-    orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def database_problem(url: str | None, exc: sa.exc.SQLAlchemyError, store: str) -> str:

@@ -33,7 +33,6 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from condmsg import tables
-from condmsg.cli.failures import first_line
 from condmsg.console import dead_letters, deadline, detail, queries
 from condmsg.console.auth import COOKIE, LoginThrottle, Sessions
 from condmsg.console.hosts import LOOPBACK_NAMES, AllowedHosts
@@ -41,7 +40,7 @@ from condmsg.console.render import FILTERS, chart
 from condmsg.core import protocol
 from condmsg.core.store_values import SphereState
 from condmsg.core.timeutil import utcnow
-from condmsg.core.wording import plural
+from condmsg.core.wording import first_line, plural
 from condmsg.runtime.db import describe_db_url
 from condmsg.runtime.settings import Settings
 from outbox.urls import redact_url

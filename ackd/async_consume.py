@@ -24,7 +24,7 @@ from ackd.async_broker import AsyncBroker, InboxItem
 from ackd.broker import Delivery
 from ackd.message import Message
 from ackd.outage import StoreUnavailable
-from ackd.reader import _Run
+from ackd.reader import Step, _Run, log_failed, log_handler_failed
 from ackd.receiver import Receiver
 from ackd.transaction import ReceiverTransaction
 from condmsg.core.errors import BrokerAuthError, BrokerError
@@ -49,6 +49,7 @@ class AsyncTransaction(Protocol):
 #: ``AsyncReceiver.transaction`` without arguments: a transaction on a session of its own.
 Transactions = Callable[[], AbstractAsyncContextManager[AsyncTransaction]]
 
+#: The sync consume loop's logger: a pause reads the same whichever receiver consumes.
 log = logging.getLogger("ackd.reader")
 
 #: How long the consumer waits for a delivery before an idle tick (seconds): owed acks
@@ -120,28 +121,21 @@ class AsyncConsumer:
         inbox: asyncio.Queue[InboxItem] = asyncio.Queue()
         await greenlet_spawn(self._broker.start_consuming, run.queue, prefetch, inbox.put_nowait)
         working()
-        sequences = self._core._reader._sequences
+        reader = self._core._reader
         try:
-            while not run.stopped():
+            while True:
                 item = await _next(inbox)
                 if isinstance(item, BaseException):
                     raise BrokerError(f"lost the connection to RabbitMQ: {item}") from item
-                if time.monotonic() >= sequences._next_expiry_check:  # its own rate limit
-                    await greenlet_spawn(sequences.expire_incomplete)
+                if reader.expiry_due():
+                    await greenlet_spawn(reader.expire_incomplete)
                 if item is None:
                     await greenlet_spawn(_idle_tick, self._broker)
-                    if self._core._reader._ctx.pending.maybe_complete:
-                        if await self._handle(run, None):
-                            run.took_one()
-                    elif (
-                        run.idle_timeout_s is not None
-                        and self._core._reader._idle_for(run.last) > run.idle_timeout_s
-                    ):
-                        return True
-                    continue
-                if await self._handle(run, item):
+                step = reader.next_step(run, item)
+                if step is Step.DONE:
+                    return True
+                if step is Step.TAKE and await self._handle(run, item):
                     run.took_one()
-            return True
         finally:
             # Shielded: a cancelled consume still cancels its consumer and settles.
             with suppress(BrokerError, *CONNECTION_ERRORS):
@@ -150,43 +144,32 @@ class AsyncConsumer:
     async def _handle(self, run: _Run[AsyncHandler], delivery: Delivery | None) -> bool:
         """Hand the delivery (None: a complete sequence from the store) to the handler;
         whether the handler got a message."""
-        core = self._core
-        take = (
-            (lambda tx: core._reader._acceptance.accept(self._broker.received(delivery), tx))
-            if delivery is not None
-            else (lambda tx: core._reader._sequences.deliver_complete(run.queue, tx))
-        )
+        reader = self._core._reader
+        if delivery is not None:
+            delivery = self._broker.received(delivery)
         message: Message | None
         if not run.transactional:
             try:
-                message = await greenlet_spawn(take, None)
+                message = await greenlet_spawn(reader.take, run.queue, delivery, None)
             except Exception as exc:
-                await greenlet_spawn(core._reader._raise_if_store_lost, exc, delivery)
+                await greenlet_spawn(reader.raise_if_store_lost, exc, delivery)
                 raise
             if message is not None:
                 try:
                     await run.handler(message, None)
                 except Exception:
-                    # Acked before the handler ran, as a non-transactional get is.
-                    log.exception("handler failed on a non-transactional message")
+                    log_handler_failed()
             return message is not None
         try:
             async with self._transactions() as tx:
-                message = await greenlet_spawn(take, tx.sync)
+                message = await greenlet_spawn(reader.take, run.queue, delivery, tx.sync)
                 if message is not None:
                     await run.handler(message, tx.session)
         except Exception as exc:
-            await greenlet_spawn(core._reader._raise_if_store_lost, exc, delivery)
+            await greenlet_spawn(reader.raise_if_store_lost, exc, delivery)
             if isinstance(exc, (BrokerError, *CONNECTION_ERRORS)):
                 raise  # the broker failed, not the message: consuming pauses and reconnects
-            if delivery is None:
-                log.exception("processing a reassembled sequence failed; it stays stored")
-            else:
-                log.exception(
-                    "processing message %s from %r failed; it is tried again after its backoff",
-                    delivery.properties.message_id,
-                    delivery.queue,
-                )
+            log_failed(delivery)
             return False
         return message is not None
 

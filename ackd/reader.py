@@ -4,6 +4,7 @@ accepted message of a broker consumer to the app's handler, one transaction each
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -131,25 +132,46 @@ class Reader:
                 if not started:
                     started = True
                     working()
-                if run.stopped():
-                    return True
                 self._sequences.expire_incomplete()  # rate-limited; parts may be stored by anyone
-                if delivery is None:
-                    if self._ctx.pending.maybe_complete and self._handle_stored(run):
-                        run.took_one()
-                    elif (
-                        run.idle_timeout_s is not None
-                        and self._idle_for(run.last) > run.idle_timeout_s
-                    ):
-                        return True
-                    continue
-                if self._handle_delivery(delivery, run):
-                    run.took_one()
-                if run.max_messages is not None and run.handled >= run.max_messages:
+                step = self.next_step(run, delivery)
+                if step is Step.DONE:
                     return True
+                if step is Step.TAKE and self._handle(run, delivery):
+                    run.took_one()
+                    if run.stopped():
+                        return True  # without waiting for the consumer's next delivery
         finally:
             stream.close()
         return True
+
+    def next_step(self, run: _Run[H], delivery: Delivery | None) -> Step:
+        """What a consume loop does next with what its broker consumer gave it (None:
+        nothing for a moment): take a message (the delivery, or a complete sequence from
+        the store), wait for more, or end (``max_messages`` handled, or idle too long)."""
+        if run.stopped():
+            return Step.DONE
+        if delivery is not None or self._ctx.pending.maybe_complete:
+            return Step.TAKE
+        if run.idle_timeout_s is not None and self._idle_for(run.last) > run.idle_timeout_s:
+            return Step.DONE
+        return Step.WAIT
+
+    def expiry_due(self) -> bool:
+        """Whether :meth:`~ackd.sequences.SequenceReassembly.expire_incomplete` would look
+        at the store now (the async consumer spares the greenlet switch when not)."""
+        return self._sequences.expiry_due()
+
+    def expire_incomplete(self) -> None:
+        self._sequences.expire_incomplete()
+
+    def take(
+        self, queue: str, delivery: Delivery | None, tx: ReceiverTransaction | None
+    ) -> Message | None:
+        """Judge and decide ``delivery`` (None: the store's next complete sequence of
+        ``queue``) within ``tx``: the message for the app, or None (nothing for it)."""
+        if delivery is None:
+            return self._sequences.deliver_complete(queue, tx)
+        return self._acceptance.accept(delivery, tx)
 
     def _idle_for(self, last_handled: float) -> float:
         """Seconds with nothing to do: a message held back for another attempt, or given
@@ -158,55 +180,32 @@ class Reader:
             return 0.0
         return time.monotonic() - max(last_handled, self._ctx.broker.last_release)
 
-    def _handle_delivery(self, delivery: Delivery, run: _Run[Handler]) -> bool:
+    def _handle(self, run: _Run[Handler], delivery: Delivery | None) -> bool:
+        """Hand the delivery (None: a complete sequence from the store) to the handler;
+        whether the handler got a message."""
         if not run.transactional:
             try:
-                message = self._acceptance.accept(delivery, None)
+                message = self.take(run.queue, delivery, None)
             except Exception as exc:
-                self._raise_if_store_lost(exc, delivery)
+                self.raise_if_store_lost(exc, delivery)
                 raise
             if message is not None:
                 self._call_after_ack(run.handler, message)
             return message is not None
         try:
             with self._open_transaction() as tx:
-                message = self._acceptance.accept(delivery, tx)
+                message = self.take(run.queue, delivery, tx)
                 if message is not None:
                     run.handler(message, tx.session)
         except Exception as exc:
-            self._raise_if_store_lost(exc, delivery)
+            self.raise_if_store_lost(exc, delivery)
             if isinstance(exc, BrokerError | pika.exceptions.AMQPError):
                 raise  # the broker failed, not the message: consuming pauses and reconnects
-            log.exception(
-                "processing message %s from %r failed; it is tried again after its backoff",
-                delivery.properties.message_id,
-                delivery.queue,
-            )
+            log_failed(delivery)
             return False
         return message is not None
 
-    def _handle_stored(self, run: _Run[Handler]) -> bool:
-        if not run.transactional:
-            try:
-                message = self._sequences.deliver_complete(run.queue, None)
-            except Exception as exc:
-                self._raise_if_store_lost(exc, None)
-                raise
-            if message is not None:
-                self._call_after_ack(run.handler, message)
-            return message is not None
-        try:
-            with self._open_transaction() as tx:
-                message = self._sequences.deliver_complete(run.queue, tx)
-                if message is not None:
-                    run.handler(message, tx.session)
-        except Exception as exc:
-            self._raise_if_store_lost(exc, None)
-            log.exception("processing a reassembled sequence failed; it stays stored")
-            return False
-        return message is not None
-
-    def _raise_if_store_lost(self, exc: Exception, delivery: Delivery | None) -> None:
+    def raise_if_store_lost(self, exc: Exception, delivery: Delivery | None) -> None:
         """Raise :class:`StoreUnavailable` if ``exc`` came from an outage of the store,
         after giving ``delivery`` back uncounted (settling it twice is harmless: one that
         a rollback gave back already is not in the broker's books any more)."""
@@ -223,9 +222,34 @@ class Reader:
         try:
             handler(message, None)
         except Exception:
-            # Non-transactional: the message was acked before the handler ran, as a
-            # non-transactional get is; the failure is the app's to report.
-            log.exception("handler failed on a non-transactional message")
+            log_handler_failed()
+
+
+def log_failed(delivery: Delivery | None) -> None:
+    """Log the exception in hand: the app's processing of ``delivery`` (None: of a
+    complete sequence from the store) failed, and its transaction rolled back."""
+    if delivery is None:
+        log.exception("processing a reassembled sequence failed; it stays stored")
+    else:
+        log.exception(
+            "processing message %s from %r failed; it is tried again after its backoff",
+            delivery.properties.message_id,
+            delivery.queue,
+        )
+
+
+def log_handler_failed() -> None:
+    # Non-transactional: the message was acked before the handler ran, as a
+    # non-transactional get is; the failure is the app's to report.
+    log.exception("handler failed on a non-transactional message")
+
+
+class Step(enum.Enum):
+    """What a consume loop does next (:meth:`Reader.next_step`)."""
+
+    TAKE = "take"
+    WAIT = "wait"
+    DONE = "done"
 
 
 class StopFlag(Protocol):

@@ -379,6 +379,9 @@ class SequenceReassembly:
             return None
         return inbound, headers, properties
 
+    def expiry_due(self) -> bool:
+        return time.monotonic() >= self._next_expiry_check
+
     def expire_incomplete(self) -> None:
         """Move the parts of sequences incomplete after ``sequence_timeout`` to the invalid
         queue; looks at most every quarter of the timeout (and at most once a second)."""

@@ -58,7 +58,7 @@ TICK_S = 0.1
 
 
 #: One ``consume()`` call: the sync consume's record of it, with an async handler.
-ConsumeRun = _Run
+ConsumeRun = _Run[AsyncHandler]
 
 
 class AsyncConsumer:
@@ -145,12 +145,16 @@ class AsyncConsumer:
         """Hand the delivery (None: a complete sequence from the store) to the handler;
         whether the handler got a message."""
         reader = self._core._reader
-        if delivery is not None:
-            delivery = self._broker.received(delivery)
+
+        def take(tx: ReceiverTransaction | None) -> Message | None:
+            # In the greenlet: taking it from the inbox may settle others with the broker.
+            taken = None if delivery is None else self._broker.received(delivery)
+            return reader.take(run.queue, taken, tx)
+
         message: Message | None
         if not run.transactional:
             try:
-                message = await greenlet_spawn(reader.take, run.queue, delivery, None)
+                message = await greenlet_spawn(take, None)
             except Exception as exc:
                 await greenlet_spawn(reader.raise_if_store_lost, exc, delivery)
                 raise
@@ -162,7 +166,7 @@ class AsyncConsumer:
             return message is not None
         try:
             async with self._transactions() as tx:
-                message = await greenlet_spawn(reader.take, run.queue, delivery, tx.sync)
+                message = await greenlet_spawn(take, tx.sync)
                 if message is not None:
                     await run.handler(message, tx.session)
         except Exception as exc:

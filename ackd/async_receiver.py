@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import replace
 from datetime import datetime
-from types import TracebackType
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -32,6 +32,7 @@ from sqlalchemy.util import greenlet_spawn
 
 from ackd.async_broker import AsyncBroker
 from ackd.async_consume import AsyncConsumer, AsyncHandler, ConsumeRun
+from ackd.async_stream import MessageStream, StreamItem
 from ackd.message import Message
 from ackd.outage import StoreUnavailable
 from ackd.receiver import Receiver
@@ -41,9 +42,16 @@ from ackd.receiver_store_psycopg import PsycopgReceiverStore
 from ackd.transaction import ReceiverTransaction
 from condmsg.core.errors import ConfigError
 from condmsg.core.timeutil import utcnow
+from condmsg.runtime.async_start import AsyncStart
 from condmsg.sending.async_sender import make_async_engine
 
-__all__ = ["AsyncHandler", "AsyncReceiver", "AsyncReceiverTransaction"]
+__all__ = [
+    "AsyncHandler",
+    "AsyncReceiver",
+    "AsyncReceiverTransaction",
+    "MessageStream",
+    "StreamItem",
+]
 
 
 class _Core(Receiver):
@@ -87,7 +95,7 @@ class AsyncReceiverTransaction:
         return await self._receiver._poll(queue, timeout, self.sync)
 
 
-class AsyncReceiver:
+class AsyncReceiver(AsyncStart[_Core]):
     """The receiving side for one final recipient identity, for asyncio applications:
     the arguments and guarantees of :class:`~ackd.receiver.Receiver`, every call
     awaitable. ``engine`` is an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` on the
@@ -112,14 +120,13 @@ class AsyncReceiver:
         config = ReceiverConfig(**settings) if config is None else replace(config, **settings)
         if engine is None and config.db_url is None:
             raise ConfigError("AsyncReceiver needs db_url (CONDMSG_DB_URL) or an engine")
+        super().__init__()
         self.config = config
         self.recipient = recipient
         self._owns_engine = engine is None
         self.engine = engine if engine is not None else make_async_engine(str(config.db_url))
         self._clock = clock
         self._registry = registry
-        self._core: _Core | None = None
-        self._starting = asyncio.Lock()
         #: The connection this receiver's own transactions run on (a database server's).
         self._kept: AsyncConnection | None = None
         #: Whether a transaction runs on it now (tasks of one loop may open several).
@@ -134,10 +141,6 @@ class AsyncReceiver:
 
     # -- life ---------------------------------------------------------------------------
 
-    async def start(self) -> AsyncReceiver:
-        await self._started()
-        return self
-
     async def close(self) -> None:
         """Close the broker connection (owed acks sent, held-back deliveries given back),
         the kept connection, and the engine if the receiver made it."""
@@ -148,33 +151,17 @@ class AsyncReceiver:
         if self._owns_engine:
             await self.engine.dispose()
 
-    async def __aenter__(self) -> AsyncReceiver:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def _started(self) -> _Core:
-        if self._core is not None:
-            return self._core
-        async with self._starting:
-            if self._core is None:
-                # The schema check and the ack watch's first look await the async driver.
-                self._core = await greenlet_spawn(
-                    _Core,
-                    self.config,
-                    recipient=self.recipient,
-                    engine=self.engine.sync_engine,
-                    store=SqlAlchemyReceiverStore(),
-                    clock=self._clock,
-                    registry=self._registry,
-                )
-        return self._core
+    async def _build(self) -> _Core:
+        # The schema check and the ack watch's first look await the async driver.
+        return await greenlet_spawn(
+            _Core,
+            self.config,
+            recipient=self.recipient,
+            engine=self.engine.sync_engine,
+            store=SqlAlchemyReceiverStore(),
+            clock=self._clock,
+            registry=self._registry,
+        )
 
     @property
     def receiver_id(self) -> str:
@@ -317,15 +304,41 @@ class AsyncReceiver:
         ``transactional``, else None. Cancelling the task stops it too: the message in
         hand is rolled back and given back uncounted, the prefetched ones are requeued.
         """
+        run = ConsumeRun(queue, handler, transactional, max_messages, idle_timeout_s, stop)
+        return await self._consume(run, AsyncConsumer, prefetch=prefetch)
+
+    def stream(
+        self,
+        queue: str,
+        *,
+        prefetch: int = 50,
+        max_messages: int | None = None,
+        idle_timeout_s: float | None = None,
+    ) -> MessageStream:
+        """The messages of ``queue`` as an ``async for``, each in its transaction::
+
+            async with receiver.stream(queue) as stream:
+                async for item in stream:
+                    async with item:  # commits on a clean exit, rolls back on an error
+                        await handle(item.message, item.session)
+
+        ``consume``'s guarantees and arguments (see :mod:`ackd.async_stream`); it ends
+        when the ``async with`` is left, after ``max_messages`` or when idle for
+        ``idle_timeout_s``.
+        """
+        start = partial(self._consume, prefetch=prefetch)
+        return MessageStream(start, queue, max_messages=max_messages, idle_timeout_s=idle_timeout_s)
+
+    async def _consume(
+        self, run: ConsumeRun, consumer: Callable[..., AsyncConsumer], *, prefetch: int
+    ) -> int:
         if self._consuming:
             # One broker consumer per receiver: its channel's prefetch window and the
             # books of what it holds are the consumer's.
             raise ConfigError("this AsyncReceiver consumes already; make one per consumer")
-        run = ConsumeRun(queue, handler, transactional, max_messages, idle_timeout_s, stop)
         self._consuming = True
         try:
             core = await self._started()
-            consumer = AsyncConsumer(self.transaction, core, core.broker, stop)
-            return await consumer.run(run, prefetch)
+            return await consumer(self.transaction, core, core.broker, run.stop).run(run, prefetch)
         finally:
             self._consuming = False

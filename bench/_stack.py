@@ -147,6 +147,12 @@ def condmsg_stack(
             _delete_queues(list(stack.queues().values()))
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (a timeout, a stopped CI job) unwind like Ctrl-C, so that the services
+    are stopped and the schemas, databases and queues dropped."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def _wait_until_consumers(queue: str, proc: Any, n: int) -> None:
     """Wait for the ``n``-th consumer of ``queue`` (``proc`` is the one expected)."""
     from bench.pipeline import _consumers

@@ -23,7 +23,7 @@ import os
 from typing import Any
 
 from bench._common import emit_result, log, row
-from bench._stack import burst, condmsg_stack
+from bench._stack import burst, condmsg_stack, exit_on_sigterm
 from bench.pipeline import PG_URL, CpuMeter, _stage_pids
 
 
@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--receivers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--evaluators", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
+    exit_on_sigterm()
     results = []
     for evaluators in args.evaluators:
         for receivers in args.receivers:

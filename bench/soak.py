@@ -31,7 +31,9 @@ Goals, checked at the end:
   most 1.5x the largest seen up to the reference point, plus 1 MB. Dead tuples are
   reported beside it: the size stays bounded when autovacuum reclaims them in time.
 
-``--table-defaults`` resets the outbox tables' storage options (docs/operations.md,
+A server with ``autovacuum = off`` (some CI configurations) reclaims nothing: the outbox
+tables then grow with every CM, which the run says at its start and in its JSON line
+(``server``). ``--table-defaults`` resets the outbox tables' storage options (docs/operations.md,
 "Outbox tables under churn") to PostgreSQL's defaults first, to measure what they do.
 
 Run: ``python -m bench.soak [--minutes 60] [--window-minutes 5] [--rate R]`` (env
@@ -54,7 +56,7 @@ import pika
 import sqlalchemy as sa
 
 from bench._common import Row, emit_result, log, percentile
-from bench._stack import Stack, Tracker, burst, condmsg_stack, reading_outcomes
+from bench._stack import Stack, Tracker, burst, condmsg_stack, exit_on_sigterm, reading_outcomes
 from bench.pipeline import AMQP_URL, PG_URL, _pace, _pids_named, _with_descendants
 
 P99_GROWTH = 1.5
@@ -65,6 +67,7 @@ TABLE_FLOOR_KB = 1024
 TABLE_SAMPLE_S = 10.0
 REFERENCE_MINUTES = 10.0
 VIOLATE_EVERY = 10
+SERVER_SETTINGS = ("autovacuum", "autovacuum_naptime", "autovacuum_vacuum_cost_delay")
 #: The storage options the outbox migration sets, which ``--table-defaults`` resets.
 OUTBOX_OPTIONS = (
     "autovacuum_vacuum_scale_factor",
@@ -317,16 +320,35 @@ def main() -> None:
     args = parser.parse_args()
     if args.window_minutes <= 0 or args.minutes < 2 * args.window_minutes:
         parser.error("--minutes must cover at least two windows of --window-minutes")
+    exit_on_sigterm()
     prepare = reset_outbox_options if args.table_defaults else None
+    server = server_settings()
+    if server["autovacuum"] != "on":
+        log("autovacuum is off on this server: nothing will reclaim dead rows (see --help)")
     with condmsg_stack(PG_URL, prepare=prepare) as stack:
         burst_rate = burst(stack, args.burst_cms, violate_every=VIOLATE_EVERY)
         rate = args.rate or burst_rate / 2
         log(f"burst {burst_rate:,.0f} CMs/s; soaking at {rate:,.0f} CMs/s for {args.minutes} min")
         windows = soak(stack, rate, args.minutes, args.window_minutes)
-    report(args, burst_rate, rate, windows)
+    report(args, burst_rate, rate, windows, server)
 
 
-def report(args: argparse.Namespace, burst_rate: float, rate: float, windows: list[Window]) -> None:
+def server_settings() -> dict[str, str]:
+    """The server's autovacuum settings, which decide how the outbox tables fare."""
+    engine = sa.create_engine(PG_URL)
+    with engine.connect() as conn:
+        found = {n: str(conn.scalar(sa.text(f"SHOW {n}"))) for n in SERVER_SETTINGS}
+    engine.dispose()
+    return found
+
+
+def report(
+    args: argparse.Namespace,
+    burst_rate: float,
+    rate: float,
+    windows: list[Window],
+    server: dict[str, str],
+) -> None:
     window_s = args.window_minutes * 60
     reference = reference_index(args.minutes, args.window_minutes)
     rows = goals(windows, reference)
@@ -375,6 +397,7 @@ def report(args: argparse.Namespace, burst_rate: float, rate: float, windows: li
             "burst_cms_per_s": round(burst_rate, 1),
             "violate_every": VIOLATE_EVERY,
             "table_defaults": args.table_defaults,
+            "server": server,
             "reference_window": reference + 1,
             "windows": [w.summary(window_s) for w in windows],
             "goals_ok": all(r.ok for r in rows),

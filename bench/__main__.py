@@ -79,16 +79,20 @@ def record(cells: list[list[str]], results: Path) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+def chosen(asked: list[str]) -> list[str]:
+    """The benchmarks to run: those ``asked`` for, else every one but ``ON_REQUEST``."""
+    names = sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_"))
+    if asked:
+        return [n for n in names if n in asked]
+    return [n for n in names if n not in ON_REQUEST]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="Run the benchmarks (all, or those named).")
     parser.add_argument("names", nargs="*", help="benchmarks to run (default: all but the soak)")
     parser.add_argument("--record", action="store_true", help="append the table to RESULTS.md")
     args = parser.parse_args(argv)
-    names = sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_"))
-    if args.names:
-        names = [n for n in names if n in args.names]
-    else:
-        names = [n for n in names if n not in ON_REQUEST]
+    names = chosen(args.names)
     summaries: list[str] = []
     failed = []
     for name in names:

@@ -194,6 +194,9 @@ def soak(stack: Stack, rate: float, minutes: float, window_minutes: float) -> li
 
     def send(n: int) -> None:
         nonlocal sent
+        ended = {name: p.returncode for name, p in stack.procs.items() if p.poll() is not None}
+        if ended:  # an hour's run stops at once, not after the outcomes' timeout
+            raise RuntimeError(f"services ended during the soak (exit codes): {ended}")
         tracker.mark_sent(stack.sender.send_many(stack.outgoing(n, VIOLATE_EVERY, sent)))
         sent += n
 

@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 JDBC_JAR := /usr/share/java/postgresql.jar
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: demo test lint bench services install clean audit-dist prepared-transactions
+.PHONY: demo test lint bench soak services install clean audit-dist prepared-transactions
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -69,6 +69,10 @@ demo: $(STAMP) prepared-transactions services
 
 bench: $(STAMP) services
 	$(BIN)/python -m bench --record
+
+# The pipeline for an hour at half its burst rate (bench/soak.py); not part of `make bench`.
+soak: $(STAMP) services
+	$(BIN)/python -m bench --record soak
 
 # What spark-submit's --py-files needs to run the audit on a cluster (docs/audit.md).
 audit-dist: $(STAMP)

@@ -6,6 +6,8 @@ its baseline, ratio and target (the ``"table"`` rows of each JSON line), then ev
 line again. ``--record`` appends the table, dated and with the commit and the machine's
 load, to ``bench/RESULTS.md``, so that a figure that slips is seen beside its history.
 Benchmarks run one at a time: on two cores, two at once would measure each other.
+Those in ``ON_REQUEST`` run only when named (``python -m bench soak``, ``make soak``): the
+soak takes an hour.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent
+ON_REQUEST = ("soak",)
 COLUMNS = ("benchmark", "figure", "value", "baseline", "ratio", "target", "ok")
 
 
@@ -76,14 +79,20 @@ def record(cells: list[list[str]], results: Path) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+def chosen(asked: list[str]) -> list[str]:
+    """The benchmarks to run: those ``asked`` for, else every one but ``ON_REQUEST``."""
+    names = sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_"))
+    if asked:
+        return [n for n in names if n in asked]
+    return [n for n in names if n not in ON_REQUEST]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="Run the benchmarks (all, or those named).")
-    parser.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
+    parser.add_argument("names", nargs="*", help="benchmarks to run (default: all but the soak)")
     parser.add_argument("--record", action="store_true", help="append the table to RESULTS.md")
     args = parser.parse_args(argv)
-    names = sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_"))
-    if args.names:
-        names = [n for n in names if n in args.names]
+    names = chosen(args.names)
     summaries: list[str] = []
     failed = []
     for name in names:

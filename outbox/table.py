@@ -42,6 +42,20 @@ _NOTIFY_TRIGGER = sa.DDL(  # type: ignore[no-untyped-call]
     "FOR EACH STATEMENT EXECUTE FUNCTION condmsg_outbox_notify()"
 )
 
+# Every row is inserted, claimed and deleted within milliseconds: the live rows are the
+# backlog, the dead ones pile up at the traffic's rate until a vacuum frees their space
+# for the next inserts. A fixed threshold (scale factor 0) vacuums the table at each
+# autovacuum visit that finds 1,000 dead rows, not after a fifth of an estimate that a
+# past backlog inflated; no cost delay, so that vacuuming a table this small is not
+# paced while dead rows keep coming (docs/operations.md, "Outbox tables under churn").
+STORAGE_OPTIONS = (
+    "autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, "
+    "autovacuum_vacuum_cost_delay = 0"
+)
+_STORAGE = sa.DDL(  # type: ignore[no-untyped-call]
+    f"ALTER TABLE %(fullname)s SET ({STORAGE_OPTIONS})"
+)
+
 
 def notify_channel(schema: str, table_name: str) -> str:
     """The LISTEN/NOTIFY channel of ``schema.table_name`` (same formula as the trigger)."""
@@ -108,6 +122,7 @@ def outbox_table(
     )
     sa.event.listen(table, "after_create", _NOTIFY_FUNCTION.execute_if(dialect="postgresql"))
     sa.event.listen(table, "after_create", _NOTIFY_TRIGGER.execute_if(dialect="postgresql"))
+    sa.event.listen(table, "after_create", _STORAGE.execute_if(dialect="postgresql"))
     return table
 
 

@@ -59,6 +59,29 @@ def test_upgrade_creates_the_schema_the_models_declare(db_url: str, store: str) 
     engine.dispose()
 
 
+def test_outbox_tables_vacuum_at_a_fixed_threshold_however_they_were_made(pg_url: str) -> None:
+    engine = sa.create_engine(pg_url)
+    migrate.upgrade(engine, "receiver")
+    # An application's own outbox, in its own metadata (the outbox package's would keep it).
+    outbox_table("app_outbox", metadata=sa.MetaData()).metadata.create_all(engine)
+    with engine.connect() as conn:
+        options = dict(
+            conn.execute(
+                sa.text(
+                    "SELECT relname, reloptions FROM pg_class WHERE relnamespace = "
+                    "current_schema()::regnamespace AND relname LIKE '%outbox'"
+                )
+            ).all()
+        )
+    engine.dispose()
+    expected = [
+        "autovacuum_vacuum_scale_factor=0",
+        "autovacuum_vacuum_threshold=1000",
+        "autovacuum_vacuum_cost_delay=0",
+    ]
+    assert options == {"condmsg_outbox": expected, "app_outbox": expected}
+
+
 def test_a_store_made_before_versioning_is_adopted(db_url: str) -> None:
     engine = sa.create_engine(db_url)
     create_sender_tables(engine)

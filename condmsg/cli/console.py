@@ -79,6 +79,13 @@ def register(subparsers: Any) -> None:
         "reaches it reads every page)",
     )
     parser.add_argument(
+        "--login-to-read",
+        action="store_true",
+        help="pages too need the login, not only actions (needs the token; the default "
+        "when bound to an address other than loopback); for a loopback console behind a "
+        "proxy that does not check who reads",
+    )
+    parser.add_argument(
         "--secure-cookies",
         action="store_true",
         help="mark the session cookie Secure: for a console reached over HTTPS (a TLS "
@@ -139,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     from condmsg.runtime.settings import Settings
 
     configure_logging()
-    token, allowed_hosts = _access(args)
+    token, allowed_hosts, login_to_read = _access(args)
     urls = [named_db_url(args, existing=True), *args.receiver_db_url]
     stores = []
     for index, url in enumerate(urls):
@@ -161,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
             db_timeout_s=args.db_timeout,
             allowed_hosts=allowed_hosts,
             secure_cookies=args.secure_cookies,
+            login_to_read=login_to_read,
         )
     )
     log = logging.getLogger("condmsg.console")
@@ -169,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
         args.host,
         args.port,
         redact_url(describe_db_url(urls[0])),
-        "enabled (token set)" if token else "disabled (no token)",
+        ("enabled (token set)" if token else "disabled (no token)")
+        + ("; pages need the login" if login_to_read else ""),
         ", ".join(sorted(allowed_hosts)),
     )
     if not is_loopback(args.host) and not args.secure_cookies:
@@ -182,9 +191,10 @@ def run(args: argparse.Namespace) -> int:
     return OK
 
 
-def _access(args: argparse.Namespace) -> tuple[str | None, frozenset[str]]:
-    """The token (checked) and the Host names to answer, or :class:`ConfigError` for a
-    bind that would expose the console without a token, or answer no name at all."""
+def _access(args: argparse.Namespace) -> tuple[str | None, frozenset[str], bool]:
+    """The token (checked), the Host names to answer and whether pages need the login, or
+    :class:`ConfigError` for a bind that would expose the console without a token, or
+    answer no name at all."""
     from condmsg.console.auth import check_token
     from condmsg.console.hosts import allowed_names, is_loopback
     from condmsg.runtime.credentials import env_value
@@ -193,6 +203,8 @@ def _access(args: argparse.Namespace) -> tuple[str | None, frozenset[str]]:
     token = args.token or env_value(os.environ, ENV_TOKEN) or None
     if token is not None:
         check_token(token)
+    if args.login_to_read and token is None:
+        raise ConfigError(f"--login-to-read needs the console's token ({ENV_TOKEN})")
     if not is_loopback(args.host) and token is None and not args.insecure:
         raise ConfigError(
             f"--host {args.host} is not a loopback address: a console reachable from other "
@@ -207,4 +219,6 @@ def _access(args: argparse.Namespace) -> tuple[str | None, frozenset[str]]:
             "that in its Host header: give the names clients use with --allowed-host NAME "
             f"(or {ENV_ALLOWED_HOSTS})"
         )
-    return token, names
+    # Beyond loopback every page shows operators' data to whoever reaches the port.
+    login_to_read = token is not None and (args.login_to_read or not is_loopback(args.host))
+    return token, names, login_to_read

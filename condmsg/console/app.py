@@ -38,6 +38,7 @@ from condmsg.console.auth import COOKIE, LoginThrottle, Sessions
 from condmsg.console.hosts import LOOPBACK_NAMES, AllowedHosts
 from condmsg.console.render import FILTERS, chart
 from condmsg.core import protocol
+from condmsg.core.errors import ConfigError
 from condmsg.core.store_values import SphereState
 from condmsg.core.timeutil import utcnow
 from condmsg.core.wording import first_line, plural
@@ -83,11 +84,16 @@ class ConsoleConfig:
     allowed_hosts: Collection[str] = LOOPBACK_NAMES
     #: Mark the session cookie ``Secure`` (the console is reached over TLS, via a proxy).
     secure_cookies: bool = False
+    #: Pages too need the login, not only actions (needs ``token``): what a console shows
+    #: (destinations, reasons, payload excerpts) is for its operators alone.
+    login_to_read: bool = False
     #: Monotonic seconds, for sessions' lifetimes and the login throttle.
     monotonic: Callable[[], float] = field(default=time.monotonic)
 
 
 def create_app(config: ConsoleConfig) -> Starlette:
+    if config.login_to_read and not config.token:
+        raise ConfigError("a console whose pages need the login needs a token to log in with")
     console = _Console(config)
     for store in config.stores:
         deadline.watch_engine(store.engine)
@@ -160,6 +166,10 @@ class _Console:
         limit = self.config.db_timeout_s
 
         async def endpoint(request: Request) -> Response:
+            if self.config.login_to_read and not self.logged_in(request):
+                if live:
+                    return PlainTextResponse("log in with the console's token first", 401)
+                return RedirectResponse("/login", status_code=303)
             watch = deadline.Watch()
             work = asyncio.ensure_future(run_in_threadpool(watch.run, handler, request))
             try:
@@ -177,6 +187,9 @@ class _Console:
             return self.unavailable(request, engine, problem, live)
 
         return endpoint
+
+    def logged_in(self, request: Request) -> bool:
+        return self.sessions.get(request.cookies.get(COOKIE)) is not None
 
     def unavailable(
         self, request: Request, engine: sa.Engine, problem: str, live: bool
@@ -319,7 +332,7 @@ class _Console:
             return self.page(request, "login.html", 403, failed=True, wait_s=None)
         self.throttle.succeeded(client)
         log.info("console login from %s", client)
-        response = RedirectResponse("/outbox", status_code=303)
+        response = RedirectResponse("/" if self.config.login_to_read else "/outbox", 303)
         response.set_cookie(
             COOKIE,
             session_id,

@@ -27,6 +27,7 @@ from condmsg import tables
 from condmsg.cli.console import ENV_TOKEN
 from condmsg.console import auth
 from condmsg.core import protocol
+from condmsg.core.errors import ConfigError
 from condmsg.core.timeutil import utcnow
 from condmsg.runtime.migrate import upgrade
 from evaluator.intake import dead_letter, dead_letter_anomaly
@@ -259,6 +260,29 @@ def test_cookies_are_secure_when_asked(store_url: str, amqp_url: str) -> None:
         status, headers = _login(base, TOKEN)
         assert status == 303
         assert "; secure" in headers["set-cookie"].lower()
+
+
+def test_pages_need_the_login_when_asked(store_url: str, amqp_url: str) -> None:
+    """``login_to_read`` (the CLI's default off loopback): no page, live fragment included,
+    shows anything before the login; after it every page does."""
+    with serve(store_url, amqp_url, TOKEN, login_to_read=True) as base:
+        for path in ("/", "/cms", "/spheres", "/outbox"):
+            status, body, headers = _get(base + path)
+            assert (status, headers["location"]) == (303, "/login"), path
+            assert body == ""  # nothing of the page
+        assert _get(base + "/live/overview")[0] == 401
+        status, headers = _login(base, TOKEN)
+        assert (status, headers["location"]) == (303, "/")
+        cookie = headers["set-cookie"].split(";")[0]
+        with urlopen(Request(base + "/cms", headers={"Cookie": cookie}), timeout=10) as page:
+            assert page.status == 200
+    with serve(store_url, amqp_url, TOKEN) as base:
+        assert _get(base + "/cms")[0] == 200  # on loopback without it: read-only, open
+    from condmsg.console import ConsoleConfig, create_app
+    from condmsg.runtime.settings import Settings
+
+    with pytest.raises(ConfigError, match="needs a token"):
+        create_app(ConsoleConfig(stores=[], settings=Settings(), login_to_read=True))
 
 
 # -- purge ---------------------------------------------------------------------------------

@@ -72,5 +72,31 @@ def test_the_console_token_may_come_from_a_file(
     (tmp_path / "token").write_text(token + "\n")
     monkeypatch.delenv(console.ENV_TOKEN, raising=False)
     monkeypatch.setenv(console.ENV_TOKEN + "_FILE", str(tmp_path / "token"))
-    args = argparse.Namespace(token=None, host="127.0.0.1", insecure=False, allowed_host=[])
+    args = _args(token=None)
     assert console._access(args)[0] == token
+
+
+def _args(**given: object) -> argparse.Namespace:
+    options: dict[str, object] = {
+        "token": None,
+        "host": "127.0.0.1",
+        "insecure": False,
+        "allowed_host": [],
+        "login_to_read": False,
+    }
+    return argparse.Namespace(**(options | given))
+
+
+def test_pages_need_the_login_off_loopback_or_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from condmsg.cli import console
+    from condmsg.core.errors import ConfigError
+
+    monkeypatch.delenv(console.ENV_TOKEN, raising=False)
+    monkeypatch.delenv(console.ENV_TOKEN + "_FILE", raising=False)
+    token = "t" * 16 + "0123456789abcdef"
+    assert console._access(_args(token=token))[2] is False
+    assert console._access(_args(token=token, login_to_read=True))[2] is True
+    assert console._access(_args(token=token, host="192.0.2.7"))[2] is True
+    assert console._access(_args(host="192.0.2.7", insecure=True))[2] is False
+    with pytest.raises(ConfigError, match="--login-to-read needs"):
+        console._access(_args(login_to_read=True))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import re
 from datetime import timedelta
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -142,13 +143,19 @@ def queue_exists(connection: pika.BlockingConnection, name: str) -> bool:
     return True
 
 
+def outcome_queue_arguments() -> dict[str, Any]:
+    """The outcome queue's ``queue.declare`` arguments (quorum, notifications kept
+    :data:`OUTCOME_TTL`), for the sync and the async sender alike."""
+    return dict(QUORUM, **{"x-message-ttl": int(OUTCOME_TTL.total_seconds() * 1000)})
+
+
 def declare_outcome_queue(connection: pika.BlockingConnection, name: str) -> None:
     """A sender's outcome queue: a service queue whose notifications expire after
     :data:`OUTCOME_TTL`. One that exists with another TTL, or none (declared by an earlier
     release), is used as it is, with a warning that says how to bound it: RabbitMQ refuses
     to change a queue's arguments, and refusing to start would stop the outcomes too."""
     channel = connection.channel()  # a refused declaration closes the channel
-    arguments = dict(QUORUM, **{"x-message-ttl": int(OUTCOME_TTL.total_seconds() * 1000)})
+    arguments = outcome_queue_arguments()
     try:
         channel.queue_declare(name, durable=True, arguments=arguments)
     except pika.exceptions.ChannelClosedByBroker as exc:

@@ -21,7 +21,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from condmsg.core import protocol
 from condmsg.core.errors import BrokerAuthError, BrokerError
 from condmsg.runtime.amqp import describe_url
-from condmsg.runtime.topology import OUTCOME_TTL, QUORUM, destination_arguments
+from condmsg.runtime.topology import QUORUM, destination_arguments, outcome_queue_arguments
 from outbox.urls import split_urls
 
 log = logging.getLogger(__name__)
@@ -47,11 +47,6 @@ async def connect(url: str, *, name: str) -> AbstractConnection:
     raise BrokerError(
         f"cannot reach RabbitMQ at {describe_url(url)}: {last}; is the broker running?"
     ) from None
-
-
-def outcome_queue_arguments() -> dict[str, Any]:
-    """The outcome queue's ``queue.declare`` arguments (quorum, notifications kept 7 days)."""
-    return dict(QUORUM, **{"x-message-ttl": int(OUTCOME_TTL.total_seconds() * 1000)})
 
 
 class AsyncDeclarer:

@@ -19,8 +19,8 @@ NODE_DIR = ROOT / "interop" / "node"
 PYTHON_RECEIVER = f"{shlex.quote(sys.executable)} -m condmsg.conformance.python_receiver"
 #: Deadlines scaled for a shared two-core machine running other tests beside these.
 SCALE = 2.0
-#: The kill-anywhere scenario's kills for the Python receiver, which takes about 0.6 s
-#: from a start to its first delivery (the Node one about 0.2 s, and gets the default).
+#: The kill-anywhere scenario's kills for the Python receiver: each kill costs a restart,
+#: and the Python receiver starts slower than the Node one (which gets the default).
 PYTHON_KILLS = 40
 
 

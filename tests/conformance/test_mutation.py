@@ -23,8 +23,8 @@ from .conftest import PYTHON_RECEIVER, explain, node_receiver
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
-#: Kills for a defective variant: ack-second-transaction leaves about one app row in 30
-#: without its ack per kill on this machine, so 30 kills leave several.
+#: Kills for a defective variant: enough that a kill between ack-second-transaction's two
+#: transactions is all but certain, and few enough to keep the suite short.
 DEFECT_KILLS = 30
 #: Deadlines as written: a defect caught by a timeout costs that timeout.
 DEFECT_SCALE = 1.0

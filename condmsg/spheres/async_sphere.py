@@ -132,7 +132,7 @@ class AsyncSphere:
     ) -> None:
         sphere = self._begun
         try:
-            if sphere._ended is None:
+            if sphere.ended is None:
                 if exc is None:
                     await self.commit()
                 else:

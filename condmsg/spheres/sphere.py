@@ -191,6 +191,11 @@ class Sphere:
         self._token = _current.set(self)
         return self
 
+    @property
+    def ended(self) -> str | None:
+        """How this sphere ended (``committed``, ``aborted``), or None while open."""
+        return self._ended
+
     def __exit__(
         self,
         exc_type: type[BaseException] | None,

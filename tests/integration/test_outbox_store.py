@@ -16,6 +16,7 @@ from outbox import OutboxMessage, OutboxStore, OutboxTypeError, OutboxValueError
 from outbox.enqueueing import enqueue_all, enqueue_fanouts
 from outbox.message import Fanout
 from outbox.notify import Listener
+from tests.waiting import wait_for
 
 from .outbox_helpers import fanout, message_fields
 
@@ -397,6 +398,17 @@ def _create_old_table(engine: sa.Engine, name: str) -> None:
     sa.Table(name, old, *columns).create(engine)
 
 
+def _lock_waits(engine: sa.Engine) -> int:
+    """Backends of this database waiting for a lock (PostgreSQL)."""
+    with engine.connect() as conn:
+        return int(
+            conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            ).scalar_one()
+        )
+
+
 def test_create_tables_adds_the_copies_column_to_an_old_table_under_racing_creators(
     db_url: str,
 ) -> None:
@@ -411,15 +423,27 @@ def test_create_tables_adds_the_copies_column_to_an_old_table_under_racing_creat
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    # A adds the column and holds its transaction open; B starts meanwhile, finds no
-    # column yet (A has not committed) and gets to its ALTER only once A commits.
+    # A adds the column and holds its transaction open; B starts meanwhile, and A commits
+    # only once B is in the race: once B has sent a statement that waits for A (on
+    # PostgreSQL seen as a lock wait; SQLite's file lock shows in no catalog, so there
+    # once B has sent its first statement, which waits for A's write lock).
+    waiting = threading.Event()
+
+    def sent(conn: sa.Connection, *rest: object) -> None:
+        if conn is not a:
+            waiting.set()
+
     with eng.connect() as a:
         with a.begin():
             outbox.create_tables(a, table_name=name)
+            sa.event.listen(eng, "before_cursor_execute", sent)
             other = threading.Thread(target=create)
             other.start()
-            time.sleep(0.5)
+            assert waiting.wait(30), "the second creator never reached its racing statement"
+            if eng.dialect.name == "postgresql":
+                wait_for(lambda: _lock_waits(eng) > 0, timeout=30, what="B waiting on A's lock")
         other.join(30)
+    sa.event.remove(eng, "before_cursor_execute", sent)
     assert errors == []
     columns = [c["name"] for c in sa.inspect(eng).get_columns(name)]
     assert columns.count("copies") == 1

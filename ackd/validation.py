@@ -18,6 +18,7 @@ from condmsg.core import protocol
 from condmsg.core.errors import CondmsgError, ProtocolError
 from condmsg.core.limits import forbidden_character
 from condmsg.core.payloads import decode_payload
+from outbox import tracing
 
 if TYPE_CHECKING:
     from ackd.broker import Delivery
@@ -62,6 +63,8 @@ class Inbound:
     seq_id: str | None = None
     seq_pos: int | None = None
     seq_size: int | None = None
+    #: The W3C ``traceparent`` the message carried (docs/tracing.md), if well formed.
+    traceparent: str | None = None
 
 
 def _text(headers: dict[str, Any], name: str, *, required: bool = True) -> str | None:
@@ -157,6 +160,7 @@ def _parse(headers: dict[str, Any], reply_to: str | None) -> Inbound:
         sent_at=sent_at,
         token=token,
         reply_to=reply_to,
+        traceparent=tracing.traceparent_of(headers),
     )
     if protocol.H_SEQ_ID not in headers:
         return inbound
@@ -180,6 +184,7 @@ def _parse(headers: dict[str, Any], reply_to: str | None) -> Inbound:
         seq_id=seq_id,
         seq_pos=pos,
         seq_size=size,
+        traceparent=inbound.traceparent,
     )
 
 

@@ -14,7 +14,7 @@ import functools
 import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
@@ -92,8 +92,12 @@ class Actions:
         *,
         secret: bytes,
         copies: Mapping[str, Mapping[str, CopyRow]] | None = None,
+        traces: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self._session = session
+        # Per decided CM, the trace context of its decision (evaluator.tracing), which
+        # every message it releases carries; None without tracing.
+        self._traces = traces
         self._store = store
         self._now = now
         self._secret = secret
@@ -147,7 +151,11 @@ class Actions:
         for cm in self._succeed:
             notice = json.dumps({"cm_id": cm.cm_id, "verdict": "satisfied"}).encode()
             messages += [
-                _notice(protocol.MessageKind.SUCCESS, cm, copy, notice, JSON, secret=self._secret)
+                self._traced(
+                    _notice(
+                        protocol.MessageKind.SUCCESS, cm, copy, notice, JSON, secret=self._secret
+                    )
+                )
                 for copy in self._copies.get(cm.cm_id, {}).values()
             ]
         failed = [cm.cm_id for cm in self._compensate]
@@ -158,22 +166,42 @@ class Actions:
                 copy = cm_copies.get(row.destination)
                 if copy is not None:
                     messages.append(
-                        _notice(
-                            protocol.MessageKind.COMPENSATION,
-                            cm,
-                            copy,
-                            row.body,
-                            row.content_type,
-                            secret=self._secret,
+                        self._traced(
+                            _notice(
+                                protocol.MessageKind.COMPENSATION,
+                                cm,
+                                copy,
+                                row.body,
+                                row.content_type,
+                                secret=self._secret,
+                            )
                         )
                     )
         released = [cm_id for cm_id in failed if compensations.get(cm_id)]
         if released:  # a CM without compensations has no row to mark
             store.release_compensations(session, released, self._now)
         for sender, (bodies, message_ids, correlation_ids) in self._notifications.items():
-            enqueue_batch(session, _outcome_template(sender), bodies, message_ids, correlation_ids)
+            if self._traces is None:
+                enqueue_batch(
+                    session, _outcome_template(sender), bodies, message_ids, correlation_ids
+                )
+                continue
+            template = _outcome_template(sender)
+            messages += [
+                self._traced(template, body=b, message_id=m, correlation_id=c)
+                for b, m, c in zip(bodies, message_ids, correlation_ids, strict=True)
+            ]
         enqueue_all(session, messages)
         return self._spheres
+
+    def _traced(self, message: OutboxMessage, **fields: Any) -> OutboxMessage:
+        """``message`` (with ``fields`` replaced) carrying the trace context of the
+        decision of its CM (its correlation id)."""
+        cm_id = fields.get("correlation_id", message.correlation_id)
+        trace = (self._traces or {}).get(str(cm_id))
+        if trace:
+            fields["headers"] = {**(message.headers or {}), **trace}
+        return dataclasses.replace(message, **fields) if fields else message
 
 
 @functools.lru_cache(maxsize=64)

@@ -26,6 +26,7 @@ from types import TracebackType
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 
+from outbox import tracing
 from outbox.backoff import Backoff, retry_delay_s
 from outbox.config import RelayConfig
 from outbox.errors import (
@@ -422,6 +423,9 @@ class Relay:
             return
         self._published += len(result.published)
         self.metrics.published.inc(len(result.published))
+        tracing.record_publishes(
+            claim.rows, len(result.published), tracing.epoch_ns_of_monotonic(batch.submitted_at)
+        )
         self._failed += len(parked)
         self.metrics.failed_refused.inc(len(result.refused))
         self._retried += len(retry)

@@ -53,9 +53,21 @@ def ack_message(
         correlation_id=ack.cm_id,
         content_type=ACK_CONTENT_TYPE,
         message_type=ACK_TYPE,
-        # The trace context of the span that earned the ack (docs/tracing.md).
-        headers=tracing.current_headers() or None,
+        headers=_trace_headers(inbound),
     )
+
+
+def _trace_headers(inbound: Inbound) -> dict[str, str] | None:
+    """The trace context an ack carries (docs/protocol.md, *Trace context*): the span that
+    earned it when this process traces, else the copy's own, passed on unchanged."""
+    if tracing.active():
+        return tracing.current_headers() or None
+    if inbound.traceparent is None:
+        return None
+    found = {tracing.TRACEPARENT: inbound.traceparent}
+    if inbound.tracestate is not None:
+        found[tracing.TRACESTATE] = inbound.tracestate
+    return found
 
 
 def enqueue_ack(

@@ -31,7 +31,6 @@ from evaluator.batches import AckBatches
 from evaluator.config import EvaluatorConfig
 from evaluator.store_setup import check_new_sender
 from evaluator.tracing import TracedBody
-from outbox import tracing
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +83,7 @@ def consume_acks(
             if method is not None:
                 if not batch:
                     first_at = time.monotonic()
-                taken = body or b""
-                if tracing.active():
-                    taken = TracedBody.of(taken, _props.headers if _props else None)
+                taken = TracedBody.of(body or b"", _props.headers if _props else None)
                 batch.append((int(method.delivery_tag or 0), taken))
             now = time.monotonic()
             if batch and (

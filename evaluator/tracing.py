@@ -1,11 +1,12 @@
 """The evaluator's spans: each ack's intake, and each decision, joined to the send's trace.
 
-An ack's delivery keeps the W3C ``traceparent`` it carried (:class:`TracedBody`, made by
-the consumer only while tracing is on), its row stores it, and a decision links to the
+An ack's delivery keeps the W3C ``traceparent`` it carried (:class:`TracedBody`), its row
+stores it (with tracing off too: a header read, and the conformance harness checks what
+a receiver passed on), and a decision links to the
 stored contexts of every ack that counted, whichever batch, process or instance took them
 in. The decision span is a child of the send's span (``condmsg_cm.traceparent``); the
 outcome notification, success notices and compensations it releases carry its context.
-Nothing here runs without tracing (:func:`outbox.tracing.active`).
+No span is made without tracing (:func:`outbox.tracing.active`).
 """
 
 from __future__ import annotations

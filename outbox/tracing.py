@@ -45,6 +45,9 @@ TRACE_HEADERS = (TRACEPARENT, TRACESTATE)
 #: only form condmsg stores (a column of 55 characters); other values are ignored.
 _TRACEPARENT_00 = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 TRACEPARENT_CHARS = 55
+#: W3C caps ``tracestate`` at 32 list members; 512 characters is what its propagators
+#: keep (a longer one is dropped, never cut).
+MAX_TRACESTATE = 512
 
 # The attribute names of OpenTelemetry's messaging semantic conventions that condmsg sets.
 SYSTEM = "messaging.system"
@@ -113,20 +116,31 @@ def traceparent_of(headers: Mapping[str, Any] | None) -> str | None:
     return None
 
 
+def carried(headers: Mapping[str, Any] | None) -> dict[str, str]:
+    """The trace context ``headers`` carry, as headers to pass on: a well-formed
+    ``traceparent`` and, with it, a ``tracestate`` of at most :data:`MAX_TRACESTATE`
+    characters; ``{}`` without a valid ``traceparent``. What a receiver that records no
+    span of its own puts in its acks (a W3C intermediary passes the context on)."""
+    traceparent = traceparent_of(headers)
+    if traceparent is None:
+        return {}
+    assert headers is not None
+    found = {TRACEPARENT: traceparent}
+    state = headers.get(TRACESTATE)
+    if isinstance(state, bytes):
+        state = state.decode("utf-8", "replace")
+    if isinstance(state, str) and 0 < len(state) <= MAX_TRACESTATE:
+        found[TRACESTATE] = state
+    return found
+
+
 def context_of(headers: Mapping[str, Any] | None) -> Context | None:
     """The remote context carried by ``headers`` (None: tracing off, or none carried)."""
     traceparent = traceparent_of(headers)
     if traceparent is None or not active():
         return None
-    carrier = {TRACEPARENT: traceparent}
-    assert headers is not None
-    state = headers.get(TRACESTATE)
-    if isinstance(state, bytes):
-        state = state.decode("ascii", "replace")
-    if isinstance(state, str):
-        carrier[TRACESTATE] = state
     assert _PROPAGATOR is not None
-    return _PROPAGATOR.extract(carrier)
+    return _PROPAGATOR.extract(carried(headers))
 
 
 def span_context_of(traceparent: str | None) -> SpanContext | None:

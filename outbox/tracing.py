@@ -234,12 +234,16 @@ def record_publishes(rows: Sequence[StoredMessage], published: int, submitted_ns
         }
         if message.correlation_id:
             attributes[CONVERSATION_ID] = message.correlation_id
-        if row.copies:
+        name = f"publish {attributes[DESTINATION]}"
+        if row.copies:  # a fan-out row: one message per copy, each to its own queue
+            keys = sorted({str(c.get("routing_key", message.routing_key)) for c in row.copies})
             attributes[BATCH_COUNT] = len(row.copies)
+            attributes["condmsg.routing_keys"] = keys
+            name = "publish fan-out"
         elif message.message_id:
             attributes[MESSAGE_ID] = message.message_id
         with span(
-            f"publish {attributes[DESTINATION]}",
+            name,
             kind="producer",
             parent=headers,
             attributes=attributes,

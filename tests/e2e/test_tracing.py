@@ -82,8 +82,8 @@ def test_example1_is_one_trace_from_the_send_to_its_outcome(
     procs.evaluator("--no-relay")
     outs = {q: procs.receiver(f"{procs.unique_name}.{q}", "alice", modes[q]) for q in QUEUES}
     procs.wait_ready(list(outs.values()), consumers=1)
+    procs.relay()  # on the store the evaluator made before it consumed
     cm_id = _send(procs, compensation="cancelled", notify_success=not failing)
-    procs.relay()  # the sender made the store it relays
     reader = make_sender(procs.pg_url, procs.sender)
     outcome = reader.outcome(cm_id, timeout=40)
     assert outcome is not None and outcome.verdict is verdict, outcome
@@ -112,8 +112,10 @@ def test_example1_is_one_trace_from_the_send_to_its_outcome(
             if s["parent_id"] == parent["context"]["span_id"] and s["name"].startswith(prefix)
         ]
 
-    # The relay (another process) published the copies as children of the send.
-    assert children(send, "publish ")
+    # The relay (another process) published the copies, one fan-out row, as a child of
+    # the send.
+    (fanout,) = children(send, "publish ")
+    assert fanout["attributes"]["messaging.batch.message_count"] == len(QUEUES)
     originals = [
         s for s in children(send, "receive ") if s["attributes"]["condmsg.kind"] == "original"
     ]

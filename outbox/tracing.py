@@ -19,6 +19,7 @@ receiver, the evaluator) and the relay that publishes them may import the outbox
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -33,7 +34,7 @@ except ImportError:  # the condmsg[otel] extra is not installed: tracing is off
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.trace import Link, Span, SpanContext
+    from opentelemetry.trace import Link, Span, SpanContext, Tracer
 
     from outbox.message import StoredMessage
 
@@ -188,8 +189,7 @@ def span(
         yield None
         return
     assert _trace is not None
-    tracer = _trace.get_tracer(_TRACER_NAME)
-    with tracer.start_as_current_span(
+    with _tracer().start_as_current_span(
         name,
         context=context_of(parent) if parent is not None else None,
         kind=_trace.SpanKind[kind.upper()] if kind in _KINDS else _trace.SpanKind.INTERNAL,
@@ -198,6 +198,14 @@ def span(
         start_time=start_ns,
     ) as current:
         yield current
+
+
+@functools.cache
+def _tracer() -> Tracer:
+    """condmsg's tracer, from the SDK's provider (asked once: :func:`active` is true only
+    once that provider is installed, and it is never replaced)."""
+    assert _trace is not None
+    return _trace.get_tracer(_TRACER_NAME)
 
 
 def current_ids() -> tuple[str, str] | None:

@@ -7,7 +7,7 @@ the ``condmsg.*`` ones describe the condition (docs/tracing.md lists them all).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from condmsg.core.conditions import Condition
@@ -15,11 +15,10 @@ from outbox import tracing
 
 
 def send_attributes(
-    cm_id: str, condition: Condition, copies: Iterable[Mapping[str, Any]]
+    cm_id: str, condition: Condition, own: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """The span attributes of sending CM ``cm_id`` under ``condition``; ``copies`` are
-    the ``condmsg_copy`` rows of the batch (the CM's own are picked out)."""
-    own = [copy for copy in copies if copy["cm_id"] == cm_id]
+    """The span attributes of sending CM ``cm_id`` under ``condition``; ``own`` are its
+    ``condmsg_copy`` rows."""
     return {
         tracing.SYSTEM: tracing.RABBITMQ,
         tracing.OPERATION_TYPE: "create",

@@ -256,10 +256,12 @@ class Sender(OwnsOutbox):
         """
         if not tracing.active():
             return self._add(item, rows, {})
+        first_copy = len(rows.copies)
         with tracing.span(f"send {self.name}", kind="producer") as span:
             cm_id = self._add(item, rows, tracing.current_headers())
             if span is not None:
-                span.set_attributes(send_attributes(cm_id, item.condition, rows.copies))
+                own = rows.copies[first_copy:]
+                span.set_attributes(send_attributes(cm_id, item.condition, own))
             return cm_id
 
     def _add(self, item: Outgoing, rows: SendRows, trace: Mapping[str, str]) -> str:

@@ -31,7 +31,9 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
     monkeypatch.setattr(tracing, "_seen_sdk", False)
+    tracing._tracer.cache_clear()
     yield exporter
+    tracing._tracer.cache_clear()
     provider.shutdown()
 
 

@@ -23,7 +23,7 @@ import functools
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -198,6 +198,24 @@ def span(
         start_time=start_ns,
     ) as current:
         yield current
+
+
+class OpenSpan:
+    """A span begun by one call and ended by another (a context manager's ``__enter__``
+    and ``__exit__``), current in between; nothing without tracing."""
+
+    def __init__(self, name: str, **options: Any) -> None:
+        self._stack = ExitStack()
+        self.span: Span | None = self._stack.enter_context(span(name, **options))
+
+    def event(self, name: str, attributes: Mapping[str, Any]) -> None:
+        if self.span is not None:
+            self.span.add_event(name, dict(attributes))
+
+    def end(self, attributes: Mapping[str, Any] | None = None) -> None:
+        if self.span is not None and attributes:
+            self.span.set_attributes(dict(attributes))
+        self._stack.close()
 
 
 @functools.cache

@@ -13,28 +13,18 @@ from datetime import UTC, datetime
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from condmsg.runtime.logging_setup import JsonFormatter
 from outbox import tracing
 from outbox.message import OutboxMessage, StoredMessage
+from tests.tracing_spans import recording
 
 
 @pytest.fixture
 def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
-    """An SDK provider seen as the global one by this test only (setting the real global
-    one would turn tracing on for every later test of the process, for good)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
-    monkeypatch.setattr(tracing, "_seen_sdk", False)
-    tracing._tracer.cache_clear()
-    yield exporter
-    tracing._tracer.cache_clear()
-    provider.shutdown()
+    with recording(monkeypatch) as exporter:
+        yield exporter
 
 
 def test_without_an_sdk_nothing_is_recorded_or_written() -> None:

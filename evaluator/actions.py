@@ -119,7 +119,10 @@ class Actions:
         batch[1].append(message_id or f"{cm.cm_id}.outcome")
         batch[2].append(cm.cm_id)
 
-    def notify_sphere(self, sender: str, outcome: SphereOutcome) -> None:
+    def notify_sphere(
+        self, sender: str, outcome: SphereOutcome, trace: Mapping[str, str] | None = None
+    ) -> None:
+        """Send the sphere's outcome to ``sender`` (with ``trace``, its decision's context)."""
         self._spheres.append(outcome)
         self._sphere_notices.append(
             dataclasses.replace(
@@ -127,8 +130,17 @@ class Actions:
                 body=outcome.to_json(),
                 message_id=f"{outcome.sphere_id}.outcome",
                 correlation_id=outcome.sphere_id,
+                headers=dict(trace) if trace else None,
             )
         )
+
+    def trace(self, cm_ids: Iterable[str], trace: Mapping[str, str]) -> None:
+        """Give the messages of ``cm_ids`` that have no decision context of their own
+        (members a sphere's decision releases) the context ``trace``."""
+        traces = dict(self._traces or {})
+        for cm_id in cm_ids:
+            traces.setdefault(cm_id, trace)
+        self._traces = traces
 
     def succeed(self, cms: Iterable[Member]) -> None:
         """Success notices to every destination of those of ``cms`` that asked for them."""

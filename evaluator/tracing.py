@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from condmsg import tables
 from condmsg.core import protocol
-from condmsg.core.outcome import Outcome
+from condmsg.core.outcome import Outcome, SphereOutcome
 from evaluator.store import CmRow
 from outbox import tracing
 
@@ -84,7 +84,7 @@ def decision_traces(
         return {}
     cms, ack = tables.cms.c, tables.acks.c
     found_sends = session.execute(sa.select(cms.cm_id, cms.traceparent).where(cms.cm_id.in_(ids)))
-    sends: dict[str, str | None] = dict(found_sends.tuples().all())
+    sends = {row.cm_id: row.traceparent for row in found_sends}
     counted: dict[str, list[str]] = {}
     query = sa.select(ack.cm_id, ack.traceparent).where(
         ack.cm_id.in_(ids),
@@ -112,3 +112,28 @@ def decision_traces(
         ):
             found[outcome.cm_id] = tracing.current_headers()
     return found
+
+
+def sphere_trace(session: Session, sender: str, outcome: SphereOutcome) -> dict[str, str] | None:
+    """Record the ``decide sphere`` span of ``outcome``, linked to every member's send,
+    and return the W3C headers of its span (for the messages it releases); None without
+    tracing."""
+    if not tracing.active():
+        return None
+    cms = tables.cms.c
+    query = sa.select(cms.traceparent).where(
+        cms.cm_id.in_(list(outcome.members)), cms.traceparent.is_not(None)
+    )
+    links = tracing.links_to(session.scalars(query.order_by(cms.sent_at, cms.cm_id)))
+    with tracing.span(
+        f"decide sphere {sender}",
+        links=links,
+        attributes={
+            "condmsg.sphere_id": outcome.sphere_id,
+            "condmsg.verdict": outcome.verdict.value,
+            "condmsg.reasons": list(outcome.reasons),
+            "condmsg.sphere.members": len(outcome.members),
+            tracing.CONVERSATION_ID: outcome.sphere_id,
+        },
+    ):
+        return tracing.current_headers()

@@ -399,7 +399,9 @@ class Relay:
             self.metrics.retried_broker.inc(claim.messages)
             self._rescan = self._more = True
             return
-        self.metrics.batch_confirm.observe(time.monotonic() - batch.submitted_at)
+        self.metrics.batch_confirm.observe(
+            time.monotonic() - batch.submitted_at, tracing.exemplar_of(claim.rows)
+        )
         parked: dict[Key, str] = dict(result.refused.items())
         retry: dict[Key, tuple[str, datetime]] = {}
         now = datetime.now(UTC)

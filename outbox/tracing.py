@@ -278,6 +278,19 @@ def record_publishes(rows: Sequence[StoredMessage], published: int, submitted_ns
             pass
 
 
+def exemplar_of(rows: Sequence[StoredMessage]) -> dict[str, str] | None:
+    """A Prometheus exemplar for a measurement of ``rows`` (a relay batch): the trace and
+    span ids of the first row made in a traced span; None without tracing or without one."""
+    if not active():
+        return None
+    for row in rows:
+        traceparent = traceparent_of(row.message.headers)
+        if traceparent is not None:
+            _version, trace_id, span_id, _flags = traceparent.split("-")
+            return {"trace_id": trace_id, "span_id": span_id}
+    return None
+
+
 def epoch_ns_of_monotonic(monotonic_s: float) -> int:
     """The wall-clock instant (ns since the epoch) of an earlier ``time.monotonic()``."""
     return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)

@@ -14,11 +14,16 @@ from datetime import UTC, datetime
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
 
 from condmsg.runtime.logging_setup import JsonFormatter
+from condmsg.runtime.ops_server import OpsServer
 from outbox import tracing
 from outbox.message import OutboxMessage, StoredMessage
+from outbox.metrics import RelayMetrics
 from tests.tracing_spans import recording
+
+TRACEPARENT = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
 
 
 @pytest.fixture
@@ -132,3 +137,54 @@ def test_json_log_lines_carry_the_current_trace(spans: InMemorySpanExporter) -> 
     context = working.get_span_context()
     assert line["trace_id"] == f"{context.trace_id:032x}"
     assert line["span_id"] == f"{context.span_id:016x}"
+
+
+def test_a_relay_batch_gets_an_exemplar_that_openmetrics_scrapes_show(
+    spans: InMemorySpanExporter,
+) -> None:
+    with tracing.span("send") as sending:
+        assert sending is not None
+        headers = tracing.current_headers()
+    rows = [
+        StoredMessage(
+            id=n,
+            created_at=datetime.now(UTC),
+            attempts=0,
+            message=OutboxMessage(exchange="", routing_key="q", body=b"x", headers=h),
+        )
+        for n, h in ((1, None), (2, headers))
+    ]
+    exemplar = tracing.exemplar_of(rows)
+    context = sending.get_span_context()
+    assert exemplar == {
+        "trace_id": f"{context.trace_id:032x}",
+        "span_id": f"{context.span_id:016x}",
+    }
+    registry = CollectorRegistry()
+    RelayMetrics(registry, table="outbox").batch_confirm.observe(0.25, exemplar)
+    server = OpsServer(registry, port=0, live=lambda: None, ready=lambda: None, host="127.0.0.1")
+    try:
+        _status, kind, body = server.answer(
+            "/metrics", "application/openmetrics-text; version=1.0.0"
+        )
+        assert kind.startswith("application/openmetrics-text")
+        assert f'trace_id="{context.trace_id:032x}"' in body.decode()
+        _status, kind, body = server.answer("/metrics")
+        assert kind.startswith("text/plain") and b"trace_id" not in body
+    finally:
+        server.stop()
+
+
+def test_without_an_sdk_there_is_no_exemplar() -> None:
+    row = StoredMessage(
+        id=1,
+        created_at=datetime.now(UTC),
+        attempts=0,
+        message=OutboxMessage(
+            exchange="",
+            routing_key="q",
+            body=b"x",
+            headers={tracing.TRACEPARENT: "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+        ),
+    )
+    assert tracing.exemplar_of([row]) is None

@@ -103,21 +103,17 @@ def test_links_name_each_span_once(spans: InMemorySpanExporter) -> None:
     assert [f"{link.context.span_id:016x}" for link in links] == ["2" * 16, "3" * 16]
 
 
+def _row(row_id: int, headers: dict[str, str] | None) -> StoredMessage:
+    """An outbox row the relay claimed: one message to queue ``q``."""
+    message = OutboxMessage(exchange="", routing_key="q", body=b"x", headers=headers)
+    return StoredMessage(id=row_id, created_at=datetime.now(UTC), attempts=0, message=message)
+
+
 def test_the_relay_records_a_publish_span_per_traced_row(spans: InMemorySpanExporter) -> None:
     with tracing.span("send") as sending:
         assert sending is not None
         headers = tracing.current_headers()
-    rows = [
-        StoredMessage(
-            id=n,
-            created_at=datetime.now(UTC),
-            attempts=0,
-            message=OutboxMessage(
-                exchange="", routing_key="q", body=b"x", headers=headers if n == 1 else None
-            ),
-        )
-        for n in (1, 2)
-    ]
+    rows = [_row(1, headers), _row(2, None)]
     tracing.record_publishes(rows, 2, tracing.epoch_ns_of_monotonic(0.0))
     publish = [s for s in spans.get_finished_spans() if s.name == "publish q"]
     assert len(publish) == 1
@@ -145,15 +141,7 @@ def test_a_relay_batch_gets_an_exemplar_that_openmetrics_scrapes_show(
     with tracing.span("send") as sending:
         assert sending is not None
         headers = tracing.current_headers()
-    rows = [
-        StoredMessage(
-            id=n,
-            created_at=datetime.now(UTC),
-            attempts=0,
-            message=OutboxMessage(exchange="", routing_key="q", body=b"x", headers=h),
-        )
-        for n, h in ((1, None), (2, headers))
-    ]
+    rows = [_row(1, None), _row(2, headers)]
     exemplar = tracing.exemplar_of(rows)
     context = sending.get_span_context()
     assert exemplar == {
@@ -176,15 +164,4 @@ def test_a_relay_batch_gets_an_exemplar_that_openmetrics_scrapes_show(
 
 
 def test_without_an_sdk_there_is_no_exemplar() -> None:
-    row = StoredMessage(
-        id=1,
-        created_at=datetime.now(UTC),
-        attempts=0,
-        message=OutboxMessage(
-            exchange="",
-            routing_key="q",
-            body=b"x",
-            headers={tracing.TRACEPARENT: "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
-        ),
-    )
-    assert tracing.exemplar_of([row]) is None
+    assert tracing.exemplar_of([_row(1, {tracing.TRACEPARENT: TRACEPARENT})]) is None

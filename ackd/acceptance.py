@@ -7,6 +7,7 @@ way and carried out once, at the end (:meth:`ackd.broker.Broker.dispose`)."""
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 from datetime import datetime
 
 from sqlalchemy.orm import Session
@@ -18,6 +19,8 @@ from ackd.rlog import RlogDecisions
 from ackd.sequences import SequenceReassembly
 from ackd.transaction import Incoming, ReceiverTransaction, TakenMessage
 from ackd.validation import InvalidMessage, invalid_reason, judge
+from condmsg.core import protocol
+from outbox import tracing
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +44,11 @@ class Acceptance:
         dropped by the RLOG)."""
         read_at = self._ctx.clock()
         try:
-            message, disposal = self._take(delivery, read_at, tx)
+            if tracing.active():
+                with receive_span(delivery):
+                    message, disposal = self._take(delivery, read_at, tx)
+            else:
+                message, disposal = self._take(delivery, read_at, tx)
             if disposal.fate is Fate.INVALID:
                 log.warning(
                     "moving message %s from %r to %s: %s",
@@ -104,3 +111,27 @@ class Acceptance:
             return self._decisions.decide(tx.session, incoming, inbound, read_at, tx)
         with Session(self._ctx.engine) as session, session.begin():
             return self._decisions.decide(session, incoming, inbound, read_at, None)
+
+
+def receive_span(delivery: Delivery) -> AbstractContextManager[object]:
+    """The span of receiving ``delivery``, a child of the span that sent it (its headers'
+    trace context): current while the message is judged, so that a READ ack made then
+    carries it."""
+    headers = delivery.properties.headers or {}
+    props = delivery.properties
+    kind, cm_id = headers.get(protocol.H_KIND), headers.get(protocol.H_CM_ID)
+    attributes = {
+        tracing.SYSTEM: tracing.RABBITMQ,
+        tracing.OPERATION_TYPE: "receive",
+        tracing.OPERATION_NAME: "receive",
+        tracing.DESTINATION: delivery.queue,
+        tracing.BODY_SIZE: len(delivery.body),
+        **({tracing.MESSAGE_ID: props.message_id} if props.message_id else {}),
+        **({tracing.CONVERSATION_ID: props.correlation_id} if props.correlation_id else {}),
+        **({"condmsg.kind": kind} if isinstance(kind, str) else {}),
+        **({"condmsg.cm_id": cm_id} if isinstance(cm_id, str) else {}),
+        **({"condmsg.redelivered": True} if delivery.redelivered else {}),
+    }
+    return tracing.span(
+        f"receive {delivery.queue}", kind="consumer", parent=headers, attributes=attributes
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 
 from sqlalchemy.orm import Session
@@ -12,6 +13,7 @@ from ackd.receiver_store import ReceiverStore
 from ackd.validation import Inbound
 from condmsg.core.acks import AckKind
 from condmsg.core.protocol import ACK_CONTENT_TYPE, ACK_TYPE, AckMessage
+from outbox import tracing
 from outbox.enqueueing import enqueue_all
 from outbox.message import OutboxMessage
 
@@ -51,7 +53,21 @@ def ack_message(
         correlation_id=ack.cm_id,
         content_type=ACK_CONTENT_TYPE,
         message_type=ACK_TYPE,
+        headers=_trace_headers(inbound),
     )
+
+
+def _trace_headers(inbound: Inbound) -> dict[str, str] | None:
+    """The trace context an ack carries (docs/protocol.md, *Trace context*): the span that
+    earned it when this process traces, else the copy's own, passed on unchanged."""
+    if tracing.active():
+        return tracing.current_headers() or None
+    if inbound.traceparent is None:
+        return None
+    found = {tracing.TRACEPARENT: inbound.traceparent}
+    if inbound.tracestate is not None:
+        found[tracing.TRACESTATE] = inbound.tracestate
+    return found
 
 
 def enqueue_ack(
@@ -88,15 +104,38 @@ def commit_with_acks(
 ) -> None:
     """Commit ``session`` with a COMMIT ack for each delivered original (with its
     ``read_at``), through ``store``: the app's writes and the acks commit together."""
-    messages = [
-        ack_message(
-            inbound,
-            kind=AckKind.COMMIT,
-            read_at=read_at,
-            committed_at=committed_at,
-            recipient=recipient,
-            receiver=receiver,
-        )
-        for inbound, read_at in delivered
-    ]
+    messages = []
+    for inbound, read_at in delivered:
+        with settle_span(inbound):
+            messages.append(
+                ack_message(
+                    inbound,
+                    kind=AckKind.COMMIT,
+                    read_at=read_at,
+                    committed_at=committed_at,
+                    recipient=recipient,
+                    receiver=receiver,
+                )
+            )
     store.commit_with_acks(session, messages)
+
+
+def settle_span(inbound: Inbound) -> AbstractContextManager[object]:
+    """The span of settling ``inbound`` with a COMMIT ack, a child of the span that sent
+    it (the ack carries this span's context); nothing without tracing."""
+    if not tracing.active():
+        return nullcontext()
+    return tracing.span(
+        f"settle {inbound.destination}",
+        kind="consumer",
+        parent={tracing.TRACEPARENT: inbound.traceparent} if inbound.traceparent else None,
+        attributes={
+            tracing.SYSTEM: tracing.RABBITMQ,
+            tracing.OPERATION_TYPE: "settle",
+            tracing.OPERATION_NAME: "commit-ack",
+            tracing.DESTINATION: inbound.destination,
+            tracing.CONVERSATION_ID: inbound.cm_id,
+            "condmsg.cm_id": inbound.cm_id,
+            "condmsg.ack.kind": AckKind.COMMIT.value,
+        },
+    )

@@ -18,6 +18,7 @@ from condmsg.core import protocol
 from condmsg.core.errors import CondmsgError, ProtocolError
 from condmsg.core.limits import forbidden_character
 from condmsg.core.payloads import decode_payload
+from outbox import tracing
 
 if TYPE_CHECKING:
     from ackd.broker import Delivery
@@ -62,6 +63,10 @@ class Inbound:
     seq_id: str | None = None
     seq_pos: int | None = None
     seq_size: int | None = None
+    #: The W3C trace context the message carried (docs/tracing.md): ``traceparent`` if
+    #: well formed, and then its ``tracestate``.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 def _text(headers: dict[str, Any], name: str, *, required: bool = True) -> str | None:
@@ -148,6 +153,7 @@ def _parse(headers: dict[str, Any], reply_to: str | None) -> Inbound:
         raise InvalidMessage("an original copy needs reply_to (the sender's ack queue)")
     if reply_to is not None and "\x00" in reply_to:
         raise InvalidMessage("reply_to contains a NUL character")
+    trace = tracing.carried(headers)  # ignored when malformed: never makes a copy invalid
     inbound = Inbound(
         kind=kind,
         cm_id=_text(headers, protocol.H_CM_ID),
@@ -157,6 +163,8 @@ def _parse(headers: dict[str, Any], reply_to: str | None) -> Inbound:
         sent_at=sent_at,
         token=token,
         reply_to=reply_to,
+        traceparent=trace.get(tracing.TRACEPARENT),
+        tracestate=trace.get(tracing.TRACESTATE),
     )
     if protocol.H_SEQ_ID not in headers:
         return inbound
@@ -180,6 +188,8 @@ def _parse(headers: dict[str, Any], reply_to: str | None) -> Inbound:
         seq_id=seq_id,
         seq_pos=pos,
         seq_size=size,
+        traceparent=inbound.traceparent,
+        tracestate=inbound.tracestate,
     )
 
 

@@ -59,6 +59,9 @@ cms = sa.Table(
     sa.Column("reasons_json", sa.Text()),
     sa.Column("facts_json", sa.Text()),
     sa.Column("decided_by", sa.String(255)),
+    # The W3C traceparent of the send's span (NULL without tracing): the evaluator's
+    # decision span, maybe much later and in another process, is its child.
+    sa.Column("traceparent", sa.String(55)),
 )
 # Deadline sweeps read ``state = 'pending' AND next_check_at <= now`` through this partial
 # index: the cost of a sweep follows the CMs due, not the CMs pending.
@@ -111,6 +114,8 @@ acks = sa.Table(
     sa.Column("committed_at", _TS),
     sa.Column("received_at", _TS, nullable=False),
     sa.Column("status", sa.String(24), nullable=False),
+    # The W3C traceparent the ack carried (NULL without one): the decision links to it.
+    sa.Column("traceparent", sa.String(55)),
 )
 
 anomalies = sa.Table(

@@ -14,7 +14,7 @@ import functools
 import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
@@ -92,8 +92,12 @@ class Actions:
         *,
         secret: bytes,
         copies: Mapping[str, Mapping[str, CopyRow]] | None = None,
+        traces: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self._session = session
+        # Per decided CM, the trace context of its decision (evaluator.tracing), which
+        # every message it releases carries; None without tracing.
+        self._traces = traces
         self._store = store
         self._now = now
         self._secret = secret
@@ -115,7 +119,10 @@ class Actions:
         batch[1].append(message_id or f"{cm.cm_id}.outcome")
         batch[2].append(cm.cm_id)
 
-    def notify_sphere(self, sender: str, outcome: SphereOutcome) -> None:
+    def notify_sphere(
+        self, sender: str, outcome: SphereOutcome, trace: Mapping[str, str] | None = None
+    ) -> None:
+        """Send the sphere's outcome to ``sender`` (with ``trace``, its decision's context)."""
         self._spheres.append(outcome)
         self._sphere_notices.append(
             dataclasses.replace(
@@ -123,8 +130,17 @@ class Actions:
                 body=outcome.to_json(),
                 message_id=f"{outcome.sphere_id}.outcome",
                 correlation_id=outcome.sphere_id,
+                headers=dict(trace) if trace else None,
             )
         )
+
+    def trace(self, cm_ids: Iterable[str], trace: Mapping[str, str]) -> None:
+        """Give the messages of ``cm_ids`` that have no decision context of their own
+        (members a sphere's decision releases) the context ``trace``."""
+        traces = dict(self._traces or {})
+        for cm_id in cm_ids:
+            traces.setdefault(cm_id, trace)
+        self._traces = traces
 
     def succeed(self, cms: Iterable[Member]) -> None:
         """Success notices to every destination of those of ``cms`` that asked for them."""
@@ -147,7 +163,11 @@ class Actions:
         for cm in self._succeed:
             notice = json.dumps({"cm_id": cm.cm_id, "verdict": "satisfied"}).encode()
             messages += [
-                _notice(protocol.MessageKind.SUCCESS, cm, copy, notice, JSON, secret=self._secret)
+                self._traced(
+                    _notice(
+                        protocol.MessageKind.SUCCESS, cm, copy, notice, JSON, secret=self._secret
+                    )
+                )
                 for copy in self._copies.get(cm.cm_id, {}).values()
             ]
         failed = [cm.cm_id for cm in self._compensate]
@@ -158,22 +178,42 @@ class Actions:
                 copy = cm_copies.get(row.destination)
                 if copy is not None:
                     messages.append(
-                        _notice(
-                            protocol.MessageKind.COMPENSATION,
-                            cm,
-                            copy,
-                            row.body,
-                            row.content_type,
-                            secret=self._secret,
+                        self._traced(
+                            _notice(
+                                protocol.MessageKind.COMPENSATION,
+                                cm,
+                                copy,
+                                row.body,
+                                row.content_type,
+                                secret=self._secret,
+                            )
                         )
                     )
         released = [cm_id for cm_id in failed if compensations.get(cm_id)]
         if released:  # a CM without compensations has no row to mark
             store.release_compensations(session, released, self._now)
         for sender, (bodies, message_ids, correlation_ids) in self._notifications.items():
-            enqueue_batch(session, _outcome_template(sender), bodies, message_ids, correlation_ids)
+            if self._traces is None:
+                enqueue_batch(
+                    session, _outcome_template(sender), bodies, message_ids, correlation_ids
+                )
+                continue
+            template = _outcome_template(sender)
+            messages += [
+                self._traced(template, body=b, message_id=m, correlation_id=c)
+                for b, m, c in zip(bodies, message_ids, correlation_ids, strict=True)
+            ]
         enqueue_all(session, messages)
         return self._spheres
+
+    def _traced(self, message: OutboxMessage, **fields: Any) -> OutboxMessage:
+        """``message`` (with ``fields`` replaced) carrying the trace context of the
+        decision of its CM (its correlation id)."""
+        cm_id = fields.get("correlation_id", message.correlation_id)
+        trace = (self._traces or {}).get(str(cm_id))
+        if trace:
+            fields["headers"] = {**(message.headers or {}), **trace}
+        return dataclasses.replace(message, **fields) if fields else message
 
 
 @functools.lru_cache(maxsize=64)

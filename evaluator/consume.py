@@ -30,6 +30,7 @@ from condmsg.runtime.topology import declare_outcome_queue, declare_service_queu
 from evaluator.batches import AckBatches
 from evaluator.config import EvaluatorConfig
 from evaluator.store_setup import check_new_sender
+from evaluator.tracing import TracedBody
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,8 @@ def consume_acks(
             if method is not None:
                 if not batch:
                     first_at = time.monotonic()
-                batch.append((int(method.delivery_tag or 0), body or b""))
+                taken = TracedBody.of(body or b"", _props.headers if _props else None)
+                batch.append((int(method.delivery_tag or 0), taken))
             now = time.monotonic()
             if batch and (
                 method is None

@@ -26,6 +26,7 @@ from condmsg.spheres.store import SPHERES, SphereStore
 from evaluator.actions import Actions, instants_json, outcome_body
 from evaluator.spheres import settle_spheres
 from evaluator.store import CmRow, CopyRow, DecisionStore
+from evaluator.tracing import decision_traces
 
 
 @dataclass(slots=True)
@@ -60,7 +61,6 @@ def judge(
     if acks is None:
         acks = store.counted_acks(session, pending)
     effective = now - ack_grace
-    done = Decided()
     reschedule: list[tuple[str, datetime | None]] = []
     verdicts: dict[str, tuple[Outcome, bytes]] = {}
     rows: list[dict[str, Any]] = []
@@ -88,7 +88,6 @@ def judge(
             }
         )
     store.set_next_checks(session, reschedule)
-    done.rescheduled = len(reschedule)
     # One statement per kind for the whole batch, not per CM (round trips dominate).
     won = store.decide_many(session, rows, instance=instance, decided_at=now)
     decided = [pending[cm_id] for cm_id in verdicts if cm_id in won]
@@ -98,7 +97,8 @@ def judge(
     held = spheres.lock(session, {cm.sphere_id for cm in decided if cm.sphere_id})
     own = [cm for cm in decided if cm.sphere_id not in held]
     after_sphere = [cm for cm in decided if cm.sphere_id in held and held[cm.sphere_id].decided]
-    actions = Actions(session, store, now, secret=secret, copies=copies)
+    traces = decision_traces(session, decided, verdicts)
+    actions = Actions(session, store, now, secret=secret, copies=copies, traces=traces)
     for cm in own + after_sphere:
         actions.notify(cm, verdicts[cm.cm_id][1])
     actions.succeed([cm for cm in own if verdicts[cm.cm_id][0].verdict is Verdict.SATISFIED])
@@ -112,6 +112,6 @@ def judge(
         ack_grace=ack_grace,
         instance=instance,
     )
-    done.spheres = actions.flush()
-    done.outcomes = [verdicts[cm.cm_id][0] for cm in decided]
-    return done
+    spheres_decided = actions.flush()
+    outcomes = [verdicts[cm.cm_id][0] for cm in decided]
+    return Decided(outcomes=outcomes, rescheduled=len(reschedule), spheres=spheres_decided)

@@ -29,6 +29,8 @@ from condmsg.core.acks import Ack
 from condmsg.core.errors import ProtocolError
 from condmsg.core.evaluation import evaluate
 from evaluator.store import CmRow, CopyRow, DecisionStore
+from evaluator.tracing import record_intake, traceparent_of
+from outbox import tracing
 from outbox.enqueueing import enqueue_all
 from outbox.message import OutboxMessage
 
@@ -66,6 +68,8 @@ class Received(NamedTuple):
     message: protocol.AckMessage
     ack: Ack
     token_if_same_recipient: str
+    #: The W3C traceparent the ack's delivery carried (only while tracing is on).
+    traceparent: str | None = None
 
 
 @dataclass(slots=True)
@@ -92,7 +96,7 @@ def decode(bodies: Sequence[bytes], *, sender: str, secret: bytes) -> Decoded:
         except Exception as exc:  # a codec bug must cost one message, never the batch
             decoded.dead.append(dead_letter(body, sender, f"undecodable: {describe(exc)}"))
             continue
-        decoded.received.append(Received(message, ack, token))
+        decoded.received.append(Received(message, ack, token, traceparent_of(body)))
     return decoded
 
 
@@ -186,6 +190,10 @@ def ingest(
         _count(intake, anomalies, received, row, inserted, cms, prior, late)
     anomalies.rows += [dead_letter_anomaly(m, now) for m in batch.dead]
     store.record_anomalies(session, anomalies.rows)
+    if tracing.active():
+        statuses = [row["status"] for row in rows]
+        taken = zip(accepted, statuses, strict=True)
+        record_intake(sender, ((r.message, r.traceparent, status) for r, status in taken))
     return intake
 
 
@@ -382,4 +390,5 @@ def _row(
         "committed_at": ack.committed_at,
         "received_at": now,
         "status": status.value,
+        "traceparent": received.traceparent,
     }

@@ -24,6 +24,7 @@ from condmsg.core.sphere_evaluation import judge_sphere
 from condmsg.core.store_values import CmState
 from condmsg.spheres.store import MemberRow, SphereRow, SphereStore, sphere_facts
 from evaluator.actions import Actions, outcome_body_of_row
+from evaluator.tracing import sphere_trace
 
 
 def settle_spheres(
@@ -74,7 +75,10 @@ def settle_spheres(
         )
         if not won:
             continue
-        actions.notify_sphere(sphere.sender, outcome)
+        trace = sphere_trace(session, sphere.sender, outcome)
+        if trace is not None:  # what the decision releases carries its context
+            actions.trace({m.cm_id for m in its}, trace)
+        actions.notify_sphere(sphere.sender, outcome, trace)
         _member_actions(actions, its, judgement.verdict)
 
 

@@ -26,6 +26,7 @@ from types import TracebackType
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 
+from outbox import tracing
 from outbox.backoff import Backoff, retry_delay_s
 from outbox.config import RelayConfig
 from outbox.errors import (
@@ -398,7 +399,9 @@ class Relay:
             self.metrics.retried_broker.inc(claim.messages)
             self._rescan = self._more = True
             return
-        self.metrics.batch_confirm.observe(time.monotonic() - batch.submitted_at)
+        self.metrics.batch_confirm.observe(
+            time.monotonic() - batch.submitted_at, tracing.exemplar_of(claim.rows)
+        )
         parked: dict[Key, str] = dict(result.refused.items())
         retry: dict[Key, tuple[str, datetime]] = {}
         now = datetime.now(UTC)
@@ -422,6 +425,9 @@ class Relay:
             return
         self._published += len(result.published)
         self.metrics.published.inc(len(result.published))
+        tracing.record_publishes(
+            claim.rows, len(result.published), tracing.epoch_ns_of_monotonic(batch.submitted_at)
+        )
         self._failed += len(parked)
         self.metrics.failed_refused.inc(len(result.refused))
         self._retried += len(retry)

@@ -133,7 +133,8 @@ def _selects(
     received = ack.received_at <= until
     if start is not None:
         received = sa.and_(received, ack.received_at >= start)
-    acks = sa.select(st.acks, ack.received_at.label(_AT)).where(
+    archived = [c for c in st.acks.c if c.name in ACKS.column_names]
+    acks = sa.select(*archived, ack.received_at.label(_AT)).where(
         received, sa.or_(ack.cm_id.in_(exported), orphan)
     )
     recorded = st.anomalies.c.recorded_at <= until

@@ -9,11 +9,15 @@ other's libraries. :mod:`spark_audit.schemas` derives Spark ``StructType`` s fro
 the JDBC reader, the Parquet reader, the exporter and the generator cannot drift apart.
 
 Column and table names are those of :mod:`condmsg.tables` (``tests/unit/
-test_archive_layout.py`` checks that they agree). Two deliberate differences:
+test_archive_layout.py`` checks that they agree). Three deliberate differences:
 
 * ``compensations`` carries ``body_bytes`` (the size of the stored body) instead of the
   body itself: the audit needs to know a compensation exists and when it was released,
   never its content, and archives should not copy application payloads.
+* the W3C ``traceparent`` of a CM's send and of an ack (``condmsg_cm.traceparent``,
+  ``condmsg_ack.traceparent``) are not archived: they join live traces
+  (docs/tracing.md), whose spans a tracing backend keeps for its own retention, and
+  the audit judges nothing by them.
 * ``outcomes`` is not a store table: it is the decision columns of ``condmsg_cm``
   (see :func:`spark_audit.readers.outcomes_of`).
 

@@ -44,6 +44,17 @@ def refused(w: World, cm_id: str) -> list[str]:
         return [f"{kind}: {detail}" for kind, detail in conn.execute(query)]
 
 
+def traceparents(w: World, cm_id: str) -> list[str]:
+    """The W3C traceparents the acks of ``cm_id`` carried (the evaluator keeps a
+    well-formed one with each ack it stores)."""
+    table = sender_tables.acks
+    query = sa.select(table.c.traceparent).where(
+        table.c.cm_id == cm_id, table.c.traceparent.is_not(None)
+    )
+    with w.sender.engine.connect() as conn:
+        return [str(traceparent) for traceparent in conn.scalars(query)]
+
+
 def flush(w: World) -> None:
     """Wait until every ack the receiver committed so far has reached the evaluator: its
     outbox holds none left to relay, then the ack of a fresh original published behind

@@ -128,6 +128,11 @@ _DEFECTS = (
         install=seams.wrong_ack_recipient,
     ),
     Defect(
+        name="drop-trace-context",
+        breaks="sends its acks without the trace context of the copies they answer",
+        install=seams.drop_trace_context,
+    ),
+    Defect(
         name="no-compensation",
         breaks="never hands a compensation to the app",
         install=seams.on_rlog_decision(seams.no_compensation),

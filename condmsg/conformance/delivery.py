@@ -4,6 +4,7 @@ spheres, and crashes around its commit."""
 
 from __future__ import annotations
 
+import os
 import uuid
 
 from condmsg import Destination, DestinationSet, Verdict
@@ -50,6 +51,24 @@ def original(w: World) -> str:
         raise NotMet("the app got another body than the one sent")
     expect_verdict(w, cm_id, Verdict.SATISFIED, "its COMMIT ack should satisfy process_within")
     return "delivered once, COMMIT ack counted"
+
+
+def trace_context(w: World) -> str:
+    """A copy carrying a W3C trace context (protocol.md, *Trace context*): its ack carries
+    a context of the same trace (the receiver's own span's, or the copy's passed on)."""
+    trace_id = os.urandom(16).hex()
+    headers = {"traceparent": f"00-{trace_id}-{os.urandom(8).hex()}-01", "tracestate": "cf=1"}
+    condition = Destination(w.config.queue, process_within=seconds(w, 15))
+    cm_id = w.send(b"traced", condition, headers=headers)
+    expect_kinds(w, cm_id, ["original"], "the traced original to reach the app")
+    w.wait_for(lambda: acks.ack_ids(w, [cm_id])[cm_id], w.scaled(DELIVERY_S), "its ack")
+    carried = acks.traceparents(w, cm_id)
+    if not carried:
+        raise NotMet("its ack carried no well-formed traceparent: a receiver passes it on")
+    other = [tp for tp in carried if tp.split("-")[1] != trace_id]
+    if other:
+        raise NotMet(f"its ack carried the traceparent of another trace: {other[0]}")
+    return "the ack carries the copy's trace"
 
 
 def named_recipient(w: World) -> str:

@@ -20,6 +20,7 @@ Scenario = Callable[[World], str]
 CONCURRENT: dict[str, Scenario] = {
     "plain-message": delivery.plain_message,
     "original": delivery.original,
+    "trace-context": delivery.trace_context,
     "named-recipient": delivery.named_recipient,
     "wrong-recipient": delivery.wrong_recipient,
     "duplicates": delivery.duplicates,

@@ -216,6 +216,15 @@ def wrong_ack_recipient(recipient: str) -> None:
     ackd.emit.ack_message = acking
 
 
+def drop_trace_context(recipient: str) -> None:
+    message = ackd.emit.ack_message
+
+    def acking(inbound: Inbound, **fields: Any) -> Any:
+        return replace(message(inbound, **fields), headers=None)
+
+    ackd.emit.ack_message = acking
+
+
 def no_original_queue_header(recipient: str) -> None:
     publish = Broker._publish_invalid_copy
 

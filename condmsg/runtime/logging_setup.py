@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from condmsg import __version__
 from condmsg.core.errors import ConfigError
+from outbox import tracing
 
 ENV_LOG_LEVEL = "CONDMSG_LOG_LEVEL"
 ENV_LOG_FORMAT = "CONDMSG_LOG_FORMAT"
@@ -70,6 +71,10 @@ class JsonFormatter(logging.Formatter):
             document["exception"] = record.exc_text
         if record.stack_info:
             document["stack"] = self.formatStack(record.stack_info)
+        # The handler formats in the logging thread, inside the span that logged.
+        ids = tracing.current_ids()
+        if ids is not None:
+            document["trace_id"], document["span_id"] = ids
         for key, value in vars(record).items():
             if key not in _RECORD_FIELDS and key not in document:
                 document[key] = value

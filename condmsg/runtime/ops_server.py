@@ -28,6 +28,8 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from condmsg import __version__
 from condmsg.core.errors import ConfigError
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: None when healthy, else why not (one line).
 Check = Callable[[], str | None]
+#: The media type a scraper asks for to get the OpenMetrics format.
+OPENMETRICS = "application/openmetrics-text"
 
 
 def add_process_metrics(registry: CollectorRegistry) -> None:
@@ -115,10 +119,18 @@ class OpsServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def answer(self, path: str) -> tuple[int, str, bytes]:
-        """Status, content type and body for a GET of ``path`` (the query is ignored)."""
+    def answer(self, path: str, accept: str = "") -> tuple[int, str, bytes]:
+        """Status, content type and body for a GET of ``path`` (the query is ignored).
+
+        ``/metrics`` answers in the OpenMetrics format when ``accept`` (the request's
+        ``Accept`` header) asks for it, as Prometheus does: only that format carries
+        exemplars (a histogram's link to a trace, docs/tracing.md); else in Prometheus'
+        text format."""
         path = path.split("?", 1)[0]
         if path == "/metrics":
+            if OPENMETRICS in accept:
+                body = openmetrics_latest(self._registry)  # type: ignore[no-untyped-call]
+                return 200, OPENMETRICS_TYPE, body
             return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
         check = self._checks.get(path)
         if check is None:
@@ -138,7 +150,8 @@ class OpsServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                status, content_type, body = server.answer(self.path)
+                accept = self.headers.get("Accept", "")
+                status, content_type, body = server.answer(self.path, accept)
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))

@@ -57,11 +57,12 @@ from condmsg.sending.send_rows import (
     SendStore,
     SqlAlchemySendStore,
 )
+from condmsg.sending.send_span import send_attributes
 from condmsg.spheres.participants import Participant
 from condmsg.spheres.resolution import Handler
 from condmsg.spheres.sphere import Sphere, SphereCoordinator
 from condmsg.tables import store_secret
-from outbox import backends
+from outbox import backends, tracing
 
 log = logging.getLogger(__name__)
 
@@ -247,12 +248,25 @@ class Sender(OwnsOutbox):
                 self.spheres.join(s, sphere, len(rows.cms))
             self.store.add(s, rows)
 
-    def _record(
-        self,
-        item: Outgoing,
-        rows: SendRows,
-    ) -> str:
+    def _record(self, item: Outgoing, rows: SendRows) -> str:
         """Add the rows and messages of one CM to the batch; return its id.
+
+        With tracing on, each CM is made inside a ``send`` span of its own (a child of the
+        application's current span), whose context its copies and its row carry.
+        """
+        if not tracing.active():
+            return self._add(item, rows, {})
+        first_copy = len(rows.copies)
+        with tracing.span(f"send {self.name}", kind="producer") as span:
+            cm_id = self._add(item, rows, tracing.current_headers())
+            if span is not None:
+                own = rows.copies[first_copy:]
+                span.set_attributes(send_attributes(cm_id, item.condition, own))
+            return cm_id
+
+    def _add(self, item: Outgoing, rows: SendRows, trace: Mapping[str, str]) -> str:
+        """Add the rows and messages of one CM to the batch; return its id. ``trace``:
+        the W3C headers of its send span (empty without tracing).
 
         The copies of a CM share its payload: they go to the outbox as one fan-out row
         (one per part of a sequence), which the relay expands into one message per
@@ -265,7 +279,7 @@ class Sender(OwnsOutbox):
             )
         shape = _shape(condition)
         body, ctype = encode_payload(item.payload, item.content_type)
-        app_headers = check_app_headers(item.headers)
+        app_headers = check_app_headers(item.headers) | dict(trace)
         cm_id = new_cm_id()
         sent_at = self._clock()
         plans, fanouts = plan_fanouts(
@@ -292,6 +306,7 @@ class Sender(OwnsOutbox):
                 "state": tables.CmState.PENDING.value,
                 # With no ack yet, the first instant the verdict can change on its own.
                 "next_check_at": None if shape.first_check is None else sent_at + shape.first_check,
+                "traceparent": trace.get(tracing.TRACEPARENT),
             }
         )
         for plan in plans:

@@ -36,6 +36,7 @@ from condmsg.spheres.participants import (
 )
 from condmsg.spheres.resolution import Handler, SphereParticipants, SphereSender
 from condmsg.spheres.store import SPHERES, SphereRow, SphereStore
+from outbox import tracing
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ class Sphere:
         self.deadline = row.deadline
         self._ended: str | None = None if row.state == SphereState.OPEN.value else row.state
         self._token: contextvars.Token[Sphere | None] | None = None
+        # The sphere's span while its block runs (docs/tracing.md): its members' sends
+        # are its children, its participants events of it.
+        self._span: tracing.OpenSpan | None = None
 
     def __repr__(self) -> str:
         return f"Sphere({self.sphere_id!r}, deadline={self.deadline.isoformat()})"
@@ -106,7 +110,16 @@ class Sphere:
             self.sphere_id, check_participant_id(participant.participant_id), kind, resource
         )
         self._participants.live(self.sphere_id)[participant.participant_id] = participant
+        self._traced_participant(kind, participant.participant_id)
         return participant
+
+    def _traced_participant(self, kind: str, participant_id: str) -> None:
+        if self._span is not None:
+            attributes = {
+                "condmsg.participant.kind": kind,
+                "condmsg.participant.id": participant_id,
+            }
+            self._span.event("participant", attributes)
 
     @contextmanager
     def transaction(self, bind: Engine | str) -> Iterator[Session]:
@@ -123,6 +136,7 @@ class Sphere:
         self._participants.log(self.sphere_id, gid, PreparedTransaction.kind, resource_name(engine))
         participant = PreparedTransaction(engine, gid)
         participants[gid] = participant
+        self._traced_participant(PreparedTransaction.kind, gid)
         try:
             yield participant.session
             participant.session.flush()
@@ -154,6 +168,7 @@ class Sphere:
         self._participants.log(
             self.sphere_id, f"h{number}", "handler", name, args=args, run_on=run_on.value
         )
+        self._traced_participant("handler", f"h{number}")
 
     # -- ending -----------------------------------------------------------------------------
 
@@ -189,6 +204,11 @@ class Sphere:
                 "send through one sphere, or begin a second one outside it"
             )
         self._token = _current.set(self)
+        if tracing.active():
+            self._span = tracing.OpenSpan(
+                f"sphere {self._coordinator.sender.name}",
+                attributes={"condmsg.sphere_id": self.sphere_id},
+            )
         return self
 
     @property
@@ -205,12 +225,17 @@ class Sphere:
         if self._token is not None:
             _current.reset(self._token)
             self._token = None
-        if self._ended is not None:
-            return
-        if exc is None:
-            self.commit()
-        else:
-            self.abort(f"the sphere's block raised {type(exc).__name__}: {exc}"[:500])
+        try:
+            if self._ended is not None:
+                return
+            if exc is None:
+                self.commit()
+            else:
+                self.abort(f"the sphere's block raised {type(exc).__name__}: {exc}"[:500])
+        finally:
+            if self._span is not None:
+                self._span.end({"condmsg.sphere.state": self._ended or "open"})
+                self._span = None
 
 
 class SphereCoordinator:

@@ -24,6 +24,7 @@ const DEFECTS = {
   'ack-before-commit': 'acks the delivery to the broker before the commit',
   'wrong-ack-recipient': 'puts another recipient than its own in its acks',
   'no-compensation': 'never hands a compensation to the app',
+  'drop-trace-context': 'sends its acks without the trace context of the copies they answer',
 };
 
 let on = null; // the defect of this process, if any

@@ -103,6 +103,14 @@ function parse(d, { secret, recipient }) {
     m.size = integer(h, 'condmsg-seq-size');
     check(m.size >= 2 && m.size <= 2 ** 31 - 1 && m.pos >= 0 && m.pos < m.size, 'bad sequence numbers');
   }
+  // protocol.md, "Trace context": a well-formed traceparent (and its tracestate) is passed
+  // on in the ack; a malformed one is ignored, never a reason to refuse the message.
+  const tp = h.traceparent;
+  if (typeof tp === 'string' && /^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/.test(tp)) {
+    m.trace = { traceparent: tp };
+    const ts = h.tracestate;
+    if (typeof ts === 'string' && ts.length > 0 && ts.length <= 512) m.trace.tracestate = ts;
+  }
   // DEFECT refuse-wrong-recipient: a copy for another recipient is to be delivered and acked.
   if (broken('refuse-wrong-recipient') && m.recipient !== null && m.recipient !== recipient) {
     throw new Invalid(`a copy for recipient ${m.recipient}, not ${recipient}`);

@@ -105,11 +105,14 @@ async function enqueueAck(c, m, replyTo, readAt) {
     receiver: RECEIVER_ID, kind: read ? 'read' : 'commit', read_at: readAt.toISOString(),
     committed_at: read ? null : committedAt.toISOString(), token: m.token,
   };
+  // protocol.md, "Trace context": the copy's context goes on with its ack (this receiver
+  // records no span of its own). DEFECT drop-trace-context: the ack carries it.
+  const trace = m.trace && !broken('drop-trace-context') ? JSON.stringify(m.trace) : null;
   await c.query(
     `INSERT INTO condmsg_outbox (created_at, state, exchange, routing_key, body, message_id, correlation_id,
-       content_type, message_type, persistent, mandatory, attempts)
-     VALUES ($1, 'pending', '', $2, $3, $4, $5, $6, 'condmsg.ack', true, true, 0)`,
-    [committedAt, replyTo, Buffer.from(JSON.stringify(ack)), ack.ack_id, m.cmId, ACK_TYPE]);
+       content_type, message_type, headers, persistent, mandatory, attempts)
+     VALUES ($1, 'pending', '', $2, $3, $4, $5, $6, 'condmsg.ack', $7, true, true, 0)`,
+    [committedAt, replyTo, Buffer.from(JSON.stringify(ack)), ack.ack_id, m.cmId, ACK_TYPE, trace]);
 }
 
 // --- the broker --------------------------------------------------------------------------

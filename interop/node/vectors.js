@@ -49,7 +49,9 @@ function delivery(v) {
 function verdict(v) {
   try {
     const m = judge(delivery(v), { secret: bytes(v.secret), recipient: 'vectors' });
-    return { valid: true, plain: m === null, part: m !== null && m.seqId !== null, kind: m && m.kind };
+    // protocol.md, "Trace context": what the ack passes on, as JSON (null: nothing).
+    const trace = JSON.stringify((m && m.trace) || null);
+    return { valid: true, plain: m === null, part: m !== null && m.seqId !== null, kind: m && m.kind, trace };
   } catch (e) {
     return { valid: false, reason: e.message };
   }
@@ -68,6 +70,7 @@ for (const file of ['headers', 'messages']) {
     if ((v.needs || []).some((n) => CANNOT.has(n))) { skipped += 1; continue; }
     const want = { ...v.expect };
     if (want.parsed) Object.assign(want, { kind: want.parsed.kind, part: want.parsed.seq_id !== null });
+    if ('trace' in want) want.trace = JSON.stringify(want.trace);
     expectSame(file, v, verdict(v), want);
   }
 }

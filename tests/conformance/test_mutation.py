@@ -55,6 +55,7 @@ SHARED = frozenset(
         "ack-before-commit",
         "wrong-ack-recipient",
         "no-compensation",
+        "drop-trace-context",
     }
 )
 RECEIVERS: dict[str, Callable[[], str]] = {

@@ -74,6 +74,7 @@ def ack_row(ack_id: str, cm_id: str, **columns: Any) -> dict[str, Any]:
         "committed_at": None,
         "received_at": T0 + 2 * SEC,
         "status": "counted",
+        "traceparent": None,
     } | columns
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
@@ -21,6 +21,7 @@ import pika.data
 import pytest
 
 from ackd import field_types
+from ackd.emit import ack_message
 from ackd.validation import (
     Inbound,
     InvalidMessage,
@@ -37,6 +38,7 @@ from condmsg import (
     condition_to_json,
 )
 from condmsg.core import protocol
+from condmsg.core.acks import AckKind
 from condmsg.core.payloads import decode_payload
 
 field_types.install()  # as every Receiver's broker does
@@ -53,6 +55,14 @@ FILES = (
     "conditions.json",
 )
 T = TypeVar("T")
+#: An ack's other fields, for the trace context a vector's ack carries.
+_ACK: dict[str, Any] = {
+    "kind": AckKind.READ,
+    "read_at": datetime(2026, 11, 21, 22, 13, 42, tzinfo=UTC),
+    "committed_at": None,
+    "recipient": "vectors",
+    "receiver": "vectors",
+}
 #: Capabilities a vector may need (docs/protocol.md, Test vectors).
 KNOWN_CAPABILITIES = frozenset({"field-types", "raw-strings"})
 #: Those of condmsg's receiver: pika hands over the bytes of a long string that is not
@@ -302,6 +312,9 @@ def test_headers(vector: dict[str, Any]) -> None:
     assert (inbound.kind is None) is expect["plain"]
     if inbound.kind is not None:
         assert _parsed(inbound) == expect["parsed"]
+    if "trace" in expect:  # what the ack passes on (a receiver that records no span)
+        assert isinstance(inbound, Inbound)
+        assert ack_message(inbound, **_ACK).headers == expect["trace"]
 
 
 @pytest.mark.parametrize("vector", _vectors("messages.json"))

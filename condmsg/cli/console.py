@@ -57,6 +57,29 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--sender", metavar="NAME", help="whose dead-letter queue (default: the latest CM's)"
     )
+    _add_access_options(parser)
+    parser.add_argument(
+        "--port", type=int, default=8465, help="the port to listen on (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--table",
+        metavar="NAME",
+        default=outbox.DEFAULT_TABLE_NAME,
+        help="the outbox table (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--db-timeout",
+        metavar="SECONDS",
+        type=_positive_seconds,
+        default=5.0,
+        help="how long a page waits for a store before it answers 503: PostgreSQL's "
+        "connect and statement timeouts, SQLite's busy timeout (default: %(default)s)",
+    )
+    parser.set_defaults(handler=run, schema_store="sender")
+
+
+def _add_access_options(parser: argparse.ArgumentParser) -> None:
+    """Who may reach the console and what they may do: its bind, names, token, cookies."""
     parser.add_argument(
         "--host",
         default="127.0.0.1",
@@ -92,29 +115,11 @@ def register(subparsers: Any) -> None:
         "proxy in front of it)",
     )
     parser.add_argument(
-        "--port", type=int, default=8465, help="the port to listen on (default: %(default)s)"
-    )
-    parser.add_argument(
         "--token",
         metavar="TOKEN",
         help=f"the token that allows actions (default: ${ENV_TOKEN}; prefer the variable: "
         "a command line is visible to every user of the machine); none: read-only",
     )
-    parser.add_argument(
-        "--table",
-        metavar="NAME",
-        default=outbox.DEFAULT_TABLE_NAME,
-        help="the outbox table (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--db-timeout",
-        metavar="SECONDS",
-        type=_positive_seconds,
-        default=5.0,
-        help="how long a page waits for a store before it answers 503: PostgreSQL's "
-        "connect and statement timeouts, SQLite's busy timeout (default: %(default)s)",
-    )
-    parser.set_defaults(handler=run, schema_store="sender")
 
 
 def _positive_seconds(text: str) -> float:

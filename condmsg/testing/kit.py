@@ -44,7 +44,7 @@ from condmsg.core.evaluation import Verdict
 from condmsg.core.outcome import Outcome, SphereOutcome
 from condmsg.core.protocol import MessageKind
 from condmsg.core.store_values import SphereState
-from condmsg.core.timeutil import stored_instant
+from condmsg.core.timeutil import RESOLUTION, stored_instant
 from condmsg.runtime.settings import DEFAULT_ACK_GRACE
 from condmsg.sending.outcomes import decode_outcome
 from condmsg.sending.outgoing import Outgoing
@@ -386,8 +386,10 @@ class Kit:
         minutes: float = 0,
         seconds: float = 0,
     ) -> datetime:
-        """Move the clock forward by ``delta`` (or the keyword durations), settling at
-        every instant on the way at which something falls due; returns the new instant."""
+        """Move the clock forward by ``delta`` (or the keyword durations), settling just
+        after every instant on the way at which something falls due (a deadline plus the
+        evaluator's ack grace, a sphere's deadline, a retry pause); returns the new
+        instant."""
         step = (delta or timedelta(0)) + timedelta(
             days=days, hours=hours, minutes=minutes, seconds=seconds
         )
@@ -398,12 +400,31 @@ class Kit:
         if instant < self.clock():
             raise ConfigError(f"cannot go back to {instant.isoformat()}")
         self.settle()
-        while (due := self._next_due()) is not None and due <= instant:
-            self.clock.set(due)
+        # What falls due at D is done at D plus the clock's resolution (a microsecond):
+        # the services' sweeps and timers run after the instant they wait for, never at
+        # it, and a verdict's reasons can tell (at the evaluation deadline itself, the
+        # acks still missing are missing "by the evaluation timeout").
+        while (due := self._next_due()) is not None and due + RESOLUTION <= instant:
+            self.clock.set(due + RESOLUTION)
             self._settle()
         self.clock.set(instant)
         self._settle()
         return instant
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Do several things at the current instant as one: nothing settles until the
+        block ends (many receivers reading at the same instant, say), then the world
+        settles once."""
+        if self._settling:
+            yield
+            return
+        self._settling = True
+        try:
+            yield
+        finally:
+            self._settling = False
+        self._settle()
 
     def settle(self) -> None:
         """Let everything happen that can at the current instant (see the module

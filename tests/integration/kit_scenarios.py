@@ -84,6 +84,10 @@ class Result:
     reasons: tuple[str, ...]
     #: Per destination (``d0``...), the kinds of message its application got, in order.
     got: dict[str, list[str]] = field(default_factory=dict)
+    #: When it was decided, in units after the send (not compared: the real side's
+    #: decisions come a little later than the kit's; how much later says whether a
+    #: difference can be blamed on the kit).
+    decided_after: float | None = field(default=None, compare=False)
 
 
 _INSTANT = re.compile(r"\d{4}-\d\d-\d\dT[\d:.]+Z")
@@ -97,7 +101,8 @@ def normal_reasons(
     out = []
     for reason in reasons:
         text = _INSTANT.sub("<t>", reason)
-        for real, plain in names.items():
+        # Longest first: a world's ``x.p1`` must not be replaced inside its ``x.p16``.
+        for real, plain in sorted(names.items(), key=lambda item: -len(item[0])):
             text = text.replace(real, plain)
         out.append(text)
     return tuple(out)
@@ -290,7 +295,7 @@ class KitWorld:
 
     def play(self) -> dict[int, Result]:
         kit = self.kit
-        start = kit.now()
+        start = self.sent_at = kit.now()
         with kit.together():
             for s in self.batch:
                 self.cm_ids[s.index] = kit.send(
@@ -362,6 +367,7 @@ class KitWorld:
             result = Result("pending", ())
         else:
             result = Result(outcome.verdict.value, normal_reasons(outcome.reasons, queue))
+            result.decided_after = (outcome.decided_at - self.sent_at) / KIT_UNIT
         for name in s.destinations:
             reader = self.readers[(s.index, name)]
             result.got[name] = [str(m.kind) for m in reader.messages if m.queue == queue(name)]

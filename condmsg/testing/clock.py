@@ -37,6 +37,11 @@ class VirtualClock:
         """Virtual time since the clock started."""
         return self._now - self.start
 
+    def monotonic(self) -> float:
+        """Seconds since the clock started: what ``time.monotonic`` is to the services
+        (the receivers time their pauses for Message Sequences with it)."""
+        return self.elapsed.total_seconds()
+
     def set(self, instant: datetime) -> None:
         """Move to ``instant``; :class:`ConfigError` if it lies in the past (time that a
         decision has seen cannot be taken back)."""

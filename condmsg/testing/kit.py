@@ -48,7 +48,7 @@ from condmsg.core.timeutil import RESOLUTION, stored_instant
 from condmsg.runtime.settings import DEFAULT_ACK_GRACE
 from condmsg.sending.outcomes import decode_outcome
 from condmsg.sending.outgoing import Outgoing
-from condmsg.sending.sender import Sender
+from condmsg.sending.sender import DEFAULT_PART_BYTES, Sender
 from condmsg.spheres.sphere import Sphere
 from condmsg.testing.clock import DEFAULT_START, VirtualClock
 from condmsg.testing.memory_broker import MemoryBroker
@@ -233,7 +233,8 @@ class Kit:
     ``sender`` names the sender (its ack and outcome queues); ``start`` is where the
     clock starts; ``ack_grace`` is the evaluator's settle window (the services' default);
     ``directory``, when given, holds the SQLite stores (kept afterwards), else a temporary
-    directory does. Close it (or use it as a context manager) to remove its stores.
+    directory does; ``part_bytes`` is the sender's (payloads above it travel as a Message
+    Sequence). Close it (or use it as a context manager) to remove its stores.
     """
 
     def __init__(
@@ -243,6 +244,7 @@ class Kit:
         start: datetime = DEFAULT_START,
         ack_grace: timedelta = DEFAULT_ACK_GRACE,
         directory: Path | None = None,
+        part_bytes: int = DEFAULT_PART_BYTES,
     ) -> None:
         self.clock = VirtualClock(start)
         self.broker = MemoryBroker(self.clock)
@@ -254,6 +256,7 @@ class Kit:
             engine=engine,
             clock=self.clock,
             declare_queues=False,
+            part_bytes=part_bytes,
         )
         self.evaluator = Evaluator(
             EvaluatorConfig(
@@ -310,6 +313,7 @@ class Kit:
             engine=self._stores.engine(name, "receiver"),
             amqp_url=KIT_AMQP_URL,
             clock=self.clock,
+            monotonic=self.clock.monotonic,
             broker=broker,
             **config,
         )

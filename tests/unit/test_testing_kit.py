@@ -133,3 +133,26 @@ def test_the_broker_returns_what_only_another_exchange_could_route() -> None:
         broker.publish(OutboxMessage(exchange="news", routing_key="s", body=b"x", mandatory=False))
         is None
     )
+
+
+def test_a_large_payload_travels_as_a_sequence_and_is_read_whole() -> None:
+    with Kit(part_bytes=1000) as kit:
+        payload = bytes(range(256)) * 10
+        cm = kit.send(payload, Destination("q", pickup_within=MINUTE))
+        assert len(kit.queued("q")) == 3
+        message = kit.receiver("r").read("q")
+        assert message is not None and message.body == payload
+        assert kit.verdict(cm) is Verdict.SATISFIED
+
+
+def test_an_incomplete_sequence_goes_to_the_invalid_queue_after_its_timeout() -> None:
+    with Kit(part_bytes=1000) as kit:
+        rx = kit.receiver("r", sequence_timeout=timedelta(minutes=5))
+        kit.send(bytes(2500), Destination("q", pickup_within=timedelta(hours=1)))
+        assert kit.broker.take("q") is not None  # a part lost on the way
+        assert rx.read("q") is None  # the other two are stored
+        kit.advance(minutes=4)
+        assert rx.read("q") is None and kit.invalid() == []
+        kit.advance(minutes=2)
+        assert rx.read("q") is None
+        assert len(kit.invalid()) == 2

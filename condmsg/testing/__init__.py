@@ -6,8 +6,9 @@ fresh kit per test (:mod:`condmsg.testing.plugin`, registered as a pytest plugin
 """
 
 from condmsg.testing.clock import VirtualClock
-from condmsg.testing.kit import HandlerCall, Kit, KitError, KitReceiver, KitTransaction
+from condmsg.testing.kit import HandlerCall, Kit, KitError
 from condmsg.testing.memory_broker import MemoryBroker
+from condmsg.testing.receivers import KitReceiver, KitTransaction
 
 __all__ = [
     "Kit",

@@ -35,6 +35,7 @@ import sqlalchemy as sa
 
 from ackd.receiver import Receiver
 from condmsg.core.timeutil import utcnow
+from condmsg.runtime.amqp import connect
 from condmsg.runtime.db import make_engine
 from condmsg.sending.sender import Sender
 from evaluator.config import EvaluatorConfig
@@ -65,7 +66,7 @@ SECRET = b"kit-fidelity-secret-7c1e5a9b3d2f4068aa"
 MARGIN_UNITS = 0.3
 #: Scenarios played beyond ``COUNT``: one whose real events ran too late (a busy machine)
 #: is not counted, and ``COUNT`` must still be the same in both.
-SPARE = int(os.environ.get("CONDMSG_KIT_SPARE", "30"))
+SPARE = int(os.environ.get("CONDMSG_KIT_SPARE", "50"))
 
 
 @pytest.fixture
@@ -105,8 +106,10 @@ class _Job:
 class RealWorld:
     """The services, a pool of receiver threads, and a clock-driven dispatcher."""
 
-    def __init__(self, amqp_url: str, sender_url: str, receiver_url: str, name: str) -> None:
-        self.name = name
+    def __init__(self, amqp_url: str, sender_url: str, receiver_url: str, prefix: str) -> None:
+        """``prefix`` (the test's ``unique_name``) starts every queue name: the test run
+        deletes what a failed test leaves behind by it."""
+        name = self.name = prefix.replace(".", "-")  # a sender name: no dots
         self.unit = timedelta(seconds=UNIT_S)
         self.sender = Sender(
             amqp_url=amqp_url, db_url=sender_url, name=name, secret=SECRET, create_schema=True
@@ -141,7 +144,7 @@ class RealWorld:
         self._open: dict[tuple[int, str], Any] = {}
         self._holders: dict[tuple[int, str], int] = {}
         self._free_queues: list[str] = []
-        self._queue_names = (f"{name}.p{n}" for n in itertools.count())
+        self._queue_names = (f"{prefix}.p{n}" for n in itertools.count())
         self.queues: dict[tuple[int, str], str] = {}
         self.cm_ids: dict[int, str] = {}
         self.sent_at: dict[int, datetime] = {}
@@ -180,8 +183,18 @@ class RealWorld:
         return {s.index: self._result(s) for s in batch}
 
     def close(self) -> None:
+        """Close the receivers and delete the queues the scenarios used (a few hundred:
+        RabbitMQ should not hold them for the rest of the test run)."""
         for receiver in self.receivers:
             receiver.close()
+        used = set(self.queues.values())
+        connection = connect(self.sender.amqp_url, name="kit-fidelity-cleanup")
+        try:
+            channel = connection.channel()
+            for q in sorted(used):
+                channel.queue_delete(q)
+        finally:
+            connection.close()
         self.engine.dispose()
         self.sender.engine.dispose()
 
@@ -341,7 +354,7 @@ def test_the_kit_decides_as_the_services_do(
     began = time.monotonic()
     in_kit = dict(play_in_kit(batch))
     kit_s = time.monotonic() - began
-    world = RealWorld(amqp_url, pg_url, receiver_db, unique_name.replace(".", "-"))
+    world = RealWorld(amqp_url, pg_url, receiver_db, unique_name)
     try:
         began = time.monotonic()
         real = world.play(batch)

@@ -100,28 +100,32 @@ class Kit:
         self.clock = VirtualClock(start)
         self.broker = MemoryBroker(self.clock)
         self._stores = KitStores(directory)
-        engine = self._stores.engine("sender", "sender")
-        self.sender = Sender(
-            amqp_url=KIT_AMQP_URL,
-            name=sender,
-            engine=engine,
-            clock=self.clock,
-            declare_queues=False,
-            part_bytes=part_bytes,
-        )
-        self.evaluator = Evaluator(
-            EvaluatorConfig(
+        try:
+            engine = self._stores.engine("sender", "sender")
+            self.sender = Sender(
                 amqp_url=KIT_AMQP_URL,
-                sender=sender,
-                ack_grace=ack_grace,
-                sweeps=False,
-                relay=False,
-                instance="kit",
-            ),
-            engine=engine,
-            clock=self.clock,
-        )
-        self.evaluator.store.prepare()
+                name=sender,
+                engine=engine,
+                clock=self.clock,
+                declare_queues=False,
+                part_bytes=part_bytes,
+            )
+            self.evaluator = Evaluator(
+                EvaluatorConfig(
+                    amqp_url=KIT_AMQP_URL,
+                    sender=sender,
+                    ack_grace=ack_grace,
+                    sweeps=False,
+                    relay=False,
+                    instance="kit",
+                ),
+                engine=engine,
+                clock=self.clock,
+            )
+            self.evaluator.store.prepare()
+        except BaseException:
+            self._stores.close()  # a sender name refused, say: no directory left behind
+            raise
         self._outbox = OutboxStore(engine)
         self._ack_queue = protocol.ack_queue(sender)
         self._outcome_queue = protocol.outcome_queue(sender)

@@ -4,7 +4,7 @@ the kit and on the real services give the same outcomes, notices and compensatio
 The real side is one world: a sender on PostgreSQL with its relay, the evaluator, and a
 pool of receivers sharing one PostgreSQL receiver store with one relay, on the real
 RabbitMQ. The scenarios run there at once, each started a moment after the one before
-and played in real time with one unit a second (``CONDMSG_KIT_UNIT_S``); each uses
+and played in real time with one unit every 1.5 s (``CONDMSG_KIT_UNIT_S``); each uses
 queues of its own while it runs (names are reused once a scenario is over: RabbitMQ
 should not hold a thousand queues for a test). The kit plays the same scripts on its
 virtual clock. :mod:`tests.integration.kit_scenarios` says what a scenario is and why
@@ -57,10 +57,12 @@ pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres, pytest.mark.slow]
 
 COUNT = int(os.environ.get("CONDMSG_KIT_SCENARIOS", "1000"))
 SEED = int(os.environ.get("CONDMSG_KIT_SEED", "51"))
-UNIT_S = float(os.environ.get("CONDMSG_KIT_UNIT_S", "1.0"))
+UNIT_S = float(os.environ.get("CONDMSG_KIT_UNIT_S", "1.5"))
 #: Seconds between the starts of two scenarios on the real side.
 SPACING_S = float(os.environ.get("CONDMSG_KIT_SPACING_S", "0.055"))
-WORKERS = 24
+#: Receivers (each with a thread, a connection and a kept database connection): enough for
+#: the transactions that stay open at once (about 15 at one unit per 1.5 s), and the rest.
+WORKERS = 32
 SECRET = b"kit-fidelity-secret-7c1e5a9b3d2f4068aa"
 #: How late (in units) a real event may start before its outcome could differ.
 MARGIN_UNITS = 0.3
@@ -164,22 +166,24 @@ class RealWorld:
         ]
         sends: queue.Queue[tuple[float, Scenario] | None] = queue.Queue()
         sender = threading.Thread(target=self._sending, args=(sends,), daemon=True)
-        with self.evaluator:
-            for thread in (*threads, sender):
-                thread.start()
-            start = time.monotonic() + 1.0
-            for i, s in enumerate(batch):
-                sends.put((start + i * SPACING_S, s))
-                self._pending += 1
-            sends.put(None)
-            self._dispatch()
-            sender.join()
+        try:
+            with self.evaluator:
+                for thread in (*threads, sender):
+                    thread.start()
+                start = time.monotonic() + 1.0
+                for i, s in enumerate(batch):
+                    sends.put((start + i * SPACING_S, s))
+                    self._pending += 1
+                sends.put(None)
+                self._dispatch()
+                sender.join()
+        finally:
             for inbox in self._inboxes:
                 inbox.put(None)
             for thread in threads:
                 thread.join()
-        for relay in self._relays:
-            relay.stop()
+            for relay in self._relays:
+                relay.stop()
         return {s.index: self._result(s) for s in batch}
 
     def close(self) -> None:
@@ -315,6 +319,8 @@ class RealWorld:
             worker = self._holders.pop(job.key)
             self._reserved.discard(worker)
         else:
+            if len(self._reserved) == WORKERS:
+                raise RuntimeError(f"all {WORKERS} receivers hold a transaction: raise WORKERS")
             worker = next(w for w in self._next_free if w not in self._reserved)
         if job.reserve and job.key is not None:
             self._reserved.add(worker)

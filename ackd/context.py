@@ -41,14 +41,16 @@ class PendingSequences:
     maybe_complete: bool = True
     #: ``time.monotonic()`` after which a reader looks regardless.
     next_recheck: float = 0.0
-    #: Seq id -> ``time.monotonic()`` before which it is not taken again.
+    #: Seq id -> the receiver's monotonic instant before which it is not taken again.
     retry_due: dict[str, float] = field(default_factory=dict)
 
-    def is_held_back(self, seq_id: str) -> bool:
+    def is_held_back(self, seq_id: str, now: float) -> bool:
+        """Whether ``seq_id`` waits for its retry at ``now`` (the receiver's monotonic
+        clock)."""
         due = self.retry_due.get(seq_id)
         if due is None:
             return False
-        if time.monotonic() < due:
+        if now < due:
             return True
         del self.retry_due[seq_id]
         return False
@@ -59,9 +61,11 @@ class ReceiveContext:
     """The parts of one receiver that every part doing its work shares.
 
     ``stats`` and ``pending`` change as the receiver works; the rest is fixed when it is
-    built. ``row_locks`` is the store's :class:`~ackd.receiver_store.StoreTraits` trait
-    for ``engine``; ``store_lost`` tells an outage of the store from a message's own
-    failure (the :class:`~ackd.receiver.Receiver` owns the connection it looks at).
+    built. ``monotonic`` (seconds) times the receiver's pauses: a sequence's retry,
+    the checks for incomplete sequences. ``row_locks`` is the store's
+    :class:`~ackd.receiver_store.StoreTraits` trait for ``engine``; ``store_lost`` tells
+    an outage of the store from a message's own failure (the
+    :class:`~ackd.receiver.Receiver` owns the connection it looks at).
     """
 
     engine: Engine
@@ -76,3 +80,4 @@ class ReceiveContext:
     store_lost: Callable[[BaseException], bool]
     stats: ReceiverStats = field(default_factory=ReceiverStats)
     pending: PendingSequences = field(default_factory=PendingSequences)
+    monotonic: Callable[[], float] = time.monotonic

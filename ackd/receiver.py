@@ -34,6 +34,7 @@ attempts in :mod:`ackd.attempts`). What these parts share is one
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
@@ -83,7 +84,10 @@ class Receiver(OwnsOutbox):
     the fields of a given ``config``. ``engine``, when given, is the receiver's database
     instead of ``db_url``; ``store``, when given, is how the receiver writes to it (else
     the adapter for the engine's database and driver, see :mod:`ackd.receiver_store`);
-    ``clock`` gives the read and commit times of its acks.
+    ``clock`` gives the read and commit times of its acks; ``broker``, when given, is
+    its side of RabbitMQ instead of one connecting to ``amqp_url`` (the test kit's
+    in-memory broker, :mod:`condmsg.testing`), and ``monotonic`` (seconds) what times
+    its pauses for Message Sequences (the kit's virtual clock).
 
     ``secret``, when given (or ``CONDMSG_SECRET``), makes the receiver verify each copy's
     token and reject forged copies; without it the evaluator still rejects their acks.
@@ -99,6 +103,8 @@ class Receiver(OwnsOutbox):
         store: ReceiverStore | None = None,
         clock: Callable[[], datetime] = utcnow,
         registry: CollectorRegistry | None = None,
+        broker: Broker | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
         **settings: Any,
     ) -> None:
         config = ReceiverConfig(**settings) if config is None else replace(config, **settings)
@@ -133,10 +139,14 @@ class Receiver(OwnsOutbox):
         self.invalid_queue = config.invalid_queue
         self.stats = ReceiverStats()
         self._attempts = AttemptCounts(self.engine)
-        self._broker = Broker(
-            config.amqp_url,
-            name=f"condmsg-receiver-{recipient}",
-            invalid_queue=config.invalid_queue,
+        self._broker = (
+            broker
+            if broker is not None
+            else Broker(
+                config.amqp_url,
+                name=f"condmsg-receiver-{recipient}",
+                invalid_queue=config.invalid_queue,
+            )
         )
         #: The connection the app's transactions run on (see ``_bind``) and its thread.
         self._thread_connection: Connection | None = None
@@ -147,6 +157,7 @@ class Receiver(OwnsOutbox):
         self.store_name = describe_db_url(str(self.engine.url))
         self.ack_watch = AckWatch(self.engine, store_name=self.store_name, registry=registry)
         self.ack_watch.check(now=True)
+        self._monotonic = monotonic
         self._assemble(clock)
 
     def _assemble(self, clock: Callable[[], datetime]) -> None:
@@ -163,6 +174,7 @@ class Receiver(OwnsOutbox):
             clock=clock,
             store_lost=self._store_lost,
             stats=self.stats,
+            monotonic=self._monotonic,
         )
         decisions = RlogDecisions(context)
         sequences = SequenceReassembly(context, decisions)

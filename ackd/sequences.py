@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -297,7 +296,7 @@ class SequenceReassembly:
             self._ctx.pending.maybe_complete = False
             return None
         for seq_id in ids:
-            if self._ctx.pending.is_held_back(seq_id):
+            if self._ctx.pending.is_held_back(seq_id, self._ctx.monotonic()):
                 continue
             assembled = take(session, seq_id)
             if assembled is None:
@@ -385,7 +384,7 @@ class SequenceReassembly:
     def expire_incomplete(self) -> None:
         """Move the parts of sequences incomplete after ``sequence_timeout`` to the invalid
         queue; looks at most every quarter of the timeout (and at most once a second)."""
-        now_mono = time.monotonic()
+        now_mono = self._ctx.monotonic()
         if now_mono < self._next_expiry_check:
             return
         timeout = self._ctx.config.sequence_timeout

@@ -5,7 +5,6 @@ them back after their backoff."""
 from __future__ import annotations
 
 import logging
-import time
 
 from ackd.attempts import poison_key
 from ackd.context import ReceiveContext
@@ -88,5 +87,5 @@ class Settlement:
             return
         self._ctx.pending.maybe_complete = True  # a reassembled sequence is back in the store
         if delay > 0 and taken.incoming.message_id:
-            due = time.monotonic() + delay
+            due = self._ctx.monotonic() + delay
             self._ctx.pending.retry_due[str(taken.incoming.message_id)] = due

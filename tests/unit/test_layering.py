@@ -23,7 +23,8 @@ OURS = ("condmsg", "outbox", "ackd", "evaluator", "spark_audit")
 CORE = "condmsg.core"
 #: The application layers inside condmsg, which start the services and so may import them:
 #: the command line, the demo and the conformance harness. The rest of condmsg is the library.
-APPLICATION = ("condmsg.cli", "condmsg.demo", "condmsg.conformance")
+#: The test kit is one too: it runs the receiver and the evaluator in the test's process.
+APPLICATION = ("condmsg.cli", "condmsg.demo", "condmsg.conformance", "condmsg.testing")
 EVERYTHING = {*OURS, CORE, *APPLICATION}
 ALLOWED = {
     CORE: set(),
@@ -31,6 +32,7 @@ ALLOWED = {
     "condmsg.cli": EVERYTHING,
     "condmsg.demo": EVERYTHING,
     "condmsg.conformance": EVERYTHING,
+    "condmsg.testing": EVERYTHING,
     "outbox": {CORE},  # for the one error root
     "ackd": {"condmsg", CORE, "outbox"},
     "evaluator": {"condmsg", CORE, "outbox"},

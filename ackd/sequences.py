@@ -379,7 +379,7 @@ class SequenceReassembly:
         return inbound, headers, properties
 
     def expiry_due(self) -> bool:
-        return time.monotonic() >= self._next_expiry_check
+        return self._ctx.monotonic() >= self._next_expiry_check
 
     def expire_incomplete(self) -> None:
         """Move the parts of sequences incomplete after ``sequence_timeout`` to the invalid

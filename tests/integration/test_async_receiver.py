@@ -319,7 +319,8 @@ def test_a_transaction_that_cannot_reach_the_store_says_so(
     async def main() -> None:
         async with async_receiver(amqp_url, store_proxy.url(pg_url), unique_name) as receiver:
             assert await select_one(receiver) == 1
-            store_proxy.down()
+            # In a thread: taking the proxy down joins its accept loop (up to 0.1 s).
+            await asyncio.to_thread(store_proxy.down)
             for _ in range(2):
                 with pytest.raises(StoreUnavailable, match="cannot be reached"):
                     await select_one(receiver)

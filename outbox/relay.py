@@ -26,8 +26,8 @@ from types import TracebackType
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 
+from condmsg.infra.backoff import Backoff, retry_delay_s
 from outbox import tracing
-from outbox.backoff import Backoff, retry_delay_s
 from outbox.config import RelayConfig
 from outbox.errors import (
     AUTH_REFUSALS_BEFORE_GIVING_UP,

@@ -35,11 +35,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 from sqlalchemy.sql.dml import ReturningDelete
 
+from condmsg.infra.urls import redact_url
 from outbox.enqueueing import row_values
 from outbox.errors import StoreError
 from outbox.message import MESSAGE_FIELDS, OutboxMessage, StoredMessage
 from outbox.table import DEFAULT_TABLE_NAME, FAILED, PENDING, notify_channel, outbox_table
-from outbox.urls import redact_url
 
 T = TypeVar("T")
 

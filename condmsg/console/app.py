@@ -42,9 +42,9 @@ from condmsg.core.errors import ConfigError
 from condmsg.core.store_values import SphereState
 from condmsg.core.timeutil import utcnow
 from condmsg.core.wording import first_line, plural
+from condmsg.infra.urls import redact_url
 from condmsg.runtime.db import describe_db_url
 from condmsg.runtime.settings import Settings
-from outbox.urls import redact_url
 
 log = logging.getLogger("condmsg.console")
 

@@ -1,4 +1,4 @@
-"""What every process of condmsg runs on beneath its own parts: the shared infrastructure.
+"""The shared infrastructure: the tools under the outbox and every service alike.
 
 The outbox, the sender, the receiver and the evaluator all retry with one backoff
 (:mod:`~condmsg.infra.backoff`), log a failing operation once per change of state

@@ -20,7 +20,7 @@ from ackd.sequences import SequenceReassembly
 from ackd.transaction import Incoming, ReceiverTransaction, TakenMessage
 from ackd.validation import InvalidMessage, invalid_reason, judge
 from condmsg.core import protocol
-from outbox import tracing
+from condmsg.infra import tracing
 
 log = logging.getLogger(__name__)
 

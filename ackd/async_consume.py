@@ -28,9 +28,9 @@ from ackd.reader import Step, _Run, log_failed, log_handler_failed
 from ackd.receiver import Receiver
 from ackd.transaction import ReceiverTransaction
 from condmsg.core.errors import BrokerAuthError, BrokerError
+from condmsg.infra.backoff import Backoff
 from condmsg.runtime.pausing import FIRST_RETRY_S, MAX_RETRY_S, Pause
 from condmsg.sending.async_broker import CONNECTION_ERRORS
-from outbox.backoff import Backoff
 
 #: What ``consume`` hands each message to: ``await handler(message, session)``, with the
 #: transaction's ``AsyncSession`` (its writes commit with the COMMIT ack), None for a

@@ -11,7 +11,7 @@ No thread, no second SQL, and the event loop serves other tasks during every rou
 
 On an async connection the store's portable adapter applies: the psycopg fast path
 (:mod:`ackd.fastpath`) drives psycopg's blocking connection, which an async engine does
-not have (:func:`outbox.backends.uses_psycopg`).
+not have (:func:`condmsg.infra.backends.uses_psycopg`).
 """
 
 from __future__ import annotations

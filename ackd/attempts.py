@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from ackd.tables import POISON_ID_LENGTH, poison
-from outbox.backoff import retry_delay_s
+from condmsg.infra.backoff import retry_delay_s
 
 log = logging.getLogger(__name__)
 

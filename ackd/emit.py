@@ -13,7 +13,7 @@ from ackd.receiver_store import ReceiverStore
 from ackd.validation import Inbound
 from condmsg.core.acks import AckKind
 from condmsg.core.protocol import ACK_CONTENT_TYPE, ACK_TYPE, AckMessage
-from outbox import tracing
+from condmsg.infra import tracing
 from outbox.enqueueing import enqueue_all
 from outbox.message import OutboxMessage
 

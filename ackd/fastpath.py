@@ -50,7 +50,7 @@ libpq calls through psycopg (``pgconn.exec_``, ``errors.error_from_result``, the
 connection's ``lock``) and the knowledge of when psycopg deallocates are psycopg's
 internals, so a receiver takes this path only with the psycopg releases it was tested
 with (:data:`TESTED_PSYCOPG`) and the portable adapter with any other: :func:`chosen`,
-which ``CONDMSG_RECEIVER_FASTPATH`` can force (see :mod:`outbox.fast_paths`).
+which ``CONDMSG_RECEIVER_FASTPATH`` can force (see :mod:`condmsg.infra.fastpaths.gate`).
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ from psycopg.pq import ExecStatus, TransactionStatus
 
 from ackd.tables import rlog
 from condmsg.core.errors import CondmsgError
-from outbox.fast_paths import Gate, use_fast
-from outbox.pg import wrapped
+from condmsg.infra.fastpaths.gate import Gate, use_fast
+from condmsg.infra.fastpaths.pg import wrapped
 from outbox.table import outbox_table
 
 __all__ = ["ack_statement", "chosen", "claim", "execute_and_commit", "watch"]

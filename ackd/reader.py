@@ -24,8 +24,8 @@ from ackd.outage import StoreUnavailable
 from ackd.sequences import SequenceReassembly
 from ackd.transaction import ReceiverTransaction
 from condmsg.core.errors import BrokerAuthError, BrokerError
+from condmsg.infra.repeated_failures import reason_of
 from condmsg.runtime.pausing import Pause
-from outbox.repeated_failures import reason_of
 
 log = logging.getLogger(__name__)
 

@@ -66,12 +66,12 @@ from ackd.tables import metadata
 from ackd.transaction import ReceiverTransaction
 from condmsg.core.errors import ConfigError
 from condmsg.core.timeutil import utcnow
+from condmsg.infra import backends
+from condmsg.infra.repeated_failures import reason_of
 from condmsg.runtime import migrate
 from condmsg.runtime.db import describe_db_url, make_engine
 from condmsg.runtime.relaying import OwnsOutbox
 from condmsg.runtime.settings import Settings
-from outbox import backends
-from outbox.repeated_failures import reason_of
 
 __all__ = ["Handler", "Receiver", "ReceiverConfig", "ReceiverStats", "ReceiverTransaction"]
 

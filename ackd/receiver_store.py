@@ -9,7 +9,7 @@ Two adapters implement it: :class:`SqlAlchemyReceiverStore` (SQLAlchemy Core, co
 SQLite and on PostgreSQL) and ``PsycopgReceiverStore`` in
 :mod:`ackd.receiver_store_psycopg` (the same behaviour on PostgreSQL through psycopg 3,
 with the claim and the acks riding on the transaction's ``BEGIN`` and ``COMMIT``). A
-``Receiver`` picks one when it is built (:func:`outbox.backends.pick`); the RLOG's
+``Receiver`` picks one when it is built (:func:`condmsg.infra.backends.pick`); the RLOG's
 decisions (:mod:`ackd.rlog`) keep their plain statements, whose form is the same
 everywhere.
 """

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from ackd import fastpath
 from ackd.receiver_store import SqlAlchemyReceiverStore, StoreTraits
-from outbox.backends import psycopg_connection
+from condmsg.infra.backends import psycopg_connection
 from outbox.enqueueing import row_values
 from outbox.message import OutboxMessage
 

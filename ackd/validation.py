@@ -18,7 +18,7 @@ from condmsg.core import protocol
 from condmsg.core.errors import CondmsgError, ProtocolError
 from condmsg.core.limits import forbidden_character
 from condmsg.core.payloads import decode_payload
-from outbox import tracing
+from condmsg.infra import tracing
 
 if TYPE_CHECKING:
     from ackd.broker import Delivery

@@ -39,8 +39,8 @@ from bench._common import Row, emit_result, fresh_pg_schema, log, row, timed
 from bench.send_receive import AMQP_URL, APP, PG_URL, PICKUP, SECRET, Queues, cm_consume, fill
 from condmsg import Destination, DestinationSet
 from condmsg.core import protocol
+from condmsg.infra import tracing
 from condmsg.sending.sender import Outgoing, Sender
-from outbox import tracing
 
 MODES = ("off", "api", "sdk")
 TARGET = 0.97

@@ -18,15 +18,15 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from condmsg.core.wording import first_line
+from condmsg.infra.backoff import Backoff
+from condmsg.infra.repeated_failures import RepeatedFailures
 from evaluator import decisions
 from evaluator.config import EvaluatorConfig
 from evaluator.failures import FIRST_RETRY_S, MAX_RETRY_S, is_transient
 from evaluator.intake import dead_letter, dead_letter_anomaly, describe, ingest
 from evaluator.metrics import EvaluatorMetrics, batch_report
 from evaluator.store_setup import SenderStore
-from outbox.backoff import Backoff
 from outbox.enqueueing import enqueue_all
-from outbox.repeated_failures import RepeatedFailures
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Failures of the environment (the database, the broker) told apart from the acks' own,
 and the waits between tries while the environment is away (an
-:class:`outbox.backoff.Backoff` from :data:`FIRST_RETRY_S` to :data:`MAX_RETRY_S`)."""
+:class:`condmsg.infra.backoff.Backoff` from :data:`FIRST_RETRY_S` to :data:`MAX_RETRY_S`)."""
 
 from __future__ import annotations
 

@@ -19,11 +19,11 @@ from sqlalchemy.engine import Engine
 
 from condmsg import tables
 from condmsg.core import protocol
+from condmsg.infra.repeated_failures import RepeatedFailures, reason_of
 from condmsg.runtime.amqp import connect
 from condmsg.runtime.topology import NOT_FOUND
 from evaluator.config import EvaluatorConfig
 from evaluator.metrics import EvaluatorMetrics
-from outbox.repeated_failures import RepeatedFailures, reason_of
 
 log = logging.getLogger(__name__)
 

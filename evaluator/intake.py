@@ -28,9 +28,9 @@ from condmsg.core import protocol
 from condmsg.core.acks import Ack
 from condmsg.core.errors import ProtocolError
 from condmsg.core.evaluation import evaluate
+from condmsg.infra import tracing
 from evaluator.store import CmRow, CopyRow, DecisionStore
 from evaluator.tracing import record_intake, traceparent_of
-from outbox import tracing
 from outbox.enqueueing import enqueue_all
 from outbox.message import OutboxMessage
 

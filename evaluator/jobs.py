@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from condmsg.core.errors import ConfigError
 from condmsg.core.timeutil import utcnow
+from condmsg.infra.repeated_failures import RepeatedFailures
 from condmsg.spheres.store import SPHERES
 from evaluator import decisions
 from evaluator.actions import Actions
@@ -35,7 +36,6 @@ from evaluator.spheres import settle_spheres
 from evaluator.store_setup import SenderStore
 from evaluator.summary import DecisionSummary
 from evaluator.sweep_timer import SweepTimer
-from outbox.repeated_failures import RepeatedFailures
 
 log = logging.getLogger(__name__)
 

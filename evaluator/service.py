@@ -29,6 +29,8 @@ from sqlalchemy.engine import Engine
 
 from condmsg.core.errors import BrokerAuthError, CondmsgError, ConfigError
 from condmsg.core.timeutil import utcnow
+from condmsg.infra.backoff import Backoff
+from condmsg.infra.repeated_failures import RepeatedFailures, reason_of
 from condmsg.runtime.db import make_engine
 from condmsg.runtime.migrate import SchemaError
 from evaluator.batches import AckBatches, Report
@@ -40,11 +42,9 @@ from evaluator.metrics import EvaluatorMetrics
 from evaluator.store import DecisionStore
 from evaluator.store_setup import SenderStore, check_new_sender
 from evaluator.workers import IntakeWorkers, WorkerConfig
-from outbox.backoff import Backoff
 from outbox.config import RelayConfig
 from outbox.errors import AUTH_REFUSALS_BEFORE_GIVING_UP
 from outbox.relay import Relay
-from outbox.repeated_failures import RepeatedFailures, reason_of
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,8 @@
 Each batch operation is a single statement whose text does not depend on the batch (so
 psycopg and PostgreSQL parse and plan it once): the ids of a lookup are one JSON array
 parameter, the rows of an INSERT or UPDATE one binary array per column (see
-:mod:`outbox.pg`). The operations that have no such form are the portable adapter's.
+:mod:`condmsg.infra.fastpaths.pg`). The operations that have no such form are the portable
+adapter's.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from condmsg import tables
+from condmsg.infra.backends import psycopg_connection
+from condmsg.infra.fastpaths import pg
 from evaluator.store import ACK_ROW_KEYS, DECISION_ROW_KEYS, CmRow, Rows, parse_condition, to_utc
 from evaluator.store_sqlalchemy import CmLookup, SqlAlchemyDecisionStore
-from outbox import pg
-from outbox.backends import psycopg_connection
 
 _CM_COLUMNS = (
     "cm_id, sender, sent_at, condition_json, state, notify_success, effective_at, sphere_id"

@@ -15,6 +15,9 @@ from condmsg import tables
 from condmsg.core import protocol
 from condmsg.core.errors import ConfigError
 from condmsg.core.wording import first_line
+from condmsg.infra import backends
+from condmsg.infra.backoff import Backoff
+from condmsg.infra.repeated_failures import RepeatedFailures
 from condmsg.runtime import migrate
 from condmsg.runtime.db import describe_db_url
 from condmsg.tables import store_secret
@@ -22,9 +25,6 @@ from evaluator.failures import FIRST_RETRY_S, MAX_RETRY_S
 from evaluator.store import DecisionStore
 from evaluator.store_psycopg import PsycopgDecisionStore
 from evaluator.store_sqlalchemy import SqlAlchemyDecisionStore
-from outbox import backends
-from outbox.backoff import Backoff
-from outbox.repeated_failures import RepeatedFailures
 
 log = logging.getLogger(__name__)
 

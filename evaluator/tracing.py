@@ -6,7 +6,7 @@ a receiver passed on), and a decision links to the
 stored contexts of every ack that counted, whichever batch, process or instance took them
 in. The decision span is a child of the send's span (``condmsg_cm.traceparent``); the
 outcome notification, success notices and compensations it releases carry its context.
-No span is made without tracing (:func:`outbox.tracing.active`).
+No span is made without tracing (:func:`condmsg.infra.tracing.active`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 from condmsg import tables
 from condmsg.core import protocol
 from condmsg.core.outcome import Outcome, SphereOutcome
+from condmsg.infra import tracing
 from evaluator.store import CmRow
-from outbox import tracing
 
 
 class TracedBody(bytes):

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
+from condmsg.infra.backoff import Backoff
 from condmsg.runtime.settings import DEFAULT_CLOCK_SKEW
-from outbox.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ business rows they belong to; a :class:`Relay` publishes them after the commit w
 publisher confirms, at least once. See ``docs/outbox.md``.
 
 The errors are imported at once; everything else on first use, because importing any
-submodule (``outbox.urls``, ``outbox.backoff``) runs this file first and must not pull in
+submodule (``outbox.errors``, ``outbox.message``) runs this file first and must not pull in
 SQLAlchemy, psycopg or pika. The errors descend from the project's one root,
 :class:`condmsg.CondmsgError`, which lives in condmsg's pure core (``docs/layout.md``).
 """

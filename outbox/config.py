@@ -19,7 +19,7 @@ ENV_AMQP_URL = "CONDMSG_AMQP_URL"
 ENV_PUBLISHING = "CONDMSG_RELAY_PUBLISHING"
 #: How the relay puts messages on the channel (see :mod:`outbox.publish_pika`): ``frames``
 #: encoded by the outbox, ``pika``'s ``basic_publish``, or ``auto``: the frames where this
-#: pika is a release they were tested with, else ``pika`` (see :mod:`outbox.fast_paths`).
+#: pika is a release they were tested with, else ``pika`` (see :mod:`condmsg.infra.fastpaths.gate`).
 PUBLISHING_CHOICES = ("auto", "frames", "pika")
 #: The broker of a development machine (the same default as ``condmsg.runtime.settings``).
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"

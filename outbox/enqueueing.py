@@ -8,8 +8,8 @@ The functions (:func:`enqueue` and its kin) check the messages and hand the rows
 :class:`OutboxWriter`, the port to the database, picked by the session's bind with one lookup
 per call: :class:`SqlAlchemyOutboxWriter` writes with SQLAlchemy Core on any database;
 :class:`PsycopgOutboxWriter` sends a batch to PostgreSQL as one ``unnest`` statement with
-binary array parameters (see :mod:`outbox.pg`). Both write the same rows for the same
-messages (``tests/contract/test_outbox_writer.py``).
+binary array parameters (see :mod:`condmsg.infra.fastpaths.pg`). Both write the same rows for
+the same messages (``tests/contract/test_outbox_writer.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from outbox import backends, pg
+from condmsg.infra import backends
+from condmsg.infra.fastpaths import pg
 from outbox.errors import OutboxTypeError, OutboxValueError
 from outbox.message import (
     COPY_FIELDS,
@@ -147,8 +148,9 @@ def fanouts_statement(
     """The INSERT that :func:`enqueue_fanouts` sends to PostgreSQL through psycopg, with
     its parameters, unsent (None when there is nothing to write): for a caller that sends
     it as the last part of a statement of its own (a sender's CM rows and their outbox rows
-    in one round trip). Run it with :func:`outbox.pg.execute`; its parameters are named
-    after the outbox's columns, so the caller's must be named otherwise."""
+    in one round trip). Run it with :func:`condmsg.infra.fastpaths.pg.execute`; its
+    parameters are named after the outbox's columns, so the caller's must be named
+    otherwise."""
     rows, _ = _fanout_rows(fanouts)
     return _PSYCOPG.statement(rows, table_name) if rows else None
 

@@ -7,7 +7,7 @@ receiver and the evaluator; they are re-exported here because the outbox raises 
 
 Driver errors (pika, SQLAlchemy, psycopg) are translated into these at the edge of the
 package, with messages a user can act on. Messages never contain passwords: URLs are shown
-through :func:`outbox.urls.redact_url`.
+through :func:`condmsg.infra.urls.redact_url`.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from outbox.backoff import Backoff
-from outbox.repeated_failures import RepeatedFailures
+from condmsg.infra.backoff import Backoff
+from condmsg.infra.repeated_failures import RepeatedFailures
 
 log = logging.getLogger(__name__)
 

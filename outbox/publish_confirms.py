@@ -46,16 +46,16 @@ from pika.channel import Channel
 from pika.frame import Method
 from pika.spec import Basic, BasicProperties
 
+from condmsg.infra.fastpaths.gate import use_fast
+from condmsg.infra.urls import broker_address, split_urls
 from outbox.errors import BrokerAuthError, BrokerError
-from outbox.fast_paths import use_fast
 from outbox.message import StoredMessage
 from outbox.publish_frames import FramePublishing, pika_gate
 from outbox.publish_pika import COPY_HEADER, ROW_ID_HEADER, MessageKey, PikaPublishing, Publishing
-from outbox.urls import broker_address, split_urls
 
 log = logging.getLogger(__name__)
 
-#: ``RelayConfig.publishing`` by the path it chooses (see :mod:`outbox.fast_paths`).
+#: ``RelayConfig.publishing`` by the path it chooses (see :mod:`condmsg.infra.fastpaths.gate`).
 _MODES = {"auto": "auto", FramePublishing.name: "fast", PikaPublishing.name: "plain"}
 
 

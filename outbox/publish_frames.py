@@ -14,7 +14,7 @@ The frames reach the socket through pika's private ``Connection._adapter_emit_da
 hook under ``basic_publish``, and rely on pika's frame layout and its connection's
 ``params.frame_max``. So they run only with the pika releases they were tested with
 (:data:`TESTED_PIKA`) and pika's ``basic_publish`` runs with any other
-(:func:`pika_gate`, :mod:`outbox.fast_paths`).
+(:func:`pika_gate`, :mod:`condmsg.infra.fastpaths.gate`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pika
 from pika.channel import Channel
 from pika.connection import Connection
 
-from outbox.fast_paths import Gate
+from condmsg.infra.fastpaths.gate import Gate
 from outbox.message import COPY_FIELDS, OutboxMessage, StoredMessage
 from outbox.publish_pika import (
     COPY_HEADER,

@@ -26,8 +26,8 @@ from types import TracebackType
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 
-from outbox import tracing
-from outbox.backoff import Backoff, retry_delay_s
+from condmsg.infra.backoff import Backoff, retry_delay_s
+from outbox import publish_spans
 from outbox.config import RelayConfig
 from outbox.errors import (
     AUTH_REFUSALS_BEFORE_GIVING_UP,
@@ -400,7 +400,7 @@ class Relay:
             self._rescan = self._more = True
             return
         self.metrics.batch_confirm.observe(
-            time.monotonic() - batch.submitted_at, tracing.exemplar_of(claim.rows)
+            time.monotonic() - batch.submitted_at, publish_spans.exemplar_of(claim.rows)
         )
         parked: dict[Key, str] = dict(result.refused.items())
         retry: dict[Key, tuple[str, datetime]] = {}
@@ -425,8 +425,10 @@ class Relay:
             return
         self._published += len(result.published)
         self.metrics.published.inc(len(result.published))
-        tracing.record_publishes(
-            claim.rows, len(result.published), tracing.epoch_ns_of_monotonic(batch.submitted_at)
+        publish_spans.record_publishes(
+            claim.rows,
+            len(result.published),
+            publish_spans.epoch_ns_of_monotonic(batch.submitted_at),
         )
         self._failed += len(parked)
         self.metrics.failed_refused.inc(len(result.refused))

@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
+from condmsg.infra.repeated_failures import RepeatedFailures
 from outbox.metrics import RelayMetrics
-from outbox.repeated_failures import RepeatedFailures
 from outbox.store import OutboxStatus
 
 log = logging.getLogger("outbox.relay")

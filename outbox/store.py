@@ -35,18 +35,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, RootTransaction
 from sqlalchemy.sql.dml import ReturningDelete
 
+from condmsg.core.timeutil import stored_instant
+from condmsg.infra.urls import redact_url
 from outbox.enqueueing import row_values
 from outbox.errors import StoreError
 from outbox.message import MESSAGE_FIELDS, OutboxMessage, StoredMessage
 from outbox.table import DEFAULT_TABLE_NAME, FAILED, PENDING, notify_channel, outbox_table
-from outbox.urls import redact_url
 
 T = TypeVar("T")
-
-
-def utc(value: datetime) -> datetime:
-    """SQLite hands back naive datetimes; everything this package stores is UTC."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -268,7 +264,7 @@ class OutboxStore:
         return [
             StoredMessage(
                 id=r[0],
-                created_at=utc(r[1]),
+                created_at=stored_instant(r[1]),
                 attempts=r[2],
                 message=OutboxMessage.trusted(**dict(zip(MESSAGE_FIELDS, r[3:-1], strict=True))),
                 copies=tuple(r[-1] or ()),
@@ -404,7 +400,7 @@ class OutboxStore:
                 ).first()
             age = None
             if oldest is not None:
-                age = max(0.0, (datetime.now(UTC) - utc(oldest[1])).total_seconds())
+                age = max(0.0, (datetime.now(UTC) - stored_instant(oldest[1])).total_seconds())
             return OutboxStatus(
                 pending=int(pending or 0),
                 failed=int(failed or 0),
@@ -435,7 +431,7 @@ class OutboxStore:
                         routing_key=r[2],
                         attempts=r[3],
                         last_error=r[4],
-                        failed_at=None if r[5] is None else utc(r[5]),
+                        failed_at=stored_instant(r[5]),
                     )
                     for r in conn.execute(stmt)
                 ]

@@ -1,6 +1,6 @@
-"""Spans recorded by one test: an SDK provider that ``outbox.tracing`` sees as the global
-one for the test only (setting OpenTelemetry's real global provider would turn tracing on
-for every later test of the process, for good)."""
+"""Spans recorded by one test: an SDK provider that ``condmsg.infra.tracing`` sees as the
+global one for the test only (setting OpenTelemetry's real global provider would turn
+tracing on for every later test of the process, for good)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from outbox import tracing
+from condmsg.infra import tracing
 
 
 @contextmanager

@@ -15,8 +15,8 @@ from typing import Any
 from condmsg.cli.extras import MissingExtraError, missing
 from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.core.errors import ConfigError
+from condmsg.infra.urls import redact_url
 from condmsg.runtime.exit_codes import OK, add_command
-from outbox.urls import redact_url
 
 ENV_TOKEN = "CONDMSG_CONSOLE_TOKEN"
 #: More ``Host`` names to answer, comma-separated (as ``--allowed-host``, which adds to it).

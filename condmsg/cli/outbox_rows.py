@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from condmsg.cli.options import add_db_url, named_db_url
 from condmsg.core.errors import ConfigError
+from condmsg.core.timeutil import stored_instant
 from condmsg.core.wording import plural
 from condmsg.runtime.exit_codes import FAILED, OK, add_command
 
@@ -155,6 +156,4 @@ def _list(store: Any, args: argparse.Namespace) -> None:
 
 
 def _instant(value: Any) -> str | None:
-    from outbox.store import utc
-
-    return None if value is None else utc(value).isoformat()
+    return None if value is None else stored_instant(value).isoformat()

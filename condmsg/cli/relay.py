@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 import outbox
 from condmsg.cli.options import add_amqp_url, add_db_url, amqp_url, named_db_url
+from condmsg.infra.backoff import Backoff
 from condmsg.runtime import migrate
 from condmsg.runtime.amqp import describe_url
 from condmsg.runtime.db import describe_db_url
@@ -26,7 +27,6 @@ from condmsg.runtime.exit_codes import INTERRUPTED, OK, USAGE, add_command
 from condmsg.runtime.logging_setup import add_logging_arguments, configure_logging, log_banner
 from condmsg.runtime.ops_server import serve_ops
 from condmsg.runtime.stopping import StopSignals
-from outbox.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -40,11 +40,11 @@ from condmsg.console.render import FILTERS, chart
 from condmsg.core import protocol
 from condmsg.core.errors import ConfigError
 from condmsg.core.store_values import SphereState
-from condmsg.core.timeutil import utcnow
+from condmsg.core.timeutil import stored_instant, utcnow
 from condmsg.core.wording import first_line, plural
+from condmsg.infra.urls import redact_url
 from condmsg.runtime.db import describe_db_url
 from condmsg.runtime.settings import Settings
-from outbox.urls import redact_url
 
 log = logging.getLogger("condmsg.console")
 
@@ -469,7 +469,7 @@ def _instant(value: str | None, name: str, problems: list[str]) -> datetime | No
     if not value:
         return None
     try:
-        return queries.utc(datetime.fromisoformat(value.strip()))
+        return stored_instant(datetime.fromisoformat(value.strip()))
     except (ValueError, OverflowError):  # OverflowError: year 1 or 9999 once in UTC
         problems.append(f"{name}: not an ISO 8601 instant between the years 1 and 9999; ignored")
         return None

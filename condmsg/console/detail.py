@@ -14,14 +14,14 @@ import sqlalchemy as sa
 
 from condmsg import tables
 from condmsg.cm_status import ack_line, cm_status, node_notes
-from condmsg.console.queries import overdue, utc
+from condmsg.console.queries import overdue
 from condmsg.core.acks import Ack
 from condmsg.core.conditions import Condition, Destination
 from condmsg.core.errors import CondmsgError
 from condmsg.core.evaluation import EvaluationResult, Truth, Verdict
 from condmsg.core.protocol import H_CM_ID
 from condmsg.core.store_values import AckStatus
-from condmsg.core.timeutil import iso, utcnow
+from condmsg.core.timeutil import iso, stored_instant, utcnow
 from condmsg.core.wording import plural
 from condmsg.runtime.settings import Settings
 from condmsg.spheres.store import SPHERES, ParticipantRow, SphereRow
@@ -99,7 +99,7 @@ def cm_detail(
     ).all()
     shown = CmDetail(
         row=row,
-        sent_at=utc(row.sent_at),  # type: ignore[arg-type]
+        sent_at=stored_instant(row.sent_at),
         judged_at=None,
         result=None,
         tree=None,
@@ -162,15 +162,15 @@ def _timeline(
     ]
     for a in ack_rows:
         who = f" ({a.recipient})" if a.recipient else ""
-        events.append((utc(a.read_at), f"read by {a.destination}{who}"))  # type: ignore[arg-type]
+        events.append((stored_instant(a.read_at), f"read by {a.destination}{who}"))
         if a.committed_at is not None:
-            events.append((utc(a.committed_at), f"committed by {a.destination}{who}"))  # type: ignore[arg-type]
+            events.append((stored_instant(a.committed_at), f"committed by {a.destination}{who}"))
         status = "" if a.status == AckStatus.COUNTED.value else f", {a.status.replace('_', ' ')}"
         events.append(
-            (utc(a.received_at), f"{a.kind} ack from {a.destination} received{status}")  # type: ignore[arg-type]
+            (stored_instant(a.received_at), f"{a.kind} ack from {a.destination} received{status}")
         )
     if row.decided_at is not None:
-        decided = utc(row.decided_at)
+        decided = stored_instant(row.decided_at)
         assert decided is not None
         events.append((decided, f"decided {row.state} by {row.decided_by}"))
         if row.notify_success and row.state == "satisfied":
@@ -178,7 +178,9 @@ def _timeline(
     for comp in comp_rows:
         if comp.released_at is not None:
             kind = "system" if comp.system_generated else "application"
-            events.append((utc(comp.released_at), f"compensation ({kind}) to {comp.destination}"))  # type: ignore[arg-type]
+            events.append(
+                (stored_instant(comp.released_at), f"compensation ({kind}) to {comp.destination}")
+            )
     events.sort(key=lambda e: e[0])
     return events
 
@@ -206,8 +208,8 @@ def outbox_row(r: Any) -> dict[str, Any]:
         "type": r.message_type,
         "attempts": r.attempts,
         "reason": r.last_error,
-        "created_at": utc(r.created_at),
-        "failed_at": utc(r.failed_at),
+        "created_at": stored_instant(r.created_at),
+        "failed_at": stored_instant(r.failed_at),
         "excerpt": excerpt + ("…" if len(r.body) > EXCERPT else ""),
     }
 
@@ -265,9 +267,9 @@ def sphere_list(conn: sa.Connection, state: str | None, limit: int) -> SphereLis
     rows = [
         {
             **r._asdict(),
-            "begun_at": utc(r.begun_at),
-            "deadline": utc(r.deadline),
-            "decided_at": utc(r.decided_at),
+            "begun_at": stored_instant(r.begun_at),
+            "deadline": stored_instant(r.deadline),
+            "decided_at": stored_instant(r.decided_at),
         }
         for r in conn.execute(query)
     ]

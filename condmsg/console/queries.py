@@ -42,10 +42,6 @@ acks = tables.acks
 anomalies = tables.anomalies
 
 
-def utc(value: datetime | None) -> datetime | None:
-    return None if value is None else stored_instant(value)
-
-
 def overdue(now: datetime) -> sa.ColumnElement[bool]:
     """Whether a CM is overdue at ``now``: the one definition every page uses (the list's
     filter and marks, the overview's count, a CM's page). Pending CMs are found through
@@ -190,9 +186,9 @@ def cm_page(
     rows = [
         {
             "cm_id": r.cm_id,
-            "sent_at": utc(r.sent_at),
+            "sent_at": stored_instant(r.sent_at),
             "state": r.state,
-            "decided_at": utc(r.decided_at),
+            "decided_at": stored_instant(r.decided_at),
             "sphere_id": r.sphere_id,
             "destinations": dests[r.cm_id],
             "overdue": bool(r.overdue),
@@ -200,7 +196,7 @@ def cm_page(
         for r in found
     ]
     last = found[-1] if more and found else None
-    cursor = Cursor(utc(last.sent_at), last.cm_id) if last is not None else None  # type: ignore[arg-type]
+    cursor = Cursor(stored_instant(last.sent_at), last.cm_id) if last is not None else None
     return CmPage(rows, cursor, int(conn.scalar(count_query(flt, now)) or 0))
 
 
@@ -276,8 +272,13 @@ def _latency(conn: sa.Connection, since: datetime) -> dict[str, float | None]:
         .order_by(c.sent_at.desc())
         .limit(LATENCY_SAMPLE)
     ).all()
-    to_decide = [(utc(r.decided_at) - utc(r.sent_at)).total_seconds() for r in rows]  # type: ignore[operator]
-    lag = [(utc(r.decided_at) - utc(r.effective_at)).total_seconds() for r in rows]  # type: ignore[operator]
+    to_decide = [
+        (stored_instant(r.decided_at) - stored_instant(r.sent_at)).total_seconds() for r in rows
+    ]
+    lag = [
+        (stored_instant(r.decided_at) - stored_instant(r.effective_at)).total_seconds()
+        for r in rows
+    ]
     return {
         "decide_p50": _pct(to_decide, 50),
         "decide_p99": _pct(to_decide, 99),
@@ -310,7 +311,7 @@ def _outbox_counts(conn: sa.Connection, table: sa.Table) -> tuple[int, int]:
 def recent_anomalies(conn: sa.Connection, limit: int) -> list[dict[str, Any]]:
     a = anomalies.c
     return [
-        {**row._asdict(), "recorded_at": utc(row.recorded_at)}
+        {**row._asdict(), "recorded_at": stored_instant(row.recorded_at)}
         for row in conn.execute(
             sa.select(a.kind, a.cm_id, a.destination, a.recipient, a.detail, a.recorded_at)
             .order_by(a.recorded_at.desc())
@@ -336,4 +337,4 @@ def contradicted(conn: sa.Connection, limit: int) -> list[dict[str, Any]]:
         .order_by(sa.func.max(k.received_at).desc())
         .limit(limit)
     )
-    return [{**r._asdict(), "last": utc(r.last)} for r in conn.execute(query)]
+    return [{**r._asdict(), "last": stored_instant(r.last)} for r in conn.execute(query)]

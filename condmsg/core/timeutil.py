@@ -7,6 +7,7 @@ Python and integer milliseconds on the wire.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import overload
 
 #: The smallest step of a Python datetime. A processing deadline ``D`` counts as missed at
 #: ``D + RESOLUTION`` (an ack committed exactly at ``D`` is in time).
@@ -60,10 +61,17 @@ def iso(value: datetime) -> str:
     return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def stored_instant(value: datetime) -> datetime:
-    """An instant read back from a store, as an aware UTC datetime: SQLite hands back naive
-    datetimes and psycopg the session's time zone, and everything condmsg stores is UTC
-    (the evaluation is quickest on ``datetime.UTC`` itself)."""
+@overload
+def stored_instant(value: datetime) -> datetime: ...
+@overload
+def stored_instant(value: None) -> None: ...
+def stored_instant(value: datetime | None) -> datetime | None:
+    """An instant read back from a store, as an aware UTC datetime (None for a NULL column):
+    SQLite hands back naive datetimes and psycopg the session's time zone, and everything
+    condmsg stores is UTC (the evaluation is quickest on ``datetime.UTC`` itself). The one
+    helper that makes a stored instant UTC, for every store of the project."""
+    if value is None:
+        return None
     return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 

@@ -21,7 +21,7 @@ import pika
 import pika.exceptions
 
 from condmsg.core.errors import BrokerAuthError, BrokerError
-from outbox.urls import split_urls
+from condmsg.infra.urls import split_urls
 
 log = logging.getLogger(__name__)
 

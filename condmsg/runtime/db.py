@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.engine.url import make_url
 
 from condmsg.core.errors import ConfigError, StoreError
-from outbox.urls import redact_url
+from condmsg.infra.urls import redact_url
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: A pooled PostgreSQL connection is pinged before it is handed out only if it sat in the
@@ -29,7 +29,7 @@ def describe_db_url(url: str | sa.URL) -> str:
     """The URL without its credentials, for messages, logs and metrics labels: SQLAlchemy's
     ``hide_password`` masks the user info's password but keeps a query string's
     (``?password=``, ``sslpassword=``, which psycopg passes on to libpq), so the rendered URL
-    goes through :func:`outbox.urls.redact_url` too."""
+    goes through :func:`condmsg.infra.urls.redact_url` too."""
     try:
         return redact_url(make_url(url).render_as_string(hide_password=True))
     except Exception:

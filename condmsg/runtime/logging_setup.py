@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from condmsg import __version__
 from condmsg.core.errors import ConfigError
-from outbox import tracing
+from condmsg.infra import tracing
 
 ENV_LOG_LEVEL = "CONDMSG_LOG_LEVEL"
 ENV_LOG_FORMAT = "CONDMSG_LOG_FORMAT"

@@ -13,8 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from outbox.backoff import Backoff
-from outbox.repeated_failures import REMIND_S, reason_of
+from condmsg.infra.backoff import Backoff
+from condmsg.infra.repeated_failures import REMIND_S, reason_of
 
 #: The waits between two looks at a store (or broker) that is away: doubling, capped.
 FIRST_RETRY_S = 0.2

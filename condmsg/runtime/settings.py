@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from condmsg.core.errors import ConfigError
+from condmsg.infra.urls import redact_url
 from condmsg.runtime.credentials import ENV_AMQP_URL as ENV_AMQP_URL
 from condmsg.runtime.credentials import ENV_DB_URL as ENV_DB_URL
 from condmsg.runtime.credentials import ENV_SECRET as ENV_SECRET
 from condmsg.runtime.credentials import amqp_url_from_env, db_url_from_env, secret_from_env
-from outbox.urls import redact_url
 
 ENV_ACK_GRACE_MS = "CONDMSG_ACK_GRACE_MS"
 ENV_TEST_PG_URL = "CONDMSG_TEST_PG_URL"

@@ -20,9 +20,9 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from condmsg.core import protocol
 from condmsg.core.errors import BrokerAuthError, BrokerError
+from condmsg.infra.urls import split_urls
 from condmsg.runtime.amqp import describe_url
 from condmsg.runtime.topology import QUORUM, destination_arguments, outcome_queue_arguments
-from outbox.urls import split_urls
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from aio_pika.abc import AbstractConnection, AbstractIncomingMessage, AbstractQu
 from condmsg.core import protocol
 from condmsg.core.errors import BrokerAuthError, BrokerError
 from condmsg.core.outcome import Outcome, SphereOutcome
+from condmsg.infra.backoff import Backoff
 from condmsg.runtime.pausing import FIRST_RETRY_S, MAX_RETRY_S, Pause
 from condmsg.runtime.topology import outcome_queue_arguments
 from condmsg.sending.async_broker import CONNECTION_ERRORS, connect
 from condmsg.sending.outcomes import OUTCOMES_LOG, decode_outcome
-from outbox.backoff import Backoff
 
 #: How many notifications the broker hands over before the first is acknowledged.
 PREFETCH = 100

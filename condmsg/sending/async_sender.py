@@ -7,7 +7,7 @@ extension: the sync code runs in a greenlet (``AsyncSession.run_sync``, ``greenl
 and each database round trip in it is an ``await`` on the async driver (psycopg's
 ``AsyncConnection``, aiosqlite), so the event loop serves other tasks meanwhile. No thread,
 no second SQL. On such a connection the store's portable adapter applies (the psycopg fast
-path needs psycopg's blocking connection: :func:`outbox.backends.uses_psycopg`).
+path needs psycopg's blocking connection: :func:`condmsg.infra.backends.uses_psycopg`).
 
 The queue declarations go through aio-pika (:mod:`condmsg.sending.async_broker`), once per
 queue; the outcome stream too (:mod:`condmsg.sending.async_outcomes`).

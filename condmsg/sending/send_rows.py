@@ -6,10 +6,11 @@ compensation per destination and the outbox rows that carry the copies to the br
 :class:`SqlAlchemySendStore` inserts them with SQLAlchemy Core on any database, one
 executemany per table, then the outbox rows through :func:`outbox.enqueueing.enqueue_fanouts`;
 :class:`PsycopgSendStore` sends all four to PostgreSQL as one statement, each table's rows
-bound as one binary array per column (see :mod:`outbox.pg`), or as plain values when a table
-gets one row, and the outbox rows as the INSERT :func:`outbox.enqueueing.fanouts_statement`
-builds, so a batch costs one round trip however many CMs it holds. The sender picks one
-adapter when it is built; ``tests/contract/test_send_store.py`` holds both to the same rows.
+bound as one binary array per column (see :mod:`condmsg.infra.fastpaths.pg`), or as plain
+values when a table gets one row, and the outbox rows as the INSERT
+:func:`outbox.enqueueing.fanouts_statement` builds, so a batch costs one round trip however
+many CMs it holds. The sender picks one adapter when it is built;
+``tests/contract/test_send_store.py`` holds both to the same rows.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from condmsg import tables
-from outbox import backends, pg
+from condmsg.infra import backends
+from condmsg.infra.fastpaths import pg
 from outbox.enqueueing import enqueue_fanouts, fanouts_statement
 from outbox.message import Fanout
 
@@ -178,7 +180,7 @@ def _insert(shape: tuple[tuple[sa.Table, tuple[str, ...], bool], ...], tail: str
 
 def _table_insert(table: sa.Table, columns: tuple[str, ...], one: bool) -> str:
     """One row of values (``one``), else a row per element of the column arrays (bound
-    in binary: see :mod:`outbox.pg`)."""
+    in binary: see :mod:`condmsg.infra.fastpaths.pg`)."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     types = {c: str(table.c[c].type.compile(dialect=dialect)) for c in columns}
     head = f"INSERT INTO {table.name} ({', '.join(columns)})"

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from condmsg.core.conditions import Condition
-from outbox import tracing
+from condmsg.infra import tracing
 
 
 def send_attributes(

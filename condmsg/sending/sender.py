@@ -35,6 +35,7 @@ from condmsg.core.evaluation import evaluate
 from condmsg.core.outcome import Outcome, SphereOutcome
 from condmsg.core.payloads import JSON, encode_payload
 from condmsg.core.timeutil import utcnow
+from condmsg.infra import backends, tracing
 from condmsg.runtime import migrate
 from condmsg.runtime.amqp import connect
 from condmsg.runtime.db import make_engine
@@ -62,7 +63,6 @@ from condmsg.spheres.participants import Participant
 from condmsg.spheres.resolution import Handler
 from condmsg.spheres.sphere import Sphere, SphereCoordinator
 from condmsg.tables import store_secret
-from outbox import backends, tracing
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from condmsg.core.errors import SphereError
 from condmsg.core.outcome import SphereOutcome
 from condmsg.core.store_values import ParticipantState, SphereState
+from condmsg.infra import tracing
 from condmsg.sending.outgoing import Outgoing, new_cm_id
 from condmsg.spheres.participants import (
     Participant,
@@ -36,7 +37,6 @@ from condmsg.spheres.participants import (
 )
 from condmsg.spheres.resolution import Handler, SphereParticipants, SphereSender
 from condmsg.spheres.store import SPHERES, SphereRow, SphereStore
-from outbox import tracing
 
 log = logging.getLogger(__name__)
 

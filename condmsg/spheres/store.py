@@ -41,10 +41,6 @@ _UNRESOLVED = (
 )
 
 
-def _utc(value: datetime | None) -> datetime | None:
-    return None if value is None else stored_instant(value)
-
-
 class SphereRow(NamedTuple):
     """A ``condmsg_sphere`` row."""
 
@@ -87,16 +83,16 @@ class SphereRow(NamedTuple):
         return cls(
             sphere_id=row.sphere_id,
             sender=row.sender,
-            begun_at=_utc(row.begun_at),  # type: ignore[arg-type]
-            deadline=_utc(row.deadline),  # type: ignore[arg-type]
+            begun_at=stored_instant(row.begun_at),
+            deadline=stored_instant(row.deadline),
             members=row.members,
             state=row.state,
-            committed_at=_utc(row.committed_at),
-            aborted_at=_utc(row.aborted_at),
+            committed_at=stored_instant(row.committed_at),
+            aborted_at=stored_instant(row.aborted_at),
             abort_reason=row.abort_reason,
-            next_check_at=_utc(row.next_check_at),
-            decided_at=_utc(row.decided_at),
-            effective_at=_utc(row.effective_at),
+            next_check_at=stored_instant(row.next_check_at),
+            decided_at=stored_instant(row.decided_at),
+            effective_at=stored_instant(row.effective_at),
             reasons=tuple(json.loads(row.reasons_json or "[]")),
             member_verdicts=(
                 None if row.member_verdicts_json is None else json.loads(row.member_verdicts_json)
@@ -342,11 +338,11 @@ class SphereStore:
                 MemberRow(
                     r.cm_id,
                     r.sender,
-                    _utc(r.sent_at),  # type: ignore[arg-type]
+                    stored_instant(r.sent_at),
                     r.notify_success,
                     r.state,
-                    _utc(r.decided_at),
-                    _utc(r.effective_at),
+                    stored_instant(r.decided_at),
+                    stored_instant(r.effective_at),
                     r.reasons_json,
                     r.facts_json,
                 )

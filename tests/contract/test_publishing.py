@@ -18,7 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import outbox
-from outbox import OutboxMessage, Relay, RelayConfig, StoredMessage, fast_paths
+from condmsg.infra.fastpaths import gate
+from outbox import OutboxMessage, Relay, RelayConfig, StoredMessage
 from outbox.config import PUBLISHING_CHOICES
 from outbox.publish_confirms import BatchResult, Publisher, publishing_for
 from outbox.publish_frames import Connection, FramePublishing
@@ -269,7 +270,7 @@ def test_the_relay_config_names_a_publishing() -> None:
 @pytest.fixture
 def untold(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each choice is logged once per process: this test sees its own."""
-    monkeypatch.setattr(fast_paths, "_told", set())
+    monkeypatch.setattr(gate, "_told", set())
 
 
 @pytest.mark.usefixtures("untold")

@@ -9,12 +9,12 @@ import socket
 import pytest
 
 from condmsg.core.errors import ConfigError
+from condmsg.infra.urls import broker_address, redact_url, split_urls
 from condmsg.runtime.amqp import connect, connected_address, describe_url
 from condmsg.runtime.settings import Settings
 from condmsg.runtime.topology import destination_arguments
 from outbox.errors import BrokerError
 from outbox.publish_confirms import Publisher
-from outbox.urls import broker_address, redact_url, split_urls
 
 TWO = "amqp://app:s3cret@rmq-1:5672/prod, amqp://app:s3cret@rmq-2:5673/prod"
 

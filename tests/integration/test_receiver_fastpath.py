@@ -22,7 +22,7 @@ from condmsg import Destination
 from condmsg.core import protocol
 from condmsg.core.acks import AckKind
 from condmsg.core.protocol import AckMessage
-from outbox import fast_paths as fastpath_gates
+from condmsg.infra.fastpaths import gate
 from outbox.enqueueing import row_values
 from outbox.message import OutboxMessage
 from outbox.table import outbox_table
@@ -257,7 +257,7 @@ def test_a_receiver_takes_the_fast_path_on_tested_psycopg_releases_only(
 def test_the_fast_path_is_not_taken_without_the_psycopg_calls_it_makes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(fastpath_gates, "_told", set())
+    monkeypatch.setattr(gate, "_told", set())
     monkeypatch.delattr(psycopg.errors, "error_from_result")
     assert not fastpath.chosen({})
     with pytest.raises(ValueError, match=r"lacks errors\.error_from_result"):

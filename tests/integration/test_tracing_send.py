@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from condmsg import Destination, tables
-from outbox import tracing
+from condmsg.infra import tracing
 from outbox.table import outbox_table
 from tests.tracing_spans import recording
 

@@ -2,8 +2,9 @@
 
 Checked on the source (every ``import`` and ``from ... import``, at any depth), so a lazy
 import inside a function counts too; imports under ``if TYPE_CHECKING:`` do not, since they
-never run. ``condmsg.core`` is the bottom layer, and ``condmsg``'s command line, demo and
-conformance harness are layers of their own: the application on top of the library, which
+never run. ``condmsg.core`` is the bottom layer, ``condmsg.infra`` (the shared
+infrastructure) the one above it, and ``condmsg``'s command line, demo and conformance
+harness are layers of their own: the application on top of the library, which
 starts the services and so may import them. docs/layout.md draws the layers.
 """
 
@@ -21,21 +22,25 @@ OURS = ("condmsg", "outbox", "ackd", "evaluator", "spark_audit")
 #: The pure core: the condition model, evaluation, the wire protocol, outcomes and the
 #: error root. It imports nothing outside itself, neither of ours nor an I/O library.
 CORE = "condmsg.core"
+#: The shared infrastructure every process runs on (backoff, repeated failures, URLs, store
+#: adapters' choice, tracing, the fast paths' gate): on the core only, below the outbox.
+INFRA = "condmsg.infra"
 #: The application layers inside condmsg, which start the services and so may import them:
 #: the command line, the demo and the conformance harness. The rest of condmsg is the library.
 #: The test kit is one too: it runs the receiver and the evaluator in the test's process.
 APPLICATION = ("condmsg.cli", "condmsg.demo", "condmsg.conformance", "condmsg.testing")
-EVERYTHING = {*OURS, CORE, *APPLICATION}
+EVERYTHING = {*OURS, CORE, INFRA, *APPLICATION}
 ALLOWED = {
     CORE: set(),
-    "condmsg": {CORE, "outbox"},
+    INFRA: {CORE},
+    "condmsg": {CORE, INFRA, "outbox"},
     "condmsg.cli": EVERYTHING,
     "condmsg.demo": EVERYTHING,
     "condmsg.conformance": EVERYTHING,
     "condmsg.testing": EVERYTHING,
-    "outbox": {CORE},  # for the one error root
-    "ackd": {"condmsg", CORE, "outbox"},
-    "evaluator": {"condmsg", CORE, "outbox"},
+    "outbox": {CORE, INFRA},
+    "ackd": {"condmsg", CORE, INFRA, "outbox"},
+    "evaluator": {"condmsg", CORE, INFRA, "outbox"},
     "spark_audit": {"condmsg", CORE},
 }
 #: What spark_audit may use of condmsg beyond the core: the facade (which loads only the
@@ -54,7 +59,7 @@ MODULES = {
 
 
 def _layer(module: str) -> str:
-    for layer in (CORE, *APPLICATION):
+    for layer in (CORE, INFRA, *APPLICATION):
         if module == layer or module.startswith(f"{layer}."):
             return layer
     return module.split(".")[0]

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, Counter
 
 from condmsg import __version__
 from condmsg.core.errors import ConfigError
+from condmsg.infra.repeated_failures import RepeatedFailures
 from condmsg.runtime.logging_setup import JsonFormatter, configure_logging, log_banner
 from condmsg.runtime.ops_server import OpsServer, add_process_metrics
-from outbox.repeated_failures import RepeatedFailures
 
 
 @pytest.fixture

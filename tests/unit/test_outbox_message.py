@@ -9,13 +9,13 @@ import time
 import pika.exceptions
 import pytest
 
+from condmsg.infra.backoff import Backoff, retry_delay_s
+from condmsg.infra.urls import broker_address, redact_url
 from outbox import OutboxError, OutboxMessage, OutboxTypeError, OutboxValueError
-from outbox.backoff import Backoff, retry_delay_s
 from outbox.message import Fanout
 from outbox.publish_confirms import describe_connect_error
 from outbox.publish_pika import ROW_ID_HEADER, pika_properties
 from outbox.table import notify_channel
-from outbox.urls import broker_address, redact_url
 
 
 def msg(**kw: object) -> OutboxMessage:

@@ -1,6 +1,6 @@
-"""outbox.tracing: nothing without an SDK (or without the API at all); with one, the W3C
-context of the current span goes into headers, comes back out of them, and joins spans
-across a message (docs/tracing.md)."""
+"""condmsg.infra.tracing: nothing without an SDK (or without the API at all); with one, the
+W3C context of the current span goes into headers, comes back out of them, and joins spans
+across a message (docs/tracing.md); the relay's publish spans (outbox.publish_spans)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
+from condmsg.infra import tracing
 from condmsg.runtime.logging_setup import JsonFormatter
 from condmsg.runtime.ops_server import OpsServer
-from outbox import tracing
+from outbox import publish_spans
 from outbox.message import OutboxMessage, StoredMessage
 from outbox.metrics import RelayMetrics
 from tests.tracing_spans import recording
@@ -48,7 +49,7 @@ def test_without_an_sdk_nothing_is_recorded_or_written() -> None:
 def test_without_the_api_condmsg_imports_and_runs() -> None:
     code = (
         "import sys; sys.modules['opentelemetry'] = None\n"
-        "from outbox import tracing\n"
+        "from condmsg.infra import tracing\n"
         "import condmsg.sending.sender, ackd.receiver, evaluator.service, outbox.relay\n"
         "assert not tracing.active() and tracing.current_headers() == {}\n"
         "with tracing.span('x') as s: assert s is None\n"
@@ -114,7 +115,7 @@ def test_the_relay_records_a_publish_span_per_traced_row(spans: InMemorySpanExpo
         assert sending is not None
         headers = tracing.current_headers()
     rows = [_row(1, headers), _row(2, None)]
-    tracing.record_publishes(rows, 2, tracing.epoch_ns_of_monotonic(0.0))
+    publish_spans.record_publishes(rows, 2, publish_spans.epoch_ns_of_monotonic(0.0))
     publish = [s for s in spans.get_finished_spans() if s.name == "publish q"]
     assert len(publish) == 1
     assert publish[0].parent is not None
@@ -142,7 +143,7 @@ def test_a_relay_batch_gets_an_exemplar_that_openmetrics_scrapes_show(
         assert sending is not None
         headers = tracing.current_headers()
     rows = [_row(1, None), _row(2, headers)]
-    exemplar = tracing.exemplar_of(rows)
+    exemplar = publish_spans.exemplar_of(rows)
     context = sending.get_span_context()
     assert exemplar == {
         "trace_id": f"{context.trace_id:032x}",
@@ -164,4 +165,4 @@ def test_a_relay_batch_gets_an_exemplar_that_openmetrics_scrapes_show(
 
 
 def test_without_an_sdk_there_is_no_exemplar() -> None:
-    assert tracing.exemplar_of([_row(1, {tracing.TRACEPARENT: TRACEPARENT})]) is None
+    assert publish_spans.exemplar_of([_row(1, {tracing.TRACEPARENT: TRACEPARENT})]) is None

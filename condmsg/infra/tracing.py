@@ -13,15 +13,16 @@ The context is always written in the W3C format, whatever propagator the applica
 configured globally: it is part of condmsg's wire protocol (docs/protocol.md), which
 other receivers read.
 
-This module lives in the outbox because every layer that makes messages (the sender, the
-receiver, the evaluator) and the relay that publishes them may import the outbox.
+This module lives in the shared infrastructure because every layer that makes messages
+(the sender, the receiver, the evaluator) and the relay that publishes them use it; what
+each makes of a span stays beside its use (the relay's publish spans:
+:mod:`outbox.publish_spans`).
 """
 
 from __future__ import annotations
 
 import functools
 import re
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
@@ -35,8 +36,6 @@ except ImportError:  # the condmsg[otel] extra is not installed: tracing is off
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Link, Span, SpanContext, Tracer
-
-    from outbox.message import StoredMessage
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
@@ -235,62 +234,3 @@ def current_ids() -> tuple[str, str] | None:
     if not span_context.is_valid:
         return None
     return f"{span_context.trace_id:032x}", f"{span_context.span_id:016x}"
-
-
-def record_publishes(rows: Sequence[StoredMessage], published: int, submitted_ns: int) -> None:
-    """One ``send`` span per published row that carries a trace context, from the batch's
-    submission (``submitted_ns``, nanoseconds since the epoch) to its confirmation: the
-    relay's publish, a child of the span that made the row. ``published`` is how many
-    messages of the batch RabbitMQ confirmed (the batch's rows are settled together)."""
-    if not active() or not published:
-        return
-    for row in rows:
-        headers = row.message.headers
-        if traceparent_of(headers) is None:
-            continue
-        message = row.message
-        attributes: dict[str, Any] = {
-            SYSTEM: RABBITMQ,
-            OPERATION_TYPE: "send",
-            OPERATION_NAME: "publish",
-            DESTINATION: message.exchange or message.routing_key,
-            ROUTING_KEY: message.routing_key,
-            BODY_SIZE: len(message.body),
-            "condmsg.outbox.row_id": row.id,
-        }
-        if message.correlation_id:
-            attributes[CONVERSATION_ID] = message.correlation_id
-        name = f"publish {attributes[DESTINATION]}"
-        if row.copies:  # a fan-out row: one message per copy, each to its own queue
-            keys = sorted({str(c.get("routing_key", message.routing_key)) for c in row.copies})
-            attributes[BATCH_COUNT] = len(row.copies)
-            attributes["condmsg.routing_keys"] = keys
-            name = "publish fan-out"
-        elif message.message_id:
-            attributes[MESSAGE_ID] = message.message_id
-        with span(
-            name,
-            kind="producer",
-            parent=headers,
-            attributes=attributes,
-            start_ns=submitted_ns,
-        ):
-            pass
-
-
-def exemplar_of(rows: Sequence[StoredMessage]) -> dict[str, str] | None:
-    """A Prometheus exemplar for a measurement of ``rows`` (a relay batch): the trace and
-    span ids of the first row made in a traced span; None without tracing or without one."""
-    if not active():
-        return None
-    for row in rows:
-        traceparent = traceparent_of(row.message.headers)
-        if traceparent is not None:
-            _version, trace_id, span_id, _flags = traceparent.split("-")
-            return {"trace_id": trace_id, "span_id": span_id}
-    return None
-
-
-def epoch_ns_of_monotonic(monotonic_s: float) -> int:
-    """The wall-clock instant (ns since the epoch) of an earlier ``time.monotonic()``."""
-    return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)

@@ -7,7 +7,7 @@ the receiver's RLOG and acks) is one small ``Protocol`` with two adapters:
   (SQLite is the embedded default; it runs on PostgreSQL too, which is how the contract
   tests hold the two adapters to the same behaviour);
 - a **psycopg** one for PostgreSQL through the psycopg 3 driver, which sends batches as
-  one statement with binary array parameters (see :mod:`outbox.pg`).
+  one statement with binary array parameters (see :mod:`condmsg.infra.fastpaths.pg`).
 
 An object that owns an engine (a sender, a receiver, the evaluator, a relay) picks its
 adapters when it is built, with :func:`pick`; a function that is handed a caller's session

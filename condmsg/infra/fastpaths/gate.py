@@ -23,7 +23,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-log = logging.getLogger(__name__)
+#: The logger operators filter on for the choice of path (docs/operations.md names it): a
+#: name of its own, not this module's, so that their logging configuration need not follow
+#: the code's layout.
+log = logging.getLogger("outbox.fast_paths")
 
 #: ``auto``: the fast path where it was tested; ``fast`` or ``plain``: forced.
 Mode = Literal["auto", "fast", "plain"]

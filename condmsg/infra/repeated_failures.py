@@ -7,8 +7,8 @@ everything else and say nothing new. :class:`RepeatedFailures` logs the first fa
 ``remind_s`` while the same one goes on, and one line when the operation succeeds again,
 with how many tries failed meanwhile.
 
-It lives in the outbox, the lowest layer, so that the relay logs its outages the same way
-as the services above it (:mod:`outbox.repeated_failures` re-exports it).
+It lives in the shared infrastructure, below the outbox, so that the relay logs its
+outages the same way as the services above it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from outbox.errors import CondmsgError
+from condmsg.core.errors import CondmsgError
 
 #: At most one reminder per this many seconds while the same failure goes on.
 REMIND_S = 60.0

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 
@@ -32,6 +31,7 @@ from outbox.notify import Listener
 from outbox.publish_confirms import PendingBatch
 from outbox.relay_health import RelayCounts, RelayProblems, RelayStats
 from outbox.relay_link import BrokerLink
+from outbox.relay_window import InFlight
 from outbox.store import Claim, Key, OutboxStatus, OutboxStore
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Relay:
         self._thread: threading.Thread | None = None
         self._running = False
         self._listener: Listener | None = None
-        self._inflight: deque[tuple[Claim, PendingBatch]] = deque()
+        self._inflight = InFlight(self.metrics)
         self._next_status_at = 0.0
         self._counts = RelayCounts(self.metrics)
         self._problems = RelayProblems(self.metrics)
@@ -197,7 +197,7 @@ class Relay:
             failed=self._counts.failed,
             retried=self._counts.retried,
             reconnects=self._counts.reconnects,
-            in_flight=sum(c.messages for c, _ in list(self._inflight)),
+            in_flight=self._inflight.messages,
             connected=self._link.alive,
             last_error=self._problems.last,
             status=self._status,
@@ -311,19 +311,11 @@ class Relay:
                     self._cond.notify_all()
             if not claim.rows:
                 return
-            self._inflight.append((claim, publisher.submit(claim.rows)))
-            self.metrics.in_flight.inc(claim.messages)
+            self._inflight.add(claim, publisher.submit(claim.rows))
 
     def _settle_done(self) -> None:
-        keep: deque[tuple[Claim, PendingBatch]] = deque()
-        while self._inflight:
-            claim, batch = self._inflight.popleft()
-            if not batch.done.is_set():
-                keep.append((claim, batch))
-                continue
-            self.metrics.in_flight.dec(claim.messages)
+        for claim, batch in self._inflight.finished():
             self._settle(claim, batch)
-        self._inflight = keep
 
     def _settle(self, claim: Claim, batch: PendingBatch) -> None:
         result = batch.result
@@ -373,10 +365,7 @@ class Relay:
 
     def _check_overdue(self) -> None:
         publisher = self._link.publisher
-        if not self._inflight or publisher is None:
-            return
-        _, oldest = self._inflight[0]
-        if time.monotonic() - oldest.submitted_at > self.config.confirm_timeout_s:
+        if publisher is not None and self._inflight.overdue(self.config.confirm_timeout_s):
             publisher.abort(
                 f"no publisher confirm from RabbitMQ within {self.config.confirm_timeout_s:g} s "
                 "(is the broker blocked by a resource alarm?); reconnecting"
@@ -403,13 +392,11 @@ class Relay:
         while self._inflight and time.monotonic() < deadline:
             self._settle_done()
             if self._inflight:
-                self._inflight[0][1].wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                self._inflight.wait_oldest(min(0.1, max(0.0, deadline - time.monotonic())))
         self._link.close()
         self._settle_done()  # batches the close failed: give their rows back
-        for claim, _ in self._inflight:
+        for claim in self._inflight.abandon():
             self.store.release(claim)
-        self._inflight.clear()
-        self.metrics.in_flight.set(0)
         self.metrics.connected.set(0)
         if self._listener is not None:
             self._listener.stop()

@@ -15,14 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from types import TracebackType
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import Engine
 
 from outbox import tracing
-from outbox.backoff import retry_delay_s
 from outbox.claim_schedule import ClaimSchedule
 from outbox.config import RelayConfig
 from outbox.errors import OutboxError, OutboxTimeout, StoreError
@@ -31,8 +30,9 @@ from outbox.notify import Listener
 from outbox.publish_confirms import PendingBatch
 from outbox.relay_health import RelayCounts, RelayProblems, RelayStats
 from outbox.relay_link import BrokerLink
+from outbox.relay_verdicts import judge
 from outbox.relay_window import InFlight
-from outbox.store import Claim, Key, OutboxStatus, OutboxStore
+from outbox.store import Claim, OutboxStatus, OutboxStore
 
 log = logging.getLogger(__name__)
 
@@ -328,22 +328,13 @@ class Relay:
         self.metrics.batch_confirm.observe(
             time.monotonic() - batch.submitted_at, tracing.exemplar_of(claim.rows)
         )
-        parked: dict[Key, str] = dict(result.refused.items())
-        retry: dict[Key, tuple[str, datetime]] = {}
-        now = datetime.now(UTC)
-        attempts = {row.id: row.attempts for row in claim.rows}
-        for key, reason in result.nacked.items():
-            tries = attempts[key[0]] + 1
-            if tries >= self.config.max_attempts:
-                parked[key] = f"{reason}; gave up after {tries} attempts"
-                self.metrics.failed_nacked.inc()
-            else:
-                delay = retry_delay_s(
-                    tries, initial_s=self.config.retry_initial_s, maximum_s=self.config.retry_max_s
-                )
-                retry[key] = (reason, now + timedelta(seconds=delay))
+        verdicts = judge(claim.rows, result, self.config, datetime.now(UTC))
+        self.metrics.failed_nacked.inc(verdicts.gave_up)
+        parked = verdicts.parked
         try:
-            self.store.settle(claim, published=result.published, parked=parked, retry=retry)
+            self.store.settle(
+                claim, published=result.published, parked=parked, retry=verdicts.retry
+            )
         except StoreError as exc:
             # The rows stay pending and go out again: a duplicate, never a loss.
             self._problems.failed(str(exc), "store")
@@ -353,7 +344,7 @@ class Relay:
             published=len(result.published),
             refused=len(result.refused),
             parked=len(parked),
-            retried=len(retry),
+            retried=len(verdicts.retry),
         )
         tracing.record_publishes(
             claim.rows, len(result.published), tracing.epoch_ns_of_monotonic(batch.submitted_at)

@@ -1,5 +1,6 @@
-"""What a relay tells about itself: its counters (:class:`RelayStats`) and what keeps it
-from working (:class:`RelayProblems`): the broker's and the database's failures, counted,
+"""What a relay tells about itself: its counters (:class:`RelayStats`, kept by
+:class:`RelayCounts` beside the metrics they mirror) and what keeps it from working
+(:class:`RelayProblems`): the broker's and the database's failures, counted,
 logged once per outage, and kept for its readiness check.
 
 A relay retries both with backoff; an outage makes a line when it starts or its text
@@ -40,6 +41,41 @@ class RelayStats:
     connected: bool
     last_error: str | None
     status: OutboxStatus | None
+
+
+class RelayCounts:
+    """The counters of :class:`RelayStats`, each counted in the same call as its metric.
+
+    Plain attributes, read without a lock by :meth:`Relay.stats` from any thread.
+    """
+
+    def __init__(self, metrics: RelayMetrics) -> None:
+        self._metrics = metrics
+        self.published = 0
+        self.failed = 0
+        self.retried = 0
+        self.reconnects = 0
+
+    def settled(self, *, published: int, refused: int, parked: int, retried: int) -> None:
+        """A batch settled in the table: ``published`` rows deleted, ``parked`` rows parked
+        (``refused`` of them unroutable; the rest, nacked out of attempts, are counted in
+        the metrics as they are found), ``retried`` nacked rows due again later."""
+        self.published += published
+        self._metrics.published.inc(published)
+        self.failed += parked
+        self._metrics.failed_refused.inc(refused)
+        self.retried += retried
+        self._metrics.retried_nacked.inc(retried)
+
+    def given_back(self, messages: int) -> None:
+        """A batch's ``messages`` went back to pending after a broker failure."""
+        self.retried += messages
+        self._metrics.retried_broker.inc(messages)
+
+    def reconnected(self) -> None:
+        """A RabbitMQ connection opened after the first."""
+        self.reconnects += 1
+        self._metrics.reconnects.inc()
 
 
 class RelayProblems:

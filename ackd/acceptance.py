@@ -17,7 +17,7 @@ from ackd.context import ReceiveContext
 from ackd.message import Message
 from ackd.rlog import RlogDecisions
 from ackd.sequences import SequenceReassembly
-from ackd.transaction import Incoming, ReceiverTransaction, TakenMessage
+from ackd.transaction import ReceiverTransaction, Taken
 from ackd.validation import InvalidMessage, invalid_reason, judge
 from condmsg.core import protocol
 from condmsg.infra import tracing
@@ -93,7 +93,7 @@ class Acceptance:
             )
             if reason is not None:
                 return None, Disposal(Fate.INVALID, reason)
-        incoming = Incoming(
+        taken = Taken(
             queue=delivery.queue,
             body=delivery.body,
             content_type=props.content_type,
@@ -101,16 +101,18 @@ class Acceptance:
             headers=delivery.headers,
             redelivered=delivery.redelivered,
             delivery=delivery,
+            inbound=inbound,
+            read_at=read_at,
         )
         if inbound.kind is None:  # a plain message: no RLOG row, no condmsg ack
             if tx is not None:
-                tx.taken_messages.append(TakenMessage(incoming, inbound, read_at, delivered=False))
+                tx.keep(taken)
             self._ctx.stats.delivered += 1
-            return incoming.message(inbound, read_at), ACK if tx is None else LEFT
+            return taken.message(), ACK if tx is None else LEFT
         if tx is not None:
-            return self._decisions.decide(tx.session, incoming, inbound, read_at, tx)
+            return self._decisions.decide(tx.session, taken, tx)
         with Session(self._ctx.engine) as session, session.begin():
-            return self._decisions.decide(session, incoming, inbound, read_at, None)
+            return self._decisions.decide(session, taken, None)
 
 
 def receive_span(delivery: Delivery) -> AbstractContextManager[object]:

@@ -115,6 +115,7 @@ class Receiver(OwnsOutbox):
         self.receiver_id = checked_name(
             config.receiver_id or default_receiver_id(recipient), "receiver id"
         )
+        #: Read by :class:`OwnsOutbox` (the receiver's in-process relay).
         self.amqp_url = config.amqp_url
         # No pre-ping: it would add a round trip to every transaction. A connection that
         # died is found on use instead; that transaction rolls back, its message is
@@ -131,11 +132,7 @@ class Receiver(OwnsOutbox):
             else SqlAlchemyReceiverStore()
         )
         self._traits = self.store.attach(self.engine)
-        self.secret = config.secret
         self.max_attempts = config.max_attempts
-        self.retry = config.retry
-        self.sequence_timeout = config.sequence_timeout
-        self.poll_interval_s = config.poll_interval_s
         self.invalid_queue = config.invalid_queue
         self.stats = ReceiverStats()
         self._attempts = AttemptCounts(self.engine)

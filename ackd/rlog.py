@@ -28,7 +28,6 @@ make its unconsumed original look consumed.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from typing import Any
@@ -42,7 +41,7 @@ from ackd.emit import enqueue_ack
 from ackd.message import Message
 from ackd.receiver_store import ReceiverStore
 from ackd.tables import RlogState, rlog, rx_inbox
-from ackd.transaction import Incoming, ReceiverTransaction, TakenMessage
+from ackd.transaction import ReceiverTransaction, Taken
 from ackd.validation import Inbound
 from condmsg.core.acks import AckKind
 from condmsg.core.protocol import MessageKind
@@ -80,45 +79,50 @@ def _key(inbound: Inbound) -> tuple[str, str]:
     return inbound.cm_id, inbound.destination
 
 
-@dataclass(frozen=True, slots=True)
-class Reading:
-    """Who read an original, when and how: what its ``consumed`` row records."""
-
-    message_id: str | None
-    recipient: str
-    receiver: str
-    read_at: datetime
-    transactional: bool
-
-
 def claim_original(
-    store: ReceiverStore, session: Session, inbound: Inbound, reading: Reading
+    store: ReceiverStore,
+    session: Session,
+    taken: Taken,
+    *,
+    recipient: str,
+    receiver: str,
+    transactional: bool,
 ) -> bool:
-    """The first step of :func:`on_original`: insert the ``consumed`` row. True means the
+    """The first step of :func:`on_original`: insert the ``consumed`` row, which records
+    who read ``taken`` (``recipient``, ``receiver``), when and how. True means the
     original is delivered (and this transaction holds the row); False means a row exists
     and nothing was written or locked (:func:`on_original` decides what it means)."""
-    cm_id, destination = _key(inbound)
+    cm_id, destination = _key(taken.inbound)
     values = {
         "cm_id": cm_id,
         "destination": destination,
         "state": RlogState.CONSUMED.value,
-        "message_id": reading.message_id,
-        "recipient": reading.recipient,
-        "receiver": reading.receiver,
-        "sender": inbound.sender,
-        "read_at": reading.read_at,
-        "transactional": reading.transactional,
-        "updated_at": reading.read_at,
+        "message_id": taken.message_id,
+        "recipient": recipient,
+        "receiver": receiver,
+        "sender": taken.inbound.sender,
+        "read_at": taken.read_at,
+        "transactional": transactional,
+        "updated_at": taken.read_at,
     }
     return store.claim_original(session, values)
 
 
 def on_original(
-    store: ReceiverStore, session: Session, inbound: Inbound, reading: Reading
+    store: ReceiverStore,
+    session: Session,
+    taken: Taken,
+    *,
+    recipient: str,
+    receiver: str,
+    transactional: bool,
 ) -> Decision:
-    if claim_original(store, session, inbound, reading):
+    claimed = claim_original(
+        store, session, taken, recipient=recipient, receiver=receiver, transactional=transactional
+    )
+    if claimed:
         return Decision.DELIVER
-    cm_id, destination = _key(inbound)
+    cm_id, destination = _key(taken.inbound)
     row = _locked_row(session, cm_id, destination).one()
     if row.state == RlogState.CONSUMED.value:
         return Decision.DUPLICATE
@@ -127,8 +131,8 @@ def on_original(
             session,
             cm_id,
             destination,
-            discarded_at=reading.read_at,
-            message_id=reading.message_id,
+            discarded_at=taken.read_at,
+            message_id=taken.message_id,
         )
     return Decision.DISCARD
 
@@ -211,31 +215,26 @@ class RlogDecisions:
         self._ctx = context
 
     def decide(
-        self,
-        session: Session,
-        incoming: Incoming,
-        inbound: Inbound,
-        read_at: datetime,
-        tx: ReceiverTransaction | None,
+        self, session: Session, taken: Taken, tx: ReceiverTransaction | None
     ) -> tuple[Message | None, Disposal]:
         """The RLOG decision, in ``session`` (for a non-transactional read with its READ
         ack): the message the app gets, or None, and what becomes of the delivery at the
         broker once ``session`` has committed (a reassembled sequence has none to settle)."""
         if tx is None:
-            decision = self.rlog_decision(session, incoming, inbound, read_at, False)
+            decision = self.rlog_decision(session, taken, False)
             disposal = Disposal(Fate.ACK_DEFERRED)  # the RLOG row drops a redelivery
         else:
-            found, disposal = self._decide_in_transaction(tx, incoming, inbound, read_at)
+            found, disposal = self._decide_in_transaction(tx, taken)
             if found is None:
                 return None, disposal
             decision = found
-        self._count_decision(decision, inbound)
+        self._count_decision(decision, taken.inbound)
         if decision is not Decision.DELIVER:
             return None, disposal
-        return incoming.message(inbound, read_at), disposal
+        return taken.message(), disposal
 
     def _decide_in_transaction(
-        self, tx: ReceiverTransaction, incoming: Incoming, inbound: Inbound, read_at: datetime
+        self, tx: ReceiverTransaction, taken: Taken
     ) -> tuple[Decision | None, Disposal]:
         """The RLOG decision of a transactional read (None if the message is put back),
         and what becomes of its delivery.
@@ -248,55 +247,45 @@ class RlogDecisions:
         a short transaction of its own. Where one writer runs at a time (SQLite) it simply
         stays in the app's transaction.
         """
-        session = tx.session
+        session, inbound = tx.session, taken.inbound
         rlog_row = (inbound.cm_id, inbound.destination)
         if not self._ctx.row_locks:
-            decision = self.rlog_decision(session, incoming, inbound, read_at, True)
-            return self._keep_in_transaction(tx, incoming, inbound, read_at, decision)
+            decision = self.rlog_decision(session, taken, True)
+            return self._keep_in_transaction(tx, taken, decision)
         if inbound.kind is MessageKind.ORIGINAL and not tx.locked_rlog_rows:
             # The common case, without a SAVEPOINT: the insert either claims the row (and
             # this transaction keeps it) or conflicts, which writes and locks nothing.
             # Holding no RLOG row yet, this transaction cannot be part of a lock cycle
             # through the RLOG.
-            reading = self._reading(incoming, read_at, transactional=True)
-            if claim_original(self._ctx.store, session, inbound, reading):
-                return self._keep_in_transaction(tx, incoming, inbound, read_at, Decision.DELIVER)
-            return self._decide_in_own_transaction(incoming, inbound, read_at)
+            if self._claim_original(session, taken, transactional=True):
+                return self._keep_in_transaction(tx, taken, Decision.DELIVER)
+            return self._decide_in_own_transaction(taken)
         nested = session.begin_nested()
         try:
-            decision = self.rlog_decision(session, incoming, inbound, read_at, True)
+            decision = self.rlog_decision(session, taken, True)
         except sa.exc.OperationalError as exc:
             nested.rollback()
             if getattr(exc.orig, "sqlstate", None) != DEADLOCK_DETECTED:
                 raise
             # PostgreSQL broke a lock cycle by failing this statement: requeue and go on.
             log.info("deadlock on cm %s; requeued, the transaction goes on", inbound.cm_id)
-            return None, self._put_back(incoming)
+            return None, self._put_back(taken)
         if decision is Decision.DELIVER or rlog_row in tx.locked_rlog_rows:
             nested.commit()
-            return self._keep_in_transaction(tx, incoming, inbound, read_at, decision)
+            return self._keep_in_transaction(tx, taken, decision)
         nested.rollback()
-        return self._decide_in_own_transaction(incoming, inbound, read_at)
+        return self._decide_in_own_transaction(taken)
 
     @staticmethod
     def _keep_in_transaction(
-        tx: ReceiverTransaction,
-        incoming: Incoming,
-        inbound: Inbound,
-        read_at: datetime,
-        decision: Decision,
+        tx: ReceiverTransaction, taken: Taken, decision: Decision
     ) -> tuple[Decision, Disposal]:
         """Note a decision taken inside the app's transaction, which settles the delivery
         at its end."""
-        delivered = decision is Decision.DELIVER
-        if delivered:
-            tx.locked_rlog_rows.add((inbound.cm_id, inbound.destination))
-        tx.taken_messages.append(TakenMessage(incoming, inbound, read_at, delivered=delivered))
+        tx.keep(taken, delivered=decision is Decision.DELIVER)
         return decision, Disposal(Fate.LEFT)
 
-    def _decide_in_own_transaction(
-        self, incoming: Incoming, inbound: Inbound, read_at: datetime
-    ) -> tuple[Decision | None, Disposal]:
+    def _decide_in_own_transaction(self, taken: Taken) -> tuple[Decision | None, Disposal]:
         """Record a non-delivering decision in its own transaction; the delivery is then
         acked (its RLOG row drops a redelivery).
 
@@ -308,51 +297,52 @@ class RlogDecisions:
         try:
             with Session(self._ctx.engine) as own, own.begin():
                 self._ctx.store.limit_lock_wait(own, LOCK_TIMEOUT_MS)
-                decision = self.rlog_decision(own, incoming, inbound, read_at, True)
+                decision = self.rlog_decision(own, taken, True)
                 if decision is Decision.DELIVER:
                     own.rollback()
-                    return None, self._put_back(incoming)
+                    return None, self._put_back(taken)
         except sa.exc.OperationalError as exc:
             if getattr(exc.orig, "sqlstate", None) not in (DEADLOCK_DETECTED, LOCK_NOT_AVAILABLE):
                 raise
-            return None, self._put_back(incoming)
+            return None, self._put_back(taken)
         return decision, Disposal(Fate.ACK_DEFERRED)
 
-    def _put_back(self, incoming: Incoming) -> Disposal:
+    def _put_back(self, taken: Taken) -> Disposal:
         """Leave a message undecided for a later read: a delivery is requeued; a
         reassembled sequence stays in the store (its parts' deletion is rolled back)."""
-        if incoming.delivery is not None:
+        if taken.delivery is not None:
             return Disposal(Fate.REQUEUE)
         self._ctx.pending.maybe_complete = True
         return Disposal(Fate.LEFT)
 
-    def _reading(self, incoming: Incoming, read_at: datetime, *, transactional: bool) -> Reading:
-        return Reading(
-            message_id=incoming.message_id,
+    def _claim_original(self, session: Session, taken: Taken, *, transactional: bool) -> bool:
+        return claim_original(
+            self._ctx.store,
+            session,
+            taken,
             recipient=self._ctx.recipient,
             receiver=self._ctx.receiver_id,
-            read_at=read_at,
             transactional=transactional,
         )
 
-    def rlog_decision(
-        self,
-        session: Session,
-        incoming: Incoming,
-        inbound: Inbound,
-        read_at: datetime,
-        transactional: bool,
-    ) -> Decision:
+    def rlog_decision(self, session: Session, taken: Taken, transactional: bool) -> Decision:
         """The RLOG's decision in ``session``; a non-transactional delivery's READ ack
         goes to the outbox in the same transaction."""
+        inbound, read_at = taken.inbound, taken.read_at
         if inbound.kind is MessageKind.COMPENSATION:
             return on_compensation(
                 self._ctx.store, session, inbound, receiver=self._ctx.receiver_id, now=read_at
             )
         if inbound.kind is MessageKind.SUCCESS:
             return on_success(self._ctx.store, session, inbound, now=read_at)
-        reading = self._reading(incoming, read_at, transactional=transactional)
-        decision = on_original(self._ctx.store, session, inbound, reading)
+        decision = on_original(
+            self._ctx.store,
+            session,
+            taken,
+            recipient=self._ctx.recipient,
+            receiver=self._ctx.receiver_id,
+            transactional=transactional,
+        )
         if decision is Decision.DELIVER and not transactional:
             enqueue_ack(
                 session,

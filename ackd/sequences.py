@@ -27,7 +27,7 @@ from ackd.message import Message
 from ackd.rlog import RlogDecisions
 from ackd.tables import rlog
 from ackd.tables import sequence_parts as parts
-from ackd.transaction import Incoming, ReceiverTransaction, TakenMessage
+from ackd.transaction import ReceiverTransaction, Taken
 from ackd.validation import (
     Inbound,
     InvalidMessage,
@@ -243,10 +243,18 @@ class SequenceReassembly:
             raise InvalidMessage(invalid_reason(exc)) from exc
         if tx is not None:
             stored = self._store_unless_taken(tx.session, inbound, row)
-            incoming = Incoming(
-                delivery.queue, b"", None, None, delivery.headers, delivery.redelivered, delivery
+            part = Taken(
+                queue=delivery.queue,
+                body=b"",
+                content_type=None,
+                message_id=None,
+                headers=delivery.headers,
+                redelivered=delivery.redelivered,
+                delivery=delivery,
+                inbound=inbound,
+                read_at=received_at,
             )
-            tx.taken_messages.append(TakenMessage(incoming, inbound, received_at, delivered=False))
+            tx.keep(part)
         else:
             with Session(self._ctx.engine) as session, session.begin():
                 stored = self._store_unless_taken(session, inbound, row)
@@ -319,7 +327,7 @@ class SequenceReassembly:
                     )
                     self._ctx.stats.invalid += 1
                     continue
-            incoming = Incoming(
+            taken = Taken(
                 queue=queue,
                 body=assembled.body,
                 content_type=properties.get("content_type"),
@@ -327,10 +335,12 @@ class SequenceReassembly:
                 headers=headers,
                 redelivered=False,
                 delivery=None,
+                inbound=inbound,
+                read_at=read_at,
             )
             # A reassembled sequence has no delivery to settle: its parts' deletion
             # commits with the decision.
-            message, _ = self._decisions.decide(session, incoming, inbound, read_at, tx)
+            message, _ = self._decisions.decide(session, taken, tx)
             if message is not None:
                 return message
         return None

@@ -9,7 +9,7 @@ import logging
 from ackd.attempts import poison_key
 from ackd.context import ReceiveContext
 from ackd.emit import commit_with_acks
-from ackd.transaction import ReceiverTransaction, TakenMessage
+from ackd.transaction import ReceiverTransaction, Taken
 from condmsg.core.protocol import MessageKind
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,9 @@ class Settlement:
         # conditional messages may be deferred and batched; plain messages and sequence
         # parts have no such row and are acked at once.
         for taken in tx.taken_messages:
-            if taken.incoming.delivery is not None:
+            if taken.delivery is not None:
                 rlog_backed = taken.inbound.kind is not None and taken.inbound.seq_id is None
-                self._ctx.broker.ack(taken.incoming.delivery, deferred=rlog_backed)
+                self._ctx.broker.ack(taken.delivery, deferred=rlog_backed)
 
     def rollback(self, tx: ReceiverTransaction, exc: BaseException) -> None:
         """Roll back, and give every message taken back to its queue: after its backoff
@@ -70,22 +70,22 @@ class Settlement:
         # taken with ``delivered`` False, as it holds no RLOG row, but the app had it too).
         # Each failure counts as one attempt of each, and holds it back for its backoff.
         failed = [t for t in tx.taken_messages if t.delivered or t.inbound.kind is None]
-        keys = [poison_key(t.incoming.message_id) for t in failed if t.incoming.message_id]
+        keys = [poison_key(t.message_id) for t in failed if t.message_id]
         totals = self._ctx.attempts.record(keys, repr(exc)[:500], self._ctx.clock()) if keys else {}
         for taken in tx.taken_messages:
             delay = 0.0
             if any(taken is t for t in failed):
-                message_id = taken.incoming.message_id
+                message_id = taken.message_id
                 # An id-less message cannot be counted; it still waits the first pause.
                 attempts = totals[poison_key(message_id)] if message_id else 1
                 delay = self._ctx.config.retry.delay_s(attempts)
             self._give_back(taken, delay)
 
-    def _give_back(self, taken: TakenMessage, delay: float) -> None:
-        if taken.incoming.delivery is not None:
-            self._ctx.broker.requeue(taken.incoming.delivery, after_s=delay)
+    def _give_back(self, taken: Taken, delay: float) -> None:
+        if taken.delivery is not None:
+            self._ctx.broker.requeue(taken.delivery, after_s=delay)
             return
         self._ctx.pending.maybe_complete = True  # a reassembled sequence is back in the store
-        if delay > 0 and taken.incoming.message_id:
+        if delay > 0 and taken.message_id:
             due = self._ctx.monotonic() + delay
-            self._ctx.pending.retry_due[str(taken.incoming.message_id)] = due
+            self._ctx.pending.retry_due[str(taken.message_id)] = due

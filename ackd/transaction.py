@@ -1,6 +1,6 @@
-"""What a receiver takes: a message ready for its RLOG decision (:class:`Incoming`), and
-the transactional read scope (:class:`ReceiverTransaction`) that holds the messages it
-took (:class:`TakenMessage`) until it is settled."""
+"""What a receiver takes: a message on its way to the app (:class:`Taken`), and the
+transactional read scope (:class:`ReceiverTransaction`) that holds the messages it took
+until it is settled."""
 
 from __future__ import annotations
 
@@ -16,10 +16,17 @@ from ackd.message import Message
 from ackd.validation import Inbound
 
 
-@dataclass(slots=True)
-class Incoming:
-    """A message ready for the RLOG decision: an AMQP delivery (``delivery``) or a
-    sequence reassembled from the store (``delivery`` None, ``message_id`` its seq id)."""
+@dataclass(slots=True, kw_only=True)
+class Taken:
+    """One message a receiver took, on its way to the app: an AMQP delivery (``delivery``)
+    or a sequence reassembled from the store (``delivery`` None, ``message_id`` its seq
+    id), with its condmsg headers as judged (``inbound``) and when it was read
+    (``read_at``, this receiver's clock).
+
+    An app's transaction holds what it took until it ends; ``delivered`` then says that
+    the app got it with an RLOG row this transaction holds (an original's COMMIT ack is
+    owed). Plain messages and stored parts are held with it False.
+    """
 
     queue: str
     body: bytes
@@ -28,34 +35,25 @@ class Incoming:
     headers: dict[str, Any]
     redelivered: bool
     delivery: Delivery | None
+    inbound: Inbound
+    read_at: datetime
+    delivered: bool = False
 
-    def message(self, inbound: Inbound, read_at: datetime) -> Message:
+    def message(self) -> Message:
         """What the application gets when it is handed this message."""
         return Message(
             queue=self.queue,
             body=self.body,
-            kind=inbound.kind,
-            cm_id=inbound.cm_id,
-            destination=inbound.destination,
-            sender=inbound.sender,
+            kind=self.inbound.kind,
+            cm_id=self.inbound.cm_id,
+            destination=self.inbound.destination,
+            sender=self.inbound.sender,
             message_id=self.message_id,
             content_type=self.content_type,
             headers=self.headers,
-            read_at=read_at,
+            read_at=self.read_at,
             redelivered=self.redelivered,
         )
-
-
-@dataclass(slots=True)
-class TakenMessage:
-    """A message taken inside an app's transaction, settled when it ends. ``delivered``:
-    the app got it with an RLOG row this transaction holds (an original's COMMIT ack is
-    owed); plain messages and stored parts are taken with it False."""
-
-    incoming: Incoming
-    inbound: Inbound
-    read_at: datetime
-    delivered: bool
 
 
 #: ``(queue, timeout, transaction)`` to the next message of ``queue`` taken within the
@@ -70,10 +68,18 @@ class ReceiverTransaction:
     session: Session
     #: Given by the receiver: how ``read`` takes the next message.
     _next_message: NextMessage = field(repr=False)
-    taken_messages: list[TakenMessage] = field(default_factory=list)
+    taken_messages: list[Taken] = field(default_factory=list)
     #: The (CM, destination) RLOG rows this transaction delivered and therefore keeps locked.
     locked_rlog_rows: set[tuple[str | None, str | None]] = field(default_factory=set)
 
     def read(self, queue: str, timeout: float = 5.0) -> Message | None:
         """The next message of ``queue`` within this transaction, or None on timeout."""
         return self._next_message(queue, timeout, self)
+
+    def keep(self, taken: Taken, *, delivered: bool = False) -> None:
+        """Hold ``taken`` until this transaction ends; ``delivered``: the app gets it with
+        the RLOG row of its CM and destination, which this transaction keeps locked."""
+        taken.delivered = delivered
+        if delivered:
+            self.locked_rlog_rows.add((taken.inbound.cm_id, taken.inbound.destination))
+        self.taken_messages.append(taken)

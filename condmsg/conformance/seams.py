@@ -23,7 +23,7 @@ from ackd.message import Message
 from ackd.receiver_store import ReceiverStore
 from ackd.rlog import Decision, RlogDecisions
 from ackd.sequences import SequenceReassembly
-from ackd.transaction import Incoming, ReceiverTransaction
+from ackd.transaction import ReceiverTransaction, Taken
 from ackd.validation import Inbound, InvalidMessage
 from condmsg.core import protocol
 from condmsg.core.acks import AckKind
@@ -56,15 +56,10 @@ def on_rlog_decision(change: Callable[[str], RlogChange]) -> Callable[[str], Non
         decide, after = RlogDecisions.rlog_decision, change(recipient)
 
         def deciding(
-            self: RlogDecisions,
-            session: Session,
-            incoming: Incoming,
-            inbound: Inbound,
-            read_at: datetime,
-            transactional: bool,
+            self: RlogDecisions, session: Session, taken: Taken, transactional: bool
         ) -> Decision:
-            decision = decide(self, session, incoming, inbound, read_at, transactional)
-            return after(session, inbound, read_at, decision)
+            decision = decide(self, session, taken, transactional)
+            return after(session, taken.inbound, taken.read_at, decision)
 
         RlogDecisions.rlog_decision = deciding  # type: ignore[method-assign]
 
@@ -116,11 +111,9 @@ def deliver_on(decision: Decision) -> Callable[[str], None]:
     def install(recipient: str) -> None:
         decide = RlogDecisions._decide_in_own_transaction
 
-        def deciding(
-            self: RlogDecisions, incoming: Incoming, inbound: Inbound, read_at: datetime
-        ) -> tuple[Decision | None, Disposal]:
-            found, disposal = decide(self, incoming, inbound, read_at)
-            if found is decision and inbound.kind is MessageKind.ORIGINAL:
+        def deciding(self: RlogDecisions, taken: Taken) -> tuple[Decision | None, Disposal]:
+            found, disposal = decide(self, taken)
+            if found is decision and taken.inbound.kind is MessageKind.ORIGINAL:
                 return Decision.DELIVER, disposal
             return found, disposal
 
@@ -130,7 +123,7 @@ def deliver_on(decision: Decision) -> Callable[[str], None]:
 
 
 def on_decide(
-    change: Callable[[RlogDecisions, Incoming, ReceiverTransaction | None, Message], Message],
+    change: Callable[[RlogDecisions, Taken, ReceiverTransaction | None, Message], Message],
 ) -> Callable[[str], None]:
     """Run ``change`` on every message the RLOG hands over."""
 
@@ -138,16 +131,11 @@ def on_decide(
         decide = RlogDecisions.decide
 
         def deciding(
-            self: RlogDecisions,
-            session: Session,
-            incoming: Incoming,
-            inbound: Inbound,
-            read_at: datetime,
-            tx: ReceiverTransaction | None,
+            self: RlogDecisions, session: Session, taken: Taken, tx: ReceiverTransaction | None
         ) -> tuple[Message | None, Disposal]:
-            message, disposal = decide(self, session, incoming, inbound, read_at, tx)
+            message, disposal = decide(self, session, taken, tx)
             if message is not None:
-                message = change(self, incoming, tx, message)
+                message = change(self, taken, tx, message)
             return message, disposal
 
         RlogDecisions.decide = deciding  # type: ignore[method-assign]
@@ -156,21 +144,21 @@ def on_decide(
 
 
 def ack_at_once(
-    self: RlogDecisions, incoming: Incoming, tx: ReceiverTransaction | None, message: Message
+    self: RlogDecisions, taken: Taken, tx: ReceiverTransaction | None, message: Message
 ) -> Message:
     """Ack the delivery to the broker before the app has it (so before the commit)."""
-    delivery = incoming.delivery
+    delivery = taken.delivery
     if tx is not None and delivery is not None:
         self._ctx.broker.ack(delivery)
-        incoming.delivery = None  # the commit has nothing left to ack
+        taken.delivery = None  # the commit has nothing left to ack
     return message
 
 
 def part_zero_id(
-    self: RlogDecisions, incoming: Incoming, tx: ReceiverTransaction | None, message: Message
+    self: RlogDecisions, taken: Taken, tx: ReceiverTransaction | None, message: Message
 ) -> Message:
     """A reassembled whole (it has no delivery) handed over with its part 0's id."""
-    if incoming.delivery is None and message.message_id is not None:
+    if taken.delivery is None and message.message_id is not None:
         return replace(message, message_id=f"{message.message_id}.0")
     return message
 

@@ -71,8 +71,8 @@ def test_keywords_and_a_config_are_the_same_settings() -> None:
         max_attempts=3,
     )
     assert from_config.config == replace(config, poll_interval_s=0.5)
-    assert from_config.retry == from_keywords.retry == RetryPolicy(max_attempts=3)
-    assert from_keywords.poll_interval_s == DEFAULT_POLL_INTERVAL_S
+    assert from_config.config.retry == from_keywords.config.retry == RetryPolicy(max_attempts=3)
+    assert from_keywords.config.poll_interval_s == DEFAULT_POLL_INTERVAL_S
 
 
 def test_from_env_reads_the_connection_settings_and_keeps_the_secret_out_of_the_repr() -> None:

@@ -7,7 +7,6 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -19,9 +18,9 @@ import sqlalchemy as sa
 from condmsg import Destination, Verdict, tables
 from condmsg.core import protocol
 from condmsg.core.protocol import MessageKind
-from evaluator.config import EvaluatorConfig
 from evaluator.service import Evaluator
 from tests.integration.condmsg_helpers import SECRET, get_all
+from tests.running_world import RunningWorld
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
@@ -40,24 +39,9 @@ class World:
 
 
 @pytest.fixture
-def world(pg_url: str, unique_name: str, make_sender: Any, make_receiver: Any) -> Iterator[World]:
-    name = unique_name.replace(".", "-")
-    sender = make_sender(pg_url, name)
-    evaluator = Evaluator(
-        EvaluatorConfig(
-            amqp_url=sender.amqp_url,
-            sender=name,
-            db_url=pg_url,
-            secret=SECRET,
-            ack_grace=timedelta(milliseconds=100),
-            sweep_interval_s=0.1,
-        )
-    ).start()
-    try:
-        yield World(sender, evaluator, lambda q: f"{unique_name}.{q}", make_receiver, name, pg_url)
-    finally:
-        evaluator.stop()
-        evaluator.engine.dispose()
+def world(running_world: RunningWorld, make_receiver: Any) -> World:
+    w = running_world
+    return World(w.sender, w.evaluator, w.queue, make_receiver, w.name, w.pg_url)
 
 
 def _commit_read(receiver: Any, queue: str) -> Any:

@@ -26,9 +26,8 @@ from condmsg.core.errors import SphereError
 from condmsg.core.outcome import SPHERE_OUTCOME_TYPE, SphereOutcome
 from condmsg.core.protocol import MessageKind
 from condmsg.spheres.participants import prepared_gids
-from evaluator.config import EvaluatorConfig
-from evaluator.service import Evaluator
 from tests.integration.condmsg_helpers import SECRET, get_all
+from tests.running_world import RunningWorld
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
@@ -37,16 +36,10 @@ DAY = timedelta(seconds=1)
 
 
 @dataclass
-class World:
-    sender: Any
-    evaluator: Evaluator
-    name: str
-    pg_url: str
-    prefix: str
-    rooms: sa.Engine
+class World(RunningWorld):
+    """The running world, with the rooms a sphere's members book in the same database."""
 
-    def queue(self, short: str) -> str:
-        return f"{self.prefix}.{short}"
+    rooms: sa.Engine
 
     def handler_runs(self) -> list[tuple[str, str]]:
         with self.rooms.connect() as conn:
@@ -58,13 +51,12 @@ class World:
 
 
 @pytest.fixture
-def world(pg_url: str, unique_name: str, make_sender: Any) -> Iterator[World]:
-    name = unique_name.replace(".", "-")
-    rooms = sa.create_engine(pg_url)
+def world(running_world: RunningWorld) -> Iterator[World]:
+    w = running_world
+    rooms = sa.create_engine(w.pg_url)
     with rooms.begin() as conn:
         conn.execute(sa.text("CREATE TABLE booking (room text PRIMARY KEY)"))
         conn.execute(sa.text("CREATE TABLE ran (handler text, room text)"))
-    sender = make_sender(pg_url, name)
 
     def record(handler: str) -> Any:
         def run(session: Session, room: str) -> None:
@@ -72,26 +64,15 @@ def world(pg_url: str, unique_name: str, make_sender: Any) -> Iterator[World]:
 
         return run
 
-    sender.register_handler("booked", record("booked"))
-    sender.register_handler("released", record("released"))
-    evaluator = Evaluator(
-        EvaluatorConfig(
-            amqp_url=sender.amqp_url,
-            sender=name,
-            db_url=pg_url,
-            secret=SECRET,
-            ack_grace=timedelta(milliseconds=100),
-            sweep_interval_s=0.1,
-        )
-    ).start()
+    w.sender.register_handler("booked", record("booked"))
+    w.sender.register_handler("released", record("released"))
     try:
-        yield World(sender, evaluator, name, pg_url, unique_name, rooms)
+        yield World(w.sender, w.evaluator, w.name, w.pg_url, w.prefix, rooms)
     finally:
-        evaluator.stop()
-        evaluator.engine.dispose()
+        w.stop()  # before looking for prepared transactions left behind
         leftover = prepared_gids(rooms, "condmsg-")
         rooms.dispose()
-        assert not [g for g in leftover if g in _gids_of(pg_url)], leftover
+        assert not [g for g in leftover if g in _gids_of(w.pg_url)], leftover
 
 
 def _gids_of(pg_url: str) -> set[str]:

@@ -82,7 +82,7 @@ from outbox.table import outbox_table
 __all__ = ["ack_statement", "chosen", "claim", "execute_and_commit", "watch"]
 
 #: The psycopg releases this path is tested with, from and up to (excluded): by the
-#: receiver store's contract suite and ``tests/integration/test_receiver_fastpath.py``,
+#: receiver store's contract suite and ``tests/integration/receiver/test_receiver_fastpath.py``,
 #: which also hold psycopg's deallocations to what :func:`watch` expects. Widen it after
 #: both pass on a new release (``CONDMSG_RECEIVER_FASTPATH=fast`` runs it there).
 TESTED_PSYCOPG = ((3, 3), (3, 4))

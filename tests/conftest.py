@@ -16,7 +16,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 # Imported here, at collection: hypothesis's pytest plugin otherwise imports it in its
@@ -28,6 +28,9 @@ import pytest
 
 from condmsg.core import examples
 from condmsg.core.conditions import Condition
+
+if TYPE_CHECKING:
+    from tests.running_world import RunningWorld
 
 AMQP_URL = os.environ.get("CONDMSG_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 #: This test run's mark in every queue name: set once by the controlling process, inherited
@@ -171,6 +174,22 @@ def make_sender(amqp_url: str, test_secret: bytes) -> Iterator[Callable[..., Any
     yield factory
     for sender in made:
         sender.engine.dispose()
+
+
+@pytest.fixture
+def running_world(
+    pg_url: str, unique_name: str, make_sender: Callable[..., Any], test_secret: bytes
+) -> Iterator[RunningWorld]:
+    """A sender named after the test and a running evaluator on the test's PostgreSQL
+    schema, time scaled (:mod:`tests.running_world`); the evaluator is stopped afterwards."""
+    from tests.running_world import RunningWorld
+
+    sender = make_sender(pg_url, unique_name.replace(".", "-"))
+    world = RunningWorld.start(sender, pg_url, unique_name, test_secret)
+    try:
+        yield world
+    finally:
+        world.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -2,7 +2,7 @@
 
 The rule (stated for contributors in docs/index.md): a block is one of
 
-* a ``python`` block without a marker: run by ``tests/integration/test_docs_blocks.py``,
+* a ``python`` block without a marker: run by ``tests/integration/docs/test_docs_blocks.py``,
   alone, in a fresh process, against the real RabbitMQ and PostgreSQL;
 * a block of any language preceded by the line ``<!-- excerpt -->``: not run (a fragment,
   a shell session, a file's contents, output, a signature list);
@@ -47,7 +47,7 @@ class Block:
 
     @property
     def runs_here(self) -> bool:
-        """Run by tests/integration/test_docs_blocks.py."""
+        """Run by tests/integration/docs/test_docs_blocks.py."""
         return self.marker is None and self.language == "python"
 
     @property
@@ -156,7 +156,7 @@ def check(block: Block, root: Path = ROOT) -> str | None:
 
 
 def runnable_blocks(root: Path = ROOT) -> list[Block]:
-    """The blocks tests/integration/test_docs_blocks.py runs."""
+    """The blocks tests/integration/docs/test_docs_blocks.py runs."""
     return [b for b in all_blocks(root)[0] if b.runs_here]
 
 

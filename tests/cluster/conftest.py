@@ -24,8 +24,13 @@ import pika
 import pika.exceptions
 import pytest
 
+from condmsg.sending.sender import Sender
+from tests.running_world import RunningWorld
+
 SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "rabbitmq-cluster"
 NODES = (1, 2, 3)
+#: The deployment secret of the cluster tests' senders and evaluators.
+SECRET = b"condmsg-cluster-secret-2e8c4a6f9b1d"
 
 
 def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> str:
@@ -170,3 +175,44 @@ def nodes(cluster: Cluster) -> Iterator[Cluster]:
         if not cluster.running(node):
             cluster.start_node(node)
     cluster.delete_all_queues()
+
+
+@pytest.fixture
+def quorum_sender(
+    nodes: Cluster, pg_url: str, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Sender]:
+    """A sender on the cluster whose destinations are quorum queues; receivers read that
+    queue type from the environment, as deployed."""
+    monkeypatch.setenv("CONDMSG_DESTINATION_QUEUE_TYPE", "quorum")
+    made = Sender(
+        amqp_url=nodes.url,
+        db_url=pg_url,
+        name=unique_name.replace(".", "-"),
+        secret=SECRET,
+        create_schema=True,
+        destination_queue_type="quorum",
+    )
+    yield made
+    made.engine.dispose()
+
+
+@pytest.fixture
+def sweep_interval_s() -> float:
+    """How often the evaluator of ``node_loss_world`` sweeps (a module may set its own)."""
+    return 0.1
+
+
+@pytest.fixture
+def node_loss_world(
+    quorum_sender: Sender, pg_url: str, unique_name: str, sweep_interval_s: float
+) -> Iterator[RunningWorld]:
+    """The quorum sender and its evaluator running on the cluster, all nodes up: the world
+    a test then loses a node under. The evaluator is stopped afterwards (a test that reads
+    the decisions stops it first with ``stop()``)."""
+    world = RunningWorld.start(
+        quorum_sender, pg_url, unique_name, SECRET, sweep_interval_s=sweep_interval_s
+    )
+    try:
+        yield world
+    finally:
+        world.stop()

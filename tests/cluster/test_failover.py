@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -23,8 +22,7 @@ from ackd.receiver import Receiver
 from condmsg import Destination, Verdict
 from condmsg.runtime.amqp import connect, connected_address, describe_url
 from condmsg.sending.sender import Sender
-from evaluator.config import EvaluatorConfig
-from evaluator.service import Evaluator
+from tests.running_world import RunningWorld
 from tests.waiting import wait_for
 
 from .conftest import Cluster
@@ -35,28 +33,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group("rabbitmq-cluster"),
 ]
-
-SECRET = b"condmsg-cluster-secret-2e8c4a6f9b1d"
-
-
-@pytest.fixture
-def quorum_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Receivers read the destination queue type from the environment, as deployed."""
-    monkeypatch.setenv("CONDMSG_DESTINATION_QUEUE_TYPE", "quorum")
-
-
-@pytest.fixture
-def sender(nodes: Cluster, pg_url: str, unique_name: str, quorum_env: None) -> Iterator[Sender]:
-    made = Sender(
-        amqp_url=nodes.url,
-        db_url=pg_url,
-        name=unique_name.replace(".", "-"),
-        secret=SECRET,
-        create_schema=True,
-        destination_queue_type="quorum",
-    )
-    yield made
-    made.engine.dispose()
 
 
 def _receiver(nodes: Cluster, pg_url: str, unique_name: str) -> Receiver:
@@ -119,10 +95,11 @@ def test_cli_answers_with_its_first_node_down(nodes: Cluster, pg_url: str) -> No
 
 
 def test_sender_relay_and_receiver_carry_on_after_their_node_goes(
-    nodes: Cluster, sender: Sender, pg_url: str, unique_name: str
+    nodes: Cluster, quorum_sender: Sender, pg_url: str, unique_name: str
 ) -> None:
     """The sender's relay republishes what was unconfirmed at the loss; the consuming
     receiver resumes on another node; its log keeps every CM to one delivery."""
+    sender = quorum_sender
     queue = f"{unique_name}.q"
     receiver = _receiver(nodes, pg_url, unique_name)
     seen: Counter[str] = Counter()
@@ -153,19 +130,10 @@ def test_sender_relay_and_receiver_carry_on_after_their_node_goes(
 
 
 def test_evaluator_decides_on_another_node(
-    nodes: Cluster, sender: Sender, pg_url: str, unique_name: str
+    nodes: Cluster, node_loss_world: RunningWorld, pg_url: str, unique_name: str
 ) -> None:
+    sender = node_loss_world.sender
     queue = f"{unique_name}.q"
-    evaluator = Evaluator(
-        EvaluatorConfig(
-            amqp_url=nodes.url,
-            sender=sender.name,
-            db_url=pg_url,
-            secret=SECRET,
-            ack_grace=timedelta(milliseconds=100),
-            sweep_interval_s=0.1,
-        )
-    ).start()
     receiver = _receiver(nodes, pg_url, unique_name)
     seen: Counter[str] = Counter()
     stop = threading.Event()
@@ -188,8 +156,6 @@ def test_evaluator_decides_on_another_node(
         stop.set()
         relay.stop()
         receiver_relay.stop()
-        evaluator.stop()
-        evaluator.engine.dispose()
         receiver.close()
         receiver.engine.dispose()
     outcomes = [sender.outcome(cm) for cm in first + later]

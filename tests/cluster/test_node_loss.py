@@ -25,11 +25,9 @@ from sqlalchemy.orm import Session
 from ackd.receiver import Receiver
 from condmsg import Destination, DestinationSet, tables
 from condmsg.core.evaluation import evaluate
-from condmsg.sending.sender import Sender
 from evaluator import store
-from evaluator.config import EvaluatorConfig
-from evaluator.service import Evaluator
 from evaluator.store_setup import decision_store
+from tests.running_world import RunningWorld
 from tests.waiting import wait_for
 
 from .conftest import Cluster
@@ -42,36 +40,25 @@ pytestmark = [
 ]
 
 CMS = 1000
-SECRET = b"condmsg-cluster-secret-2e8c4a6f9b1d"
 #: The CMs' processing window: far beyond the run, so only acks decide them.
 WINDOW = timedelta(minutes=10)
 #: Queues read in a transaction (COMMIT acks) and without one (READ acks).
 TRANSACTIONAL = {"q0": True, "q1": False, "q3": False}
 
 
+@pytest.fixture
+def sweep_interval_s() -> float:
+    """The evaluator of ``node_loss_world`` sweeps every 0.2 s here: the CMs' window is
+    far beyond the run, so a sweep has nothing to decide, and fewer sweeps leave more of
+    the machine to the traffic."""
+    return 0.2
+
+
 def test_a_node_lost_mid_traffic(
-    nodes: Cluster, pg_url: str, unique_name: str, monkeypatch: pytest.MonkeyPatch
+    nodes: Cluster, node_loss_world: RunningWorld, pg_url: str, unique_name: str
 ) -> None:
-    monkeypatch.setenv("CONDMSG_DESTINATION_QUEUE_TYPE", "quorum")
-    queue = {short: f"{unique_name}.{short}" for short in TRANSACTIONAL}
-    sender = Sender(
-        amqp_url=nodes.url,
-        db_url=pg_url,
-        name=unique_name.replace(".", "-"),
-        secret=SECRET,
-        create_schema=True,
-        destination_queue_type="quorum",
-    )
-    evaluator = Evaluator(
-        EvaluatorConfig(
-            amqp_url=nodes.url,
-            sender=sender.name,
-            db_url=pg_url,
-            secret=SECRET,
-            ack_grace=timedelta(milliseconds=100),
-            sweep_interval_s=0.2,
-        )
-    ).start()
+    queue = {short: node_loss_world.queue(short) for short in TRANSACTIONAL}
+    sender = node_loss_world.sender
     receivers = {
         short: Receiver(
             amqp_url=nodes.url,
@@ -158,7 +145,7 @@ def test_a_node_lost_mid_traffic(
         for thread in threads:
             thread.join(30)
         receiver_relay.stop()
-        evaluator.stop()
+        node_loss_world.stop()  # every decision stored before they are read
         for receiver in receivers.values():
             receiver.close()
             receiver.engine.dispose()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import ROOT, ack_consumers
-from tests.integration.test_cli_commands import queue_exists
+from tests.integration.cli.test_cli_commands import queue_exists
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres, pytest.mark.slow]

@@ -14,34 +14,19 @@ import pytest
 from ackd.receiver import Receiver
 from condmsg import Destination, DestinationSet, Verdict
 from condmsg.cli import main as condmsg_main
-from condmsg.sending.sender import Sender
-from evaluator.config import EvaluatorConfig
-from evaluator.service import Evaluator
 from spark_audit.cli import main as audit_main
+from tests.running_world import RunningWorld
 from tests.spark.conftest import SPARK_MARKS
 
 pytestmark = [*SPARK_MARKS, pytest.mark.rabbitmq, pytest.mark.postgres]
 
-SECRET = b"real-run-secret-6c1e4a9d7f3b2058"
-
 
 def test_the_audit_of_a_real_run_finds_no_discrepancy(
-    spark: Any, amqp_url: str, pg_url: str, unique_name: str, tmp_path: Path
+    spark: Any, amqp_url: str, running_world: RunningWorld, tmp_path: Path
 ) -> None:
-    name = unique_name.replace(".", "-")
-    q = [f"{unique_name}.q{i}" for i in range(4)]
-    sender = Sender(amqp_url=amqp_url, db_url=pg_url, name=name, secret=SECRET, create_schema=True)
+    pg_url, sender = running_world.pg_url, running_world.sender
+    q = [running_world.queue(f"q{i}") for i in range(4)]
     receiver = Receiver(amqp_url=amqp_url, db_url=pg_url, recipient="alice", create_schema=True)
-    evaluator = Evaluator(
-        EvaluatorConfig(
-            amqp_url=amqp_url,
-            sender=name,
-            db_url=pg_url,
-            secret=SECRET,
-            ack_grace=timedelta(milliseconds=100),
-            sweep_interval_s=0.1,
-        )
-    ).start()
     try:
         second = timedelta(seconds=1)
         satisfied = sender.send(b"a", Destination(q[0], pickup_within=30 * second))
@@ -80,7 +65,7 @@ def test_the_audit_of_a_real_run_finds_no_discrepancy(
         with receiver.relay():
             assert receiver.read(q[0], timeout=10) is not None
     finally:
-        evaluator.stop()
+        running_world.stop()  # every decision stored before the export
         receiver.close()
 
     store, audit = tmp_path / "store", tmp_path / "audit"

@@ -1,6 +1,6 @@
 """The test kit's own mechanics: the virtual clock that retry pauses and expiries obey,
 receivers that go away, the in-memory broker's queue order. (What the kit decides is held
-to the services by tests/integration/test_kit_fidelity.py; the paper's examples run from
+to the services by tests/integration/kit/test_kit_fidelity.py; the paper's examples run from
 docs/testing.md.)"""
 
 from __future__ import annotations

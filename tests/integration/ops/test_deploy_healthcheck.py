@@ -115,7 +115,8 @@ def test_a_relay_that_cannot_reach_rabbitmq_is_unhealthy_with_the_reason(
     def refused() -> subprocess.CompletedProcess[str] | None:
         assert relay.proc.poll() is None, f"the relay ended: {relay.lines[-5:]}"
         check = _healthcheck("relay", relay.port)
-        return check if "RabbitMQ" in check.stderr else None
+        # "connecting" until the first attempt has failed; then the reason.
+        return check if "cannot reach RabbitMQ" in check.stderr else None
 
     check = wait_for(refused, timeout=30, interval=0.2)
     assert check.returncode == 1

@@ -122,13 +122,9 @@ class MessageStream:
         task = self._task
         if task is None:
             return
-        current = self._current
-        if current is not None and not current.settled and not task.done():
-            # Left with a message in hand (an exception before ``async with item:``):
-            # cancelling gives it back uncounted.
-            task.cancel()
-        elif not task.done():
-            task.cancel()  # waiting for a delivery: nothing of the app's is in flight
+        # Cancelling ends the consumer: a message handed over but not processed (an
+        # exception before ``async with item:``) goes back uncounted, as the prefetched do.
+        task.cancel()
         with suppress(asyncio.CancelledError):
             await task
 

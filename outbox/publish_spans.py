@@ -6,7 +6,7 @@ confirm latency to a trace. Nothing without tracing (:func:`condmsg.infra.tracin
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from condmsg.infra.tracing import (
@@ -25,18 +25,23 @@ from condmsg.infra.tracing import (
     traceparent_of,
 )
 from outbox.message import StoredMessage
+from outbox.publish_pika import MessageKey
 
 
-def record_publishes(rows: Sequence[StoredMessage], published: int, submitted_ns: int) -> None:
-    """One ``send`` span per published row that carries a trace context, from the batch's
-    submission (``submitted_ns``, nanoseconds since the epoch) to its confirmation: the
-    relay's publish, a child of the span that made the row. ``published`` is how many
-    messages of the batch RabbitMQ confirmed (the batch's rows are settled together)."""
+def record_publishes(
+    rows: Sequence[StoredMessage], published: Collection[MessageKey], submitted_at: float
+) -> None:
+    """One ``send`` span per row RabbitMQ confirmed (``published``: the batch's confirmed
+    messages) that carries a trace context, from the batch's submission (``submitted_at``,
+    ``time.monotonic()``) to its confirmation: the relay's publish, a child of the span
+    that made the row. A refused, parked or nacked row has no publish span."""
     if not active() or not published:
         return
+    confirmed = {row_id for row_id, _copy in published}
+    submitted_ns = _epoch_ns_of_monotonic(submitted_at)
     for row in rows:
         headers = row.message.headers
-        if traceparent_of(headers) is None:
+        if row.id not in confirmed or traceparent_of(headers) is None:
             continue
         message = row.message
         attributes: dict[str, Any] = {
@@ -81,6 +86,6 @@ def exemplar_of(rows: Sequence[StoredMessage]) -> dict[str, str] | None:
     return None
 
 
-def epoch_ns_of_monotonic(monotonic_s: float) -> int:
+def _epoch_ns_of_monotonic(monotonic_s: float) -> int:
     """The wall-clock instant (ns since the epoch) of an earlier ``time.monotonic()``."""
     return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)

@@ -346,11 +346,7 @@ class Relay:
             parked=len(parked),
             retried=len(verdicts.retry),
         )
-        publish_spans.record_publishes(
-            claim.rows,
-            len(result.published),
-            publish_spans.epoch_ns_of_monotonic(batch.submitted_at),
-        )
+        publish_spans.record_publishes(claim.rows, result.published, batch.submitted_at)
         for parked_key, reason in parked.items():
             row_id, copy = parked_key if isinstance(parked_key, tuple) else (parked_key, None)
             which = f"row {row_id}" if copy is None else f"copy {copy} of row {row_id}"

@@ -115,7 +115,7 @@ def test_the_relay_records_a_publish_span_per_traced_row(spans: InMemorySpanExpo
         assert sending is not None
         headers = tracing.current_headers()
     rows = [_row(1, headers), _row(2, None)]
-    publish_spans.record_publishes(rows, 2, publish_spans.epoch_ns_of_monotonic(0.0))
+    publish_spans.record_publishes(rows, [(1, None), (2, None)], 0.0)
     publish = [s for s in spans.get_finished_spans() if s.name == "publish q"]
     assert len(publish) == 1
     assert publish[0].parent is not None

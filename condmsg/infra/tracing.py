@@ -39,12 +39,9 @@ if TYPE_CHECKING:
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
-#: The headers that carry the trace context (W3C Trace Context over AMQP).
-TRACE_HEADERS = (TRACEPARENT, TRACESTATE)
 #: Version 00 of W3C ``traceparent``: version-traceid-parentid-flags, lower-case hex. The
 #: only form condmsg stores (a column of 55 characters); other values are ignored.
 _TRACEPARENT_00 = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-TRACEPARENT_CHARS = 55
 #: W3C caps ``tracestate`` at 32 list members; 512 characters is what its propagators
 #: keep (a longer one is dropped, never cut).
 MAX_TRACESTATE = 512
@@ -136,11 +133,13 @@ def carried(headers: Mapping[str, Any] | None) -> dict[str, str]:
 
 def context_of(headers: Mapping[str, Any] | None) -> Context | None:
     """The remote context carried by ``headers`` (None: tracing off, or none carried)."""
-    traceparent = traceparent_of(headers)
-    if traceparent is None or not active():
+    if not active():
+        return None  # before any parsing: nothing to pay with tracing off
+    found = carried(headers)
+    if not found:
         return None
     assert _PROPAGATOR is not None
-    return _PROPAGATOR.extract(carried(headers))
+    return _PROPAGATOR.extract(found)
 
 
 def span_context_of(traceparent: str | None) -> SpanContext | None:

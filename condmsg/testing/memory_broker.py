@@ -50,14 +50,19 @@ class MemoryQueue:
     def put(self, item: Queued) -> None:
         self.messages.append(item)
 
-    def take(self, now: datetime) -> Queued | None:
-        """The next message (highest priority, then oldest), dropping expired ones."""
+    def ready(self, now: datetime) -> list[Queued]:
+        """The messages not expired at ``now``, in the order they are taken (highest
+        priority, then oldest); expired ones are dropped, as RabbitMQ drops them."""
         self.messages = [m for m in self.messages if m.expires_at is None or m.expires_at > now]
-        if not self.messages:
+        return sorted(self.messages, key=lambda m: (-m.priority, m.seq))
+
+    def take(self, now: datetime) -> Queued | None:
+        """The next message, or None."""
+        ready = self.ready(now)
+        if not ready:
             return None
-        best = min(self.messages, key=lambda m: (-m.priority, m.seq))
-        self.messages.remove(best)
-        return best
+        self.messages.remove(ready[0])
+        return ready[0]
 
 
 class MemoryBroker:
@@ -118,17 +123,14 @@ class MemoryBroker:
         found = self._queues.get(queue)
         if found is None:
             return 0
-        now = self._clock()
-        return sum(1 for m in found.messages if m.expires_at is None or m.expires_at > now)
+        return len(found.ready(self._clock()))
 
     def peek(self, queue: str) -> list[OutboxMessage]:
         """The messages ready in ``queue``, in the order they would be taken."""
         found = self._queues.get(queue)
         if found is None:
             return []
-        now = self._clock()
-        ready = [m for m in found.messages if m.expires_at is None or m.expires_at > now]
-        return [m.message for m in sorted(ready, key=lambda m: (-m.priority, m.seq))]
+        return [m.message for m in found.ready(self._clock())]
 
     def properties(self, item: Queued) -> dict[str, Any]:
         """The AMQP properties of ``item`` as pika's ``BasicProperties`` takes them."""

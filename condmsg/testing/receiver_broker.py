@@ -83,9 +83,6 @@ class MemoryReceiverBroker(Broker):
 
     # -- settling -------------------------------------------------------------------------
 
-    def _owns(self, delivery: Delivery) -> bool:
-        return delivery.tag in self._held
-
     def ack(self, delivery: Delivery, *, deferred: bool = False) -> None:
         self._held.pop(delivery.tag, None)
 
@@ -118,9 +115,6 @@ class MemoryReceiverBroker(Broker):
             item = self._held.pop(tag, None)
             if item is not None:
                 self._memory.give_back(item)
-
-    def flush_acks(self) -> None:
-        return None  # acks are settled at once
 
     def move_to_invalid(self, delivery: Delivery, reason: str) -> None:
         headers = dict(delivery.properties.headers or {})
@@ -161,9 +155,6 @@ class MemoryReceiverBroker(Broker):
 
     def idle(self, seconds: float) -> None:
         return None  # nothing sleeps in the kit
-
-    def drop_connection(self) -> None:
-        self.close()
 
     def close(self) -> None:
         """What RabbitMQ does when a consumer's connection ends: every unsettled delivery,
